@@ -1,0 +1,22 @@
+//! Typed errors for partition validation and lookup.
+
+use thiserror::Error;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PartitionError {
+    #[error("ranks must be at least 1, got {ranks}")]
+    NoRanks { ranks: usize },
+    #[error(
+        "sequence length {seq_len} is not divisible by {divisor} ({rule}) required by {strategy}"
+    )]
+    NotDivisible {
+        strategy: &'static str,
+        seq_len: usize,
+        divisor: usize,
+        rule: &'static str,
+    },
+    #[error("rank {rank} is out of range for {ranks} ranks")]
+    RankOutOfRange { rank: usize, ranks: usize },
+    #[error("unknown strategy '{name}'; known strategies: {known}")]
+    UnknownStrategy { name: String, known: String },
+}

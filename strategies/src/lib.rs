@@ -1,0 +1,21 @@
+//! Partition strategies for ring attention: which global token positions each rank owns.
+//!
+//! A strategy only decides ownership (Liu et al. 2023, §3; striped and zig-zag load balancing for the
+//! causal case). Masks, RoPE angles and work counts are all derived from the positions returned here,
+//! so any strategy is correct by construction.
+
+mod contiguous;
+mod error;
+mod partition;
+mod registry;
+mod striped;
+mod work;
+mod zigzag;
+
+pub use contiguous::Contiguous;
+pub use error::PartitionError;
+pub use partition::{Layout, Partition};
+pub use registry::{by_name, names};
+pub use striped::Striped;
+pub use work::{causal_pairs, causal_work_per_rank};
+pub use zigzag::ZigZag;

@@ -1,0 +1,109 @@
+//! The `Partition` trait and the validated `Layout` it produces.
+
+use crate::PartitionError;
+
+/// How global token positions are spread over ranks.
+///
+/// Implementors say two things: which sequence lengths they accept for a rank count, and which global
+/// positions a rank owns, in local order. Everything else is derived.
+pub trait Partition: Send + Sync + std::fmt::Debug {
+    /// The name used on the command line and in result tables.
+    fn name(&self) -> &'static str;
+
+    /// Checks that `seq_len` tokens can be split over `ranks` ranks.
+    fn validate(&self, seq_len: usize, ranks: usize) -> Result<(), PartitionError>;
+
+    /// Global positions owned by `rank`, in local order. Only called after `validate` succeeded.
+    fn owned_positions(&self, seq_len: usize, ranks: usize, rank: usize) -> Vec<usize>;
+
+    /// Validates and returns the positions of every rank.
+    fn layout(&self, seq_len: usize, ranks: usize) -> Result<Layout, PartitionError> {
+        if ranks == 0 {
+            return Err(PartitionError::NoRanks { ranks });
+        }
+        self.validate(seq_len, ranks)?;
+        let positions = (0..ranks)
+            .map(|rank| self.owned_positions(seq_len, ranks, rank))
+            .collect();
+        Ok(Layout {
+            strategy: self.name(),
+            seq_len,
+            positions,
+        })
+    }
+}
+
+/// The positions of every rank for one (strategy, length, ranks) triple.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub strategy: &'static str,
+    pub seq_len: usize,
+    /// `positions[rank][local]` is the global position of a local token.
+    pub positions: Vec<Vec<usize>>,
+}
+
+impl Layout {
+    pub fn ranks(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Local length of every shard (all strategies here give equal shards).
+    pub fn shard_len(&self, rank: usize) -> usize {
+        self.positions[rank].len()
+    }
+
+    pub fn rank_positions(&self, rank: usize) -> Result<&[usize], PartitionError> {
+        self.positions
+            .get(rank)
+            .map(Vec::as_slice)
+            .ok_or(PartitionError::RankOutOfRange {
+                rank,
+                ranks: self.ranks(),
+            })
+    }
+
+    /// Splits rows of a sequence (`row_len` values per token, tokens in global order) into shards.
+    pub fn shard<T: Copy>(&self, global: &[T], row_len: usize) -> Vec<Vec<T>> {
+        self.positions
+            .iter()
+            .map(|owned| {
+                owned
+                    .iter()
+                    .flat_map(|&pos| &global[pos * row_len..(pos + 1) * row_len])
+                    .copied()
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Inverse of [`Layout::shard`]: puts each rank's rows back at their global positions.
+    pub fn unshard<T: Copy + Default>(&self, shards: &[Vec<T>], row_len: usize) -> Vec<T> {
+        let mut global = vec![T::default(); self.seq_len * row_len];
+        for (owned, shard) in self.positions.iter().zip(shards) {
+            for (local, &pos) in owned.iter().enumerate() {
+                global[pos * row_len..(pos + 1) * row_len]
+                    .copy_from_slice(&shard[local * row_len..(local + 1) * row_len]);
+            }
+        }
+        global
+    }
+}
+
+/// Shared check for strategies that need `seq_len % divisor == 0`.
+pub(crate) fn require_divisible(
+    strategy: &'static str,
+    seq_len: usize,
+    divisor: usize,
+    rule: &'static str,
+) -> Result<(), PartitionError> {
+    if seq_len.is_multiple_of(divisor) {
+        Ok(())
+    } else {
+        Err(PartitionError::NotDivisible {
+            strategy,
+            seq_len,
+            divisor,
+            rule,
+        })
+    }
+}

@@ -1,0 +1,120 @@
+//! Shared helpers of the cross-crate test table: seeded inputs and an independent float64 reference.
+//!
+//! The reference builds the full score matrix and softmax in f64, one (batch, head) at a time, with no
+//! blocking, no log-sum-exp merging and no shared code with the engine.
+
+/// xorshift64*: small, seeded, no dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next_f32(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let bits = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
+        (bits as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    pub fn vec(&mut self, len: usize, amplitude: f32) -> Vec<f32> {
+        (0..len).map(|_| self.next_f32() * amplitude).collect()
+    }
+}
+
+/// Outputs of exact attention in the (batch, seq, heads, dim) layout; lse is (batch, heads, seq).
+#[derive(Debug, Clone)]
+pub struct Reference {
+    pub out: Vec<f64>,
+    pub lse: Vec<f64>,
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
+}
+
+/// Exact attention and its gradients for loss = Σ out ∘ dO, in float64.
+///
+/// q, d_out: `[b, s, h, d]`; k, v: `[b, s, hk, d]`; query head i reads kv head i / (h / hk).
+#[allow(clippy::too_many_arguments)]
+pub fn reference(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    d_out: &[f32],
+    [b, s, h, d]: [usize; 4],
+    hk: usize,
+    causal: bool,
+    scale: f64,
+) -> Reference {
+    let qi = |bi: usize, t: usize, hi: usize| ((bi * s + t) * h + hi) * d;
+    let ki = |bi: usize, t: usize, hi: usize| ((bi * s + t) * hk + hi) * d;
+    let mut r = Reference {
+        out: vec![0.0; b * s * h * d],
+        lse: vec![0.0; b * h * s],
+        dq: vec![0.0; b * s * h * d],
+        dk: vec![0.0; b * s * hk * d],
+        dv: vec![0.0; b * s * hk * d],
+    };
+    let dot = |x: &[f32], y: &[f32]| -> f64 {
+        x.iter()
+            .zip(y)
+            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+            .sum()
+    };
+    for bi in 0..b {
+        for hi in 0..h {
+            let kh = hi / (h / hk);
+            for i in 0..s {
+                let qv = &q[qi(bi, i, hi)..qi(bi, i, hi) + d];
+                let visible: Vec<usize> = (0..s).filter(|&j| !causal || j <= i).collect();
+                let scores: Vec<f64> = visible
+                    .iter()
+                    .map(|&j| scale * dot(qv, &k[ki(bi, j, kh)..ki(bi, j, kh) + d]))
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = scores.iter().map(|x| (x - max).exp()).sum();
+                r.lse[(bi * h + hi) * s + i] = max + sum.ln();
+                let p: Vec<f64> = scores.iter().map(|x| (x - max).exp() / sum).collect();
+                let dov = &d_out[qi(bi, i, hi)..qi(bi, i, hi) + d];
+                let dp: Vec<f64> = visible
+                    .iter()
+                    .map(|&j| dot(dov, &v[ki(bi, j, kh)..ki(bi, j, kh) + d]))
+                    .collect();
+                let p_dot_dp: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for (n, &j) in visible.iter().enumerate() {
+                    let ds = p[n] * (dp[n] - p_dot_dp);
+                    for e in 0..d {
+                        let (kq, kk) = (qi(bi, i, hi) + e, ki(bi, j, kh) + e);
+                        r.out[kq] += p[n] * f64::from(v[kk]);
+                        r.dq[kq] += scale * ds * f64::from(k[kk]);
+                        r.dk[kk] += scale * ds * f64::from(q[kq]);
+                        r.dv[kk] += p[n] * f64::from(d_out[kq]);
+                    }
+                }
+            }
+        }
+    }
+    r
+}
+
+/// max |got − want| / max |want|: the error relative to the tensor's scale.
+pub fn rel_err(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "length mismatch");
+    let scale = want
+        .iter()
+        .fold(0.0f64, |m, x| m.max(x.abs()))
+        .max(f64::MIN_POSITIVE);
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0.0f64, |m, (g, w)| m.max((f64::from(*g) - w).abs()));
+    err / scale
+}
+
+/// max |a − b| / max |b| between two f32 results.
+pub fn rel_diff(a: &[f32], b: &[f32]) -> f64 {
+    let b64: Vec<f64> = b.iter().map(|&x| f64::from(x)).collect();
+    rel_err(a, &b64)
+}

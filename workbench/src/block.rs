@@ -1,0 +1,65 @@
+//! Plain f32 blocks: what travels between ranks, detached from any autodiff graph.
+
+use burn::tensor::{Tensor, TensorData, backend::Backend};
+
+/// What a block carries; traffic is counted per kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cargo {
+    K,
+    V,
+    Q,
+    DOut,
+    Lse,
+    Delta,
+    DK,
+    DV,
+    DQ,
+    Reduce,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Block {
+    pub cargo: Cargo,
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl Block {
+    pub fn zeros(cargo: Cargo, shape: Vec<usize>) -> Self {
+        let len = shape.iter().product();
+        Self {
+            cargo,
+            shape,
+            data: vec![0.0; len],
+        }
+    }
+
+    pub fn from_tensor<B: Backend, const D: usize>(cargo: Cargo, tensor: Tensor<B, D>) -> Self {
+        let shape = tensor.dims().to_vec();
+        let data = tensor
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .expect("converted to f32 above");
+        Self { cargo, shape, data }
+    }
+
+    pub fn to_tensor<B: Backend, const D: usize>(&self, device: &B::Device) -> Tensor<B, D> {
+        Tensor::from_data(
+            TensorData::new(self.data.clone(), self.shape.clone()),
+            device,
+        )
+    }
+
+    pub fn bytes(&self) -> u64 {
+        (self.data.len() * std::mem::size_of::<f32>()) as u64
+    }
+
+    /// Elementwise `self += other`; shapes were fixed when the accumulator was created.
+    pub fn add_assign(&mut self, other: &Block) {
+        debug_assert_eq!(self.shape, other.shape);
+        for (a, b) in self.data.iter_mut().zip(&other.data) {
+            *a += b;
+        }
+    }
+}

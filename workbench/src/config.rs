@@ -1,0 +1,202 @@
+//! Ring options: directions, backward schemes, and the per-rank context shared by forward and backward.
+
+use crate::error::RingError;
+use crate::transport::{Comm, Traffic};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use strategies::Layout;
+
+/// Which neighbour receives a rank's block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Direction {
+    /// Send to rank + 1.
+    #[default]
+    Cw,
+    /// Send to rank − 1.
+    Ccw,
+}
+
+impl Direction {
+    pub const NAMES: &'static str = "cw, ccw";
+    pub const ALL: [Direction; 2] = [Direction::Cw, Direction::Ccw];
+
+    pub fn reversed(self) -> Self {
+        match self {
+            Direction::Cw => Direction::Ccw,
+            Direction::Ccw => Direction::Cw,
+        }
+    }
+
+    /// The rank this rank sends to.
+    pub fn next(self, rank: usize, world: usize) -> usize {
+        match self {
+            Direction::Cw => (rank + 1) % world,
+            Direction::Ccw => (rank + world - 1) % world,
+        }
+    }
+
+    /// The rank this rank receives from.
+    pub fn prev(self, rank: usize, world: usize) -> usize {
+        self.reversed().next(rank, world)
+    }
+
+    /// Whose block this rank holds after `step` hops.
+    pub fn owner(self, rank: usize, step: usize, world: usize) -> usize {
+        let step = step % world;
+        match self {
+            Direction::Cw => (rank + world - step) % world,
+            Direction::Ccw => (rank + step) % world,
+        }
+    }
+}
+
+/// What travels round the ring in the backward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum BackwardScheme {
+    /// K, V, dK, dV travel in the forward direction; dK/dV arrive home after N hops.
+    #[default]
+    Kv,
+    /// The same, in the opposite direction.
+    KvReverse,
+    /// Q, dO, lse, delta and the dQ accumulator travel; K and V stay.
+    Q,
+}
+
+impl BackwardScheme {
+    pub const NAMES: &'static str = "kv, kv-reverse, q";
+    pub const ALL: [BackwardScheme; 3] = [
+        BackwardScheme::Kv,
+        BackwardScheme::KvReverse,
+        BackwardScheme::Q,
+    ];
+}
+
+macro_rules! named_enum {
+    ($ty:ty, $what:literal, $($variant:path => $name:literal),+) => {
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(match self { $($variant => $name),+ })
+            }
+        }
+        impl FromStr for $ty {
+            type Err = RingError;
+            fn from_str(s: &str) -> Result<Self, RingError> {
+                match s {
+                    $($name => Ok($variant),)+
+                    _ => Err(RingError::UnknownOption { what: $what, got: s.into(), expected: <$ty>::NAMES }),
+                }
+            }
+        }
+    };
+}
+named_enum!(Direction, "direction", Direction::Cw => "cw", Direction::Ccw => "ccw");
+named_enum!(BackwardScheme, "backward scheme", BackwardScheme::Kv => "kv",
+    BackwardScheme::KvReverse => "kv-reverse", BackwardScheme::Q => "q");
+
+/// Options of one ring attention layer.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RingConfig {
+    pub causal: bool,
+    pub forward: Direction,
+    pub backward: BackwardScheme,
+    /// Softmax scale; `None` means 1/sqrt(head_dim).
+    pub scale: Option<f32>,
+}
+
+/// Work done by one rank in one ring step, for measurement and simulation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepEvent {
+    pub phase: crate::transport::Phase,
+    pub step: usize,
+    /// Rank whose block was combined with this rank's at this step.
+    pub peer_block: usize,
+    /// Visible (q, k) pairs summed over batch and heads.
+    pub pairs: u64,
+    pub flops: u64,
+    pub compute_seconds: f64,
+}
+
+/// One rank's view of a ring: its communicator, the layout, the options, and what it measured.
+///
+/// Shared (behind `Arc`) by the forward call and its autodiff backward, which may run later.
+#[derive(Debug)]
+pub struct RingContext {
+    pub config: RingConfig,
+    pub layout: Arc<Layout>,
+    rank: usize,
+    comm: Mutex<Comm>,
+    events: Mutex<Vec<StepEvent>>,
+    backward_error: Mutex<Option<RingError>>,
+}
+
+impl RingContext {
+    pub fn new(comm: Comm, layout: Arc<Layout>, config: RingConfig) -> Result<Self, RingError> {
+        if comm.world() != layout.ranks() {
+            return Err(RingError::WorldMismatch {
+                world: comm.world(),
+                layout: layout.ranks(),
+            });
+        }
+        Ok(Self {
+            config,
+            layout,
+            rank: comm.rank(),
+            comm: Mutex::new(comm),
+            events: Mutex::new(Vec::new()),
+            backward_error: Mutex::new(None),
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world(&self) -> usize {
+        self.layout.ranks()
+    }
+
+    pub fn positions(&self, rank: usize) -> &[usize] {
+        &self.layout.positions[rank]
+    }
+
+    pub(crate) fn comm(&self) -> MutexGuard<'_, Comm> {
+        lock(&self.comm)
+    }
+
+    pub fn traffic(&self) -> Traffic {
+        self.comm().traffic().clone()
+    }
+
+    pub fn take_traffic(&self) -> Traffic {
+        self.comm().take_traffic()
+    }
+
+    pub(crate) fn record(&self, event: StepEvent) {
+        lock(&self.events).push(event);
+    }
+
+    pub fn take_events(&self) -> Vec<StepEvent> {
+        std::mem::take(&mut *lock(&self.events))
+    }
+
+    /// An autodiff backward cannot return an error; it parks it here for the caller of `backward()`.
+    pub(crate) fn set_backward_error(&self, error: RingError) {
+        lock(&self.backward_error).get_or_insert(error);
+    }
+
+    /// The error of the last backward pass, if it failed (its gradients are then zeros).
+    pub fn take_backward_error(&self) -> Option<RingError> {
+        lock(&self.backward_error).take()
+    }
+
+    /// Runs a collective on this rank's communicator (gradient all-reduce, barrier).
+    pub fn with_comm<T>(&self, f: impl FnOnce(&mut Comm) -> T) -> T {
+        f(&mut self.comm())
+    }
+}
+
+/// A poisoned lock only means another holder panicked; the data (counters, logs) stays usable.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

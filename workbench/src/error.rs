@@ -1,0 +1,56 @@
+//! Typed errors of the engine and its transports.
+
+use strategies::PartitionError;
+use thiserror::Error;
+
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum TransportError {
+    #[error("rank {rank}: peer rank {peer} has gone away")]
+    PeerGone { rank: usize, peer: usize },
+    #[error("rank {rank}: no message from rank {peer} within {seconds:.1} s")]
+    Timeout {
+        rank: usize,
+        peer: usize,
+        seconds: f64,
+    },
+    #[error("rank {rank}: message from rank {peer} has tag {got}, expected {expected}")]
+    Protocol {
+        rank: usize,
+        peer: usize,
+        expected: u64,
+        got: u64,
+    },
+    #[error("rank {rank}: all_reduce length {got} from rank {peer}, expected {expected}")]
+    LengthMismatch {
+        rank: usize,
+        peer: usize,
+        expected: usize,
+        got: usize,
+    },
+    #[error("rank {rank} failed: {message}")]
+    RankFailed { rank: usize, message: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum RingError {
+    #[error(transparent)]
+    Partition(#[from] PartitionError),
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error("{what}: expected shape {expected:?}, got {got:?}")]
+    Shape {
+        what: &'static str,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+    #[error("query heads {heads} are not a multiple of key/value heads {kv_heads}")]
+    Heads { heads: usize, kv_heads: usize },
+    #[error("transport has {world} ranks but the layout has {layout}")]
+    WorldMismatch { world: usize, layout: usize },
+    #[error("unknown {what} '{got}'; expected one of: {expected}")]
+    UnknownOption {
+        what: &'static str,
+        got: String,
+        expected: &'static str,
+    },
+}

@@ -1,0 +1,175 @@
+//! Pure attention math on one (query block, key/value block) tile: no ranks, no communication.
+//!
+//! Forward returns the tile's normalized output and log-sum-exp; [`merge_block`] combines tiles in any
+//! order (Liu et al. 2023, §3, blockwise online softmax). Backward recomputes probabilities from the
+//! saved log-sum-exp (FlashAttention-2 style). Masks come from global positions only.
+//!
+//! # Shapes
+//! q, o, dO: `[b, h, tq, d]`; k, v: `[b, hk, tk, d]` with `h = g · hk` (grouped-query attention,
+//! query head `i` reads kv head `i / g`); lse, delta: `[b, h, tq]`.
+
+use burn::tensor::{Tensor, TensorData, backend::Backend};
+
+/// How much of a tile a causal mask lets through.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Visibility {
+    /// No (q, k) pair is visible: the tile is skipped.
+    None,
+    /// Every pair is visible: no mask is built.
+    Full,
+    /// Some pairs: `bias[i·tk + j]` is 0 where key j is visible to query i, −∞ elsewhere.
+    Partial { bias: Vec<f32>, pairs: u64 },
+}
+
+impl Visibility {
+    /// Derives the tile's visibility from global positions.
+    pub fn of(pos_q: &[usize], pos_k: &[usize], causal: bool) -> Self {
+        if !causal || pos_q.is_empty() || pos_k.is_empty() {
+            return Visibility::Full;
+        }
+        let (q_min, q_max) = min_max(pos_q);
+        let (k_min, k_max) = min_max(pos_k);
+        if k_min > q_max {
+            return Visibility::None;
+        }
+        if k_max <= q_min {
+            return Visibility::Full;
+        }
+        let mut pairs = 0;
+        let bias = pos_q
+            .iter()
+            .flat_map(|&q| {
+                pos_k
+                    .iter()
+                    .map(move |&k| if k <= q { 0.0 } else { f32::NEG_INFINITY })
+            })
+            .inspect(|&b| pairs += u64::from(b == 0.0))
+            .collect();
+        Visibility::Partial { bias, pairs }
+    }
+
+    /// Visible (q, k) pairs of a `tq × tk` tile.
+    pub fn pairs(&self, tq: usize, tk: usize) -> u64 {
+        match self {
+            Visibility::None => 0,
+            Visibility::Full => (tq * tk) as u64,
+            Visibility::Partial { pairs, .. } => *pairs,
+        }
+    }
+}
+
+fn min_max(xs: &[usize]) -> (usize, usize) {
+    xs.iter()
+        .fold((usize::MAX, 0), |(lo, hi), &x| (lo.min(x), hi.max(x)))
+}
+
+/// A tile's scores `scale · q kᵀ` with the mask applied, laid out `[b, h, tq, tk]`.
+fn scores<B: Backend>(
+    q: &Tensor<B, 4>,
+    k: &Tensor<B, 4>,
+    visibility: &Visibility,
+    scale: f32,
+) -> Tensor<B, 4> {
+    let [b, h, tq, d] = q.dims();
+    let [_, hk, tk, _] = k.dims();
+    let grouped = q.clone().reshape([b, hk, (h / hk) * tq, d]) * scale;
+    let s = grouped
+        .matmul(k.clone().swap_dims(2, 3))
+        .reshape([b, h, tq, tk]);
+    match visibility {
+        Visibility::Partial { bias, .. } => {
+            let bias = Tensor::<B, 4>::from_data(
+                TensorData::new(bias.clone(), [1, 1, tq, tk]),
+                &s.device(),
+            );
+            s + bias
+        }
+        _ => s,
+    }
+}
+
+/// `p · v` where p is `[b, h, tq, tk]` and v is `[b, hk, tk, d]`: `[b, h, tq, d]`.
+fn grouped_matmul<B: Backend>(p: Tensor<B, 4>, v: &Tensor<B, 4>) -> Tensor<B, 4> {
+    let [b, h, tq, tk] = p.dims();
+    let [_, hk, _, d] = v.dims();
+    p.reshape([b, hk, (h / hk) * tq, tk])
+        .matmul(v.clone())
+        .reshape([b, h, tq, d])
+}
+
+/// Forward of one tile: normalized output `[b, h, tq, d]` and log-sum-exp `[b, h, tq]`.
+///
+/// Rows with no visible key get output 0 and lse −∞, which [`merge_block`] treats as empty.
+pub fn block_attention<B: Backend>(
+    q: &Tensor<B, 4>,
+    k: &Tensor<B, 4>,
+    v: &Tensor<B, 4>,
+    visibility: &Visibility,
+    scale: f32,
+) -> (Tensor<B, 4>, Tensor<B, 3>) {
+    let s = scores(q, k, visibility, scale);
+    let m = s.clone().max_dim(3); // [b, h, tq, 1]
+    let m_safe = m.clone().mask_fill(m.is_inf(), 0.0);
+    let p = (s - m_safe.clone()).exp();
+    let l = p.clone().sum_dim(3);
+    let o = grouped_matmul(p, v) / l.clone().clamp_min(f32::MIN_POSITIVE);
+    let lse = m_safe + l.log();
+    (o, lse.squeeze_dim(3))
+}
+
+/// Combines two partial results over disjoint key sets into their union's, in f32.
+pub fn merge_block<B: Backend>(
+    (o_a, lse_a): (Tensor<B, 4>, Tensor<B, 3>),
+    (o_b, lse_b): (Tensor<B, 4>, Tensor<B, 3>),
+) -> (Tensor<B, 4>, Tensor<B, 3>) {
+    let max = lse_a.clone().max_pair(lse_b.clone());
+    let max = max.clone().mask_fill(max.is_inf(), 0.0);
+    let w_a = (lse_a - max.clone()).exp();
+    let w_b = (lse_b - max.clone()).exp();
+    let total = w_a.clone() + w_b.clone();
+    let lse = max + total.clone().log();
+    let inv = total.clamp_min(f32::MIN_POSITIVE).recip();
+    let w_a = (w_a * inv.clone()).unsqueeze_dim(3);
+    let w_b = (w_b * inv).unsqueeze_dim(3);
+    (o_a * w_a + o_b * w_b, lse)
+}
+
+/// `delta = rowsum(dO ∘ O)`, `[b, h, tq]`.
+pub fn softmax_delta<B: Backend>(d_out: &Tensor<B, 4>, out: &Tensor<B, 4>) -> Tensor<B, 3> {
+    (d_out.clone() * out.clone()).sum_dim(3).squeeze_dim(3)
+}
+
+/// Gradients of one tile: `(dq [b, h, tq, d], dk [b, hk, tk, d], dv [b, hk, tk, d])`.
+///
+/// `lse` and `delta` are the *final* per-row statistics of the full attention, so tiles can be
+/// processed in any order and their contributions summed.
+#[allow(clippy::too_many_arguments)]
+pub fn block_attention_backward<B: Backend>(
+    q: &Tensor<B, 4>,
+    k: &Tensor<B, 4>,
+    v: &Tensor<B, 4>,
+    d_out: &Tensor<B, 4>,
+    lse: &Tensor<B, 3>,
+    delta: &Tensor<B, 3>,
+    visibility: &Visibility,
+    scale: f32,
+) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
+    let [b, h, tq, d] = q.dims();
+    let [_, hk, tk, _] = k.dims();
+    let rows = (h / hk) * tq;
+    let s = scores(q, k, visibility, scale);
+    let p = (s - lse.clone().unsqueeze_dim(3)).exp(); // [b, h, tq, tk]
+    let p_g = p.clone().reshape([b, hk, rows, tk]);
+    let do_g = d_out.clone().reshape([b, hk, rows, d]);
+    let dv = p_g.swap_dims(2, 3).matmul(do_g.clone());
+    let dp = do_g
+        .matmul(v.clone().swap_dims(2, 3))
+        .reshape([b, h, tq, tk]);
+    let ds = p * (dp - delta.clone().unsqueeze_dim(3));
+    let ds_g = ds.reshape([b, hk, rows, tk]) * scale;
+    let dq = ds_g.clone().matmul(k.clone()).reshape([b, h, tq, d]);
+    let dk = ds_g
+        .swap_dims(2, 3)
+        .matmul(q.clone().reshape([b, hk, rows, d]));
+    (dq, dk, dv)
+}

@@ -1,0 +1,122 @@
+//! `Comm`: the counting, tagging front of a transport. Every byte any engine sends passes here.
+
+use super::{Payload, Pending, Transport};
+use crate::error::TransportError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    Forward,
+    Backward,
+    Collective,
+}
+
+/// One block sent by this rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SendRecord {
+    pub phase: Phase,
+    pub step: usize,
+    pub cargo: crate::block::Cargo,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Traffic {
+    pub sends: Vec<SendRecord>,
+}
+
+impl Traffic {
+    /// (blocks, bytes) sent of one cargo kind in one phase.
+    pub fn count(&self, phase: Phase, cargo: crate::block::Cargo) -> (usize, u64) {
+        self.sends
+            .iter()
+            .filter(|s| s.phase == phase && s.cargo == cargo)
+            .fold((0, 0), |(n, b), s| (n + 1, b + s.bytes))
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.sends.iter().map(|s| s.bytes).sum()
+    }
+}
+
+/// A transport plus a tag sequence (identical on every rank) and traffic accounting.
+#[derive(Debug)]
+pub struct Comm {
+    transport: Box<dyn Transport>,
+    next_tag: u64,
+    traffic: Traffic,
+}
+
+impl Comm {
+    pub fn new(transport: Box<dyn Transport>) -> Self {
+        Self {
+            transport,
+            next_tag: 0,
+            traffic: Traffic::default(),
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.transport.rank()
+    }
+
+    pub fn world(&self) -> usize {
+        self.transport.world()
+    }
+
+    pub fn traffic(&self) -> &Traffic {
+        &self.traffic
+    }
+
+    pub fn take_traffic(&mut self) -> Traffic {
+        std::mem::take(&mut self.traffic)
+    }
+
+    fn tag(&mut self) -> u64 {
+        self.next_tag += 1;
+        self.next_tag
+    }
+
+    /// Posts and commits one exchange: `payload` to `to`, a receive from `from`.
+    pub fn exchange(
+        &mut self,
+        phase: Phase,
+        step: usize,
+        to: usize,
+        from: usize,
+        payload: Payload,
+    ) -> Result<Pending, TransportError> {
+        let tag = self.tag();
+        self.traffic
+            .sends
+            .extend(payload.iter().map(|block| SendRecord {
+                phase,
+                step,
+                cargo: block.cargo,
+                bytes: block.bytes(),
+            }));
+        let pending = self.transport.send_recv(to, from, tag, payload)?;
+        self.transport.commit()?;
+        Ok(pending)
+    }
+
+    pub fn wait(&mut self, pending: Pending) -> Result<Payload, TransportError> {
+        self.transport.wait(pending)
+    }
+
+    pub fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), TransportError> {
+        let tag = self.tag();
+        let world = self.world() as u64;
+        self.traffic.sends.push(SendRecord {
+            phase: Phase::Collective,
+            step: 0,
+            cargo: crate::block::Cargo::Reduce,
+            bytes: (world.saturating_sub(1)) * (data.len() * 4) as u64,
+        });
+        self.transport.all_reduce_sum(tag, data)
+    }
+
+    pub fn barrier(&mut self) -> Result<(), TransportError> {
+        let tag = self.tag();
+        self.transport.barrier(tag)
+    }
+}

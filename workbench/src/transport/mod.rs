@@ -1,0 +1,46 @@
+//! The transport seam: point-to-point ring exchange plus the collectives training needs.
+//!
+//! Transports move blocks; [`Comm`] wraps any transport and counts traffic once for all of them.
+
+mod comm;
+mod threads;
+
+pub use comm::{Comm, Phase, SendRecord, Traffic};
+pub use threads::{ThreadTransport, run_ranks, thread_ring};
+
+use crate::block::Block;
+pub use crate::error::TransportError;
+use std::sync::Arc;
+
+/// Blocks shared between sender and receiver without copying (in-process) or serialized (MPI).
+pub type Payload = Vec<Arc<Block>>;
+
+/// A posted receive, redeemed with [`Transport::wait`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pending {
+    pub from: usize,
+    pub tag: u64,
+}
+
+/// What a multi-rank engine must provide. Calls are made in the same order on every rank.
+pub trait Transport: Send + std::fmt::Debug {
+    fn rank(&self) -> usize;
+    fn world(&self) -> usize;
+    /// Posts a send of `payload` to `to` and a receive from `from`, both with `tag`; returns at once.
+    fn send_recv(
+        &mut self,
+        to: usize,
+        from: usize,
+        tag: u64,
+        payload: Payload,
+    ) -> Result<Pending, TransportError>;
+    /// Starts every operation posted since the last commit.
+    fn commit(&mut self) -> Result<(), TransportError>;
+    /// Blocks until the posted receive has arrived.
+    fn wait(&mut self, pending: Pending) -> Result<Payload, TransportError>;
+    /// Elementwise sum over ranks, identical bits on every rank.
+    fn all_reduce_sum(&mut self, tag: u64, data: &mut [f32]) -> Result<(), TransportError>;
+    fn barrier(&mut self, tag: u64) -> Result<(), TransportError> {
+        self.all_reduce_sum(tag, &mut [])
+    }
+}

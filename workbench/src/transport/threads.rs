@@ -1,0 +1,199 @@
+//! In-process transport: one std thread per rank, blocks moved through channels without copying.
+
+use super::{Comm, Payload, Pending, Transport};
+use crate::block::{Block, Cargo};
+use crate::error::TransportError;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::time::Duration;
+
+#[derive(Debug)]
+struct Envelope {
+    tag: u64,
+    payload: Payload,
+}
+
+/// One rank's end of a full mesh of channels.
+#[derive(Debug)]
+pub struct ThreadTransport {
+    rank: usize,
+    to: Vec<Sender<Envelope>>,
+    from: Vec<Receiver<Envelope>>,
+    /// Messages that arrived before the receive that wants them.
+    early: HashMap<(usize, u64), Payload>,
+    timeout: Duration,
+}
+
+/// Builds the transports of an N-rank in-process ring; a peer silent for `timeout` is an error.
+pub fn thread_ring(world: usize, timeout: Duration) -> Vec<ThreadTransport> {
+    let mut senders: Vec<Vec<Sender<Envelope>>> = (0..world).map(|_| Vec::new()).collect();
+    let mut receivers: Vec<Vec<Receiver<Envelope>>> = (0..world).map(|_| Vec::new()).collect();
+    for sender_rank in senders.iter_mut() {
+        for receiver_rank in receivers.iter_mut() {
+            let (tx, rx) = channel();
+            sender_rank.push(tx);
+            receiver_rank.push(rx);
+        }
+    }
+    // receivers[dst][src] was pushed in src order, as wanted.
+    senders
+        .into_iter()
+        .zip(receivers)
+        .enumerate()
+        .map(|(rank, (to, from))| ThreadTransport {
+            rank,
+            to,
+            from,
+            early: HashMap::new(),
+            timeout,
+        })
+        .collect()
+}
+
+impl ThreadTransport {
+    fn post(&self, to: usize, tag: u64, payload: Payload) -> Result<(), TransportError> {
+        self.to[to]
+            .send(Envelope { tag, payload })
+            .map_err(|_| TransportError::PeerGone {
+                rank: self.rank,
+                peer: to,
+            })
+    }
+
+    fn receive(&mut self, from: usize, tag: u64) -> Result<Payload, TransportError> {
+        if let Some(payload) = self.early.remove(&(from, tag)) {
+            return Ok(payload);
+        }
+        loop {
+            let envelope = self.from[from]
+                .recv_timeout(self.timeout)
+                .map_err(|e| match e {
+                    RecvTimeoutError::Timeout => TransportError::Timeout {
+                        rank: self.rank,
+                        peer: from,
+                        seconds: self.timeout.as_secs_f64(),
+                    },
+                    RecvTimeoutError::Disconnected => TransportError::PeerGone {
+                        rank: self.rank,
+                        peer: from,
+                    },
+                })?;
+            if envelope.tag == tag {
+                return Ok(envelope.payload);
+            }
+            if envelope.tag < tag {
+                return Err(TransportError::Protocol {
+                    rank: self.rank,
+                    peer: from,
+                    expected: tag,
+                    got: envelope.tag,
+                });
+            }
+            self.early.insert((from, envelope.tag), envelope.payload);
+        }
+    }
+}
+
+impl Transport for ThreadTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.to.len()
+    }
+
+    fn send_recv(
+        &mut self,
+        to: usize,
+        from: usize,
+        tag: u64,
+        payload: Payload,
+    ) -> Result<Pending, TransportError> {
+        self.post(to, tag, payload)?;
+        Ok(Pending { from, tag })
+    }
+
+    fn commit(&mut self) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    fn wait(&mut self, pending: Pending) -> Result<Payload, TransportError> {
+        self.receive(pending.from, pending.tag)
+    }
+
+    fn all_reduce_sum(&mut self, tag: u64, data: &mut [f32]) -> Result<(), TransportError> {
+        let world = self.world();
+        if world == 1 {
+            return Ok(());
+        }
+        let mine = Arc::new(Block {
+            cargo: Cargo::Reduce,
+            shape: vec![data.len()],
+            data: data.to_vec(),
+        });
+        for peer in (0..world).filter(|&p| p != self.rank) {
+            self.post(peer, tag, vec![mine.clone()])?;
+        }
+        // Sum in rank order on every rank so that all replicas get identical bits.
+        data.fill(0.0);
+        for peer in 0..world {
+            let block = if peer == self.rank {
+                mine.clone()
+            } else {
+                self.receive(peer, tag)?.remove(0)
+            };
+            if block.data.len() != data.len() {
+                return Err(TransportError::LengthMismatch {
+                    rank: self.rank,
+                    peer,
+                    expected: data.len(),
+                    got: block.data.len(),
+                });
+            }
+            for (acc, x) in data.iter_mut().zip(&block.data) {
+                *acc += x;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `body` on `world` in-process ranks, one thread each, and returns every rank's result.
+///
+/// A rank that panics is reported as [`TransportError::RankFailed`]; its peers see it as gone.
+pub fn run_ranks<T, E, F>(world: usize, timeout: Duration, body: F) -> Vec<Result<T, E>>
+where
+    T: Send,
+    E: Send + From<TransportError>,
+    F: Fn(Comm) -> Result<T, E> + Sync,
+{
+    let body = &body;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = thread_ring(world, timeout)
+            .into_iter()
+            .map(|transport| {
+                let rank = transport.rank;
+                let handle = std::thread::Builder::new()
+                    .name(format!("rank-{rank}"))
+                    .spawn_scoped(scope, move || body(Comm::new(Box::new(transport))))
+                    .expect("spawning a rank thread");
+                (rank, handle)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(rank, handle)| {
+                handle.join().unwrap_or_else(|panic| {
+                    let message = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "panicked".into());
+                    Err(TransportError::RankFailed { rank, message }.into())
+                })
+            })
+            .collect()
+    })
+}
