@@ -1,0 +1,90 @@
+//! `ringbench attn`: ring attention on NumPy arrays, for checking against PyTorch or JAX.
+
+use crate::npy;
+use anyhow::{Context, Result, bail};
+use burn::backend::{Autodiff, Flex};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use workbench::launch::{AttentionJob, run_attention};
+use workbench::{BackwardScheme, Direction, RingConfig};
+
+#[derive(Debug, clap::Args)]
+pub struct AttnArgs {
+    /// Queries, (batch, seq, heads, head_dim), float32 or float64.
+    #[arg(long)]
+    pub q: PathBuf,
+    /// Keys, (batch, seq, kv_heads, head_dim); kv_heads must divide heads.
+    #[arg(long)]
+    pub k: PathBuf,
+    /// Values, shaped like the keys.
+    #[arg(long)]
+    pub v: PathBuf,
+    /// Gradient of the loss with respect to the output; enables dq, dk, dv.
+    #[arg(long = "do")]
+    pub d_out: Option<PathBuf>,
+    #[arg(long, default_value_t = 1)]
+    pub ranks: usize,
+    #[arg(long, default_value = "zigzag")]
+    pub strategy: String,
+    #[arg(long)]
+    pub causal: bool,
+    /// Forward ring direction: cw (to rank+1) or ccw (to rank−1).
+    #[arg(long, default_value = "cw")]
+    pub fwd_dir: Direction,
+    /// Backward scheme: kv, kv-reverse or q.
+    #[arg(long, default_value = "kv")]
+    pub bwd: BackwardScheme,
+    /// Seconds a rank waits for a peer before giving up.
+    #[arg(long, default_value_t = 60.0)]
+    pub timeout: f64,
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn run(args: &AttnArgs) -> Result<()> {
+    let q = npy::read(&args.q)?;
+    let k = npy::read(&args.k)?;
+    let v = npy::read(&args.v)?;
+    let d_out = args.d_out.as_deref().map(npy::read).transpose()?;
+    if args.ranks == 0 {
+        bail!("--ranks must be at least 1");
+    }
+    let job = AttentionJob {
+        q: &q,
+        k: &k,
+        v: &v,
+        d_out: d_out.as_ref(),
+        ranks: args.ranks,
+        strategy: strategies::by_name(&args.strategy)?,
+        config: RingConfig {
+            causal: args.causal,
+            forward: args.fwd_dir,
+            backward: args.bwd,
+            scale: None,
+        },
+        timeout: Duration::from_secs_f64(args.timeout),
+    };
+    let result = run_attention::<Autodiff<Flex>>(&job, &Default::default())?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let write = |name: &str, t| npy::write(&Path::new(&args.out).join(name), t);
+    write("out.npy", &result.out)?;
+    write("lse.npy", &result.lse)?;
+    let mut written = vec!["out.npy", "lse.npy"];
+    if let Some(g) = &result.grads {
+        write("dq.npy", &g.dq)?;
+        write("dk.npy", &g.dk)?;
+        write("dv.npy", &g.dv)?;
+        written.extend(["dq.npy", "dk.npy", "dv.npy"]);
+    }
+    let bytes: u64 = result.traffic.iter().map(|t| t.total_bytes()).sum();
+    println!(
+        "wrote {} to {} ({} ranks, {}, {} bytes sent in total)",
+        written.join(", "),
+        args.out.display(),
+        args.ranks,
+        args.strategy,
+        bytes
+    );
+    Ok(())
+}

@@ -1,0 +1,230 @@
+//! `ringbench bench attn`: achieved GFLOP/s of ring attention beside this machine's matmul rate.
+//!
+//! FLOPs are useful FLOPs: 4·d per visible (q, k) pair and head for the forward, 10·d more for the
+//! backward (5 matmuls, recomputing the scores), as FlashAttention-2 counts them. Every ratio is taken
+//! against a matmul rate measured in the same run, since the machines are shared and noisy.
+
+use anyhow::{Context, Result};
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::{Distribution, Tensor};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use workbench::launch::{AttentionJob, HostTensor, run_attention};
+use workbench::{BackwardScheme, Direction, RingConfig};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchCommand {
+    /// Forward and forward+backward GFLOP/s per (length, ranks, strategy, causal).
+    Attn(BenchAttnArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BenchAttnArgs {
+    #[arg(long, value_delimiter = ',', default_value = "1024,2048,4096,8192")]
+    pub seq: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+    pub ranks: Vec<usize>,
+    /// Strategies to run; all registered ones by default.
+    #[arg(long, value_delimiter = ',')]
+    pub strategies: Vec<String>,
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    #[arg(long, default_value_t = 64)]
+    pub head_dim: usize,
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Timed repetitions per row; the fastest is reported.
+    #[arg(long, default_value_t = 1)]
+    pub repeats: usize,
+    /// Also write bench_attn.csv and bench_attn.md here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub seq: usize,
+    pub ranks: usize,
+    pub strategy: String,
+    pub causal: bool,
+    pub fwd_seconds: f64,
+    pub fwd_gflops: f64,
+    pub fwd_bwd_seconds: f64,
+    pub fwd_bwd_gflops: f64,
+    pub matmul_gflops: f64,
+    pub fwd_bwd_over_matmul: f64,
+}
+
+/// Best-of-5 GFLOP/s of a square f32 `n³` matmul on the Flex backend.
+pub fn matmul_gflops(n: usize) -> f64 {
+    let device = Default::default();
+    let a = Tensor::<Flex, 2>::random([n, n], Distribution::Default, &device);
+    let b = Tensor::<Flex, 2>::random([n, n], Distribution::Default, &device);
+    let _ = a.clone().matmul(b.clone()).into_data();
+    let best = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            let _ = a.clone().matmul(b.clone()).into_data();
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    2.0 * (n as f64).powi(3) / best / 1e9
+}
+
+fn random(shape: Vec<usize>, seed: u64) -> HostTensor {
+    let mut state = seed | 1;
+    let data = (0..shape.iter().product::<usize>())
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect();
+    HostTensor::new(shape, data)
+}
+
+fn visible_pairs(seq: usize, causal: bool) -> f64 {
+    let s = seq as f64;
+    if causal { s * (s + 1.0) / 2.0 } else { s * s }
+}
+
+pub fn run(command: &BenchCommand) -> Result<()> {
+    let BenchCommand::Attn(args) = command;
+    let strategies: Vec<String> = if args.strategies.is_empty() {
+        strategies::names().into_iter().map(String::from).collect()
+    } else {
+        args.strategies.clone()
+    };
+    let mut cases = Vec::new();
+    for &seq in &args.seq {
+        for &ranks in &args.ranks {
+            for strategy in &strategies {
+                for causal in [false, true] {
+                    cases.push((seq, ranks, strategy.as_str(), causal));
+                }
+            }
+        }
+    }
+    let matmul = matmul_gflops(1024);
+    println!("matmul 1024^3 f32 (flex): {matmul:.1} GFLOP/s");
+    let bar = ProgressBar::new(cases.len() as u64).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed_precise} {msg}")
+            .context("progress template")?,
+    );
+    let mut rows = Vec::new();
+    for (seq, ranks, strategy, causal) in cases {
+        bar.set_message(format!("S={seq} N={ranks} {strategy} causal={causal}"));
+        let (b, h, d) = (args.batch, args.heads, args.head_dim);
+        let q = random(vec![b, seq, h, d], 1);
+        let k = random(vec![b, seq, h, d], 2);
+        let v = random(vec![b, seq, h, d], 3);
+        let d_out = random(vec![b, seq, h, d], 4);
+        let partition = strategies::by_name(strategy)?;
+        let time = |with_grad: bool| -> Result<f64> {
+            let job = AttentionJob {
+                q: &q,
+                k: &k,
+                v: &v,
+                d_out: with_grad.then_some(&d_out),
+                ranks,
+                strategy: partition,
+                config: RingConfig {
+                    causal,
+                    forward: Direction::Cw,
+                    backward: BackwardScheme::Kv,
+                    scale: None,
+                },
+                timeout: Duration::from_secs(600),
+            };
+            let mut best = f64::INFINITY;
+            for _ in 0..args.repeats.max(1) {
+                let start = Instant::now();
+                run_attention::<Autodiff<Flex>>(&job, &Default::default())?;
+                best = best.min(start.elapsed().as_secs_f64());
+            }
+            Ok(best)
+        };
+        let skip = partition.validate(seq, ranks);
+        if let Err(e) = skip {
+            bar.println(format!("skip S={seq} N={ranks} {strategy}: {e}"));
+            bar.inc(1);
+            continue;
+        }
+        let fwd = time(false)?;
+        let fwd_bwd = time(true)?;
+        let flops = visible_pairs(seq, causal) * (b * h * d) as f64;
+        let row = Row {
+            seq,
+            ranks,
+            strategy: strategy.to_owned(),
+            causal,
+            fwd_seconds: fwd,
+            fwd_gflops: 4.0 * flops / fwd / 1e9,
+            fwd_bwd_seconds: fwd_bwd,
+            fwd_bwd_gflops: 14.0 * flops / fwd_bwd / 1e9,
+            matmul_gflops: matmul,
+            fwd_bwd_over_matmul: 14.0 * flops / fwd_bwd / 1e9 / matmul,
+        };
+        bar.println(format_row(&row));
+        rows.push(row);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let table = markdown(&rows, args);
+    println!("\n{table}");
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir)?;
+        let mut csv = csv::Writer::from_path(dir.join("bench_attn.csv"))?;
+        for row in &rows {
+            csv.serialize(row)?;
+        }
+        csv.flush()?;
+        std::fs::write(dir.join("bench_attn.md"), table)?;
+    }
+    Ok(())
+}
+
+fn format_row(r: &Row) -> String {
+    format!(
+        "S={:5} N={} {:10} causal={:5} fwd {:7.3}s {:6.1} GFLOP/s  fwd+bwd {:7.3}s {:6.1} GFLOP/s ({:.2} of matmul)",
+        r.seq,
+        r.ranks,
+        r.strategy,
+        r.causal,
+        r.fwd_seconds,
+        r.fwd_gflops,
+        r.fwd_bwd_seconds,
+        r.fwd_bwd_gflops,
+        r.fwd_bwd_over_matmul
+    )
+}
+
+fn markdown(rows: &[Row], args: &BenchAttnArgs) -> String {
+    let mut s = format!(
+        "batch {}, heads {}, head_dim {}; matmul 1024^3 f32 measured in the same run: {:.1} GFLOP/s\n\n\
+         | S | N | strategy | causal | fwd s | fwd GFLOP/s | fwd+bwd s | fwd+bwd GFLOP/s | fwd+bwd / matmul |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+        args.batch,
+        args.heads,
+        args.head_dim,
+        rows.first().map_or(0.0, |r| r.matmul_gflops)
+    );
+    for r in rows {
+        s += &format!(
+            "| {} | {} | {} | {} | {:.3} | {:.1} | {:.3} | {:.1} | {:.2} |\n",
+            r.seq,
+            r.ranks,
+            r.strategy,
+            r.causal,
+            r.fwd_seconds,
+            r.fwd_gflops,
+            r.fwd_bwd_seconds,
+            r.fwd_bwd_gflops,
+            r.fwd_bwd_over_matmul
+        );
+    }
+    s
+}

@@ -1,0 +1,5 @@
+//! The `ringbench` command line: NumPy interop, benchmarks and (later) the experiment runner.
+
+pub mod attn;
+pub mod bench;
+pub mod npy;

@@ -1,0 +1,74 @@
+//! Reading and writing `.npy` arrays (C order, f32 or f64 in; f32 out).
+
+use npyz::{DType, NpyFile, TypeChar, WriteOptions, WriterBuilder};
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+use workbench::launch::HostTensor;
+
+#[derive(Debug, Error)]
+pub enum NpyError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: dtype {dtype} is not supported; expected float32 or float64")]
+    Dtype { path: PathBuf, dtype: String },
+    #[error("{path}: Fortran-order arrays are not supported; save np.ascontiguousarray(a)")]
+    FortranOrder { path: PathBuf },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> NpyError + '_ {
+    move |source| NpyError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Reads a C-order float32 or float64 array as f32.
+pub fn read(path: &Path) -> Result<HostTensor, NpyError> {
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    let file = NpyFile::new(&bytes[..]).map_err(io(path))?;
+    if file.order() == npyz::Order::Fortran {
+        return Err(NpyError::FortranOrder {
+            path: path.to_owned(),
+        });
+    }
+    let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
+    let data = match file.dtype() {
+        DType::Plain(t) if t.type_char() == TypeChar::Float && t.size_field() == 4 => {
+            file.into_vec::<f32>().map_err(io(path))?
+        }
+        DType::Plain(t) if t.type_char() == TypeChar::Float && t.size_field() == 8 => file
+            .into_vec::<f64>()
+            .map_err(io(path))?
+            .into_iter()
+            .map(|x| x as f32)
+            .collect(),
+        other => {
+            return Err(NpyError::Dtype {
+                path: path.to_owned(),
+                dtype: other.descr(),
+            });
+        }
+    };
+    Ok(HostTensor::new(shape, data))
+}
+
+/// Writes an f32 array in C order.
+pub fn write(path: &Path, tensor: &HostTensor) -> Result<(), NpyError> {
+    let file = File::create(path).map_err(io(path))?;
+    let shape: Vec<u64> = tensor.shape.iter().map(|&d| d as u64).collect();
+    let mut writer = WriteOptions::new()
+        .default_dtype()
+        .shape(&shape)
+        .writer(BufWriter::new(file))
+        .begin_nd()
+        .map_err(io(path))?;
+    writer
+        .extend(tensor.data.iter().copied())
+        .map_err(io(path))?;
+    writer.finish().map_err(io(path))
+}

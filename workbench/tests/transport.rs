@@ -1,0 +1,157 @@
+//! The in-process transport: collectives, and failures that must become errors rather than hangs.
+
+use burn::backend::Flex;
+use burn::tensor::Tensor;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use workbench::transport::run_ranks;
+use workbench::{RingConfig, RingContext, RingError, TransportError, ring_attention};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+#[test]
+fn all_reduce_sums_and_every_rank_gets_identical_bits() {
+    let results = run_ranks(5, TIMEOUT, |mut comm| -> Result<Vec<f32>, RingError> {
+        let r = comm.rank() as f32;
+        let mut data = vec![r * 0.1, 1.0 / (r + 3.0), 1e-8 * r];
+        comm.all_reduce_sum(&mut data)?;
+        comm.barrier()?;
+        Ok(data)
+    });
+    let sums: Vec<Vec<f32>> = results.into_iter().map(Result::unwrap).collect();
+    let expected_first: f32 = (0..5).map(|r| r as f32 * 0.1).sum();
+    assert!((sums[0][0] - expected_first).abs() < 1e-6);
+    for s in &sums {
+        assert_eq!(
+            s.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            sums[0].iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// Runs ring attention on 4 ranks where `failing` returns early instead of joining the ring.
+fn ring_with_failure(failing: usize, panic: bool, timeout: Duration) -> Vec<Result<(), RingError>> {
+    let layout = Arc::new(
+        strategies::by_name("zigzag")
+            .unwrap()
+            .layout(32, 4)
+            .unwrap(),
+    );
+    run_ranks(4, timeout, |comm| -> Result<(), RingError> {
+        let rank = comm.rank();
+        let ctx = Arc::new(RingContext::new(
+            comm,
+            layout.clone(),
+            RingConfig::default(),
+        )?);
+        if rank == failing {
+            if panic {
+                panic!("injected fault on rank {rank}");
+            }
+            // A live rank that never sends: its peers must time out.
+            std::thread::sleep(timeout * 3);
+            return Ok(());
+        }
+        let q = Tensor::<Flex, 4>::ones([1, 2, 8, 4], &Default::default());
+        ring_attention(q.clone(), q.clone(), q, &ctx)?;
+        Ok(())
+    })
+}
+
+#[test]
+fn a_rank_that_dies_stops_its_peers_with_an_error() {
+    let start = Instant::now();
+    let results = ring_with_failure(2, true, TIMEOUT);
+    assert!(start.elapsed() < Duration::from_secs(10), "no hang");
+    match &results[2] {
+        Err(RingError::Transport(TransportError::RankFailed { rank: 2, message })) => {
+            assert!(message.contains("injected fault"))
+        }
+        other => panic!("rank 2 should be reported failed, got {other:?}"),
+    }
+    for (rank, r) in results.iter().enumerate().filter(|(r, _)| *r != 2) {
+        assert!(
+            matches!(
+                r,
+                Err(RingError::Transport(TransportError::PeerGone { .. }))
+            ),
+            "rank {rank}: {r:?}"
+        );
+    }
+}
+
+#[test]
+fn a_silent_rank_is_a_timeout_naming_it() {
+    let timeout = Duration::from_millis(300);
+    let start = Instant::now();
+    let results = ring_with_failure(1, false, timeout);
+    assert!(start.elapsed() < Duration::from_secs(10), "no hang");
+    // Rank 2 receives from rank 1 in the clockwise forward ring.
+    match &results[2] {
+        Err(RingError::Transport(TransportError::Timeout {
+            rank: 2, peer: 1, ..
+        })) => {}
+        other => panic!("rank 2 should time out waiting for rank 1, got {other:?}"),
+    }
+    assert!(
+        results
+            .iter()
+            .enumerate()
+            .all(|(r, x)| r == 1 || x.is_err())
+    );
+}
+
+#[test]
+fn bad_shapes_are_typed_errors() {
+    let layout = Arc::new(
+        strategies::by_name("striped")
+            .unwrap()
+            .layout(16, 2)
+            .unwrap(),
+    );
+    let results = run_ranks(2, TIMEOUT, |comm| -> Result<(), RingError> {
+        let ctx = Arc::new(RingContext::new(
+            comm,
+            layout.clone(),
+            RingConfig::default(),
+        )?);
+        let device = Default::default();
+        let q = Tensor::<Flex, 4>::ones([1, 6, 8, 4], &device);
+        let kv = Tensor::<Flex, 4>::ones([1, 4, 8, 4], &device);
+        ring_attention(q, kv.clone(), kv, &ctx).map(|_| ())
+    });
+    for r in results {
+        assert_eq!(
+            r,
+            Err(RingError::Heads {
+                heads: 6,
+                kv_heads: 4
+            })
+        );
+    }
+    let results = run_ranks(2, TIMEOUT, |comm| -> Result<(), RingError> {
+        let ctx = Arc::new(RingContext::new(
+            comm,
+            layout.clone(),
+            RingConfig::default(),
+        )?);
+        let q = Tensor::<Flex, 4>::ones([1, 2, 7, 4], &Default::default());
+        ring_attention(q.clone(), q.clone(), q, &ctx).map(|_| ())
+    });
+    for r in results {
+        assert!(
+            matches!(r, Err(RingError::Shape { ref got, .. }) if got == &vec![1, 2, 7, 4]),
+            "{r:?}"
+        );
+    }
+    let wrong_world = run_ranks(3, TIMEOUT, |comm| {
+        RingContext::new(comm, layout.clone(), RingConfig::default()).map(|_| ())
+    });
+    assert_eq!(
+        wrong_world[0],
+        Err(RingError::WorldMismatch {
+            world: 3,
+            layout: 2
+        })
+    );
+}
