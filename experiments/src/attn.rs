@@ -6,7 +6,7 @@ use burn::backend::{Autodiff, Flex};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use workbench::launch::{AttentionJob, run_attention};
-use workbench::{BackwardScheme, Direction, RingConfig};
+use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 #[derive(Debug, clap::Args)]
 pub struct AttnArgs {
@@ -34,6 +34,9 @@ pub struct AttnArgs {
     /// Backward scheme: kv, kv-reverse or q.
     #[arg(long, default_value = "kv")]
     pub bwd: BackwardScheme,
+    /// Tile kernel: fused (fast CPU path) or generic (Burn tensor ops, the reference twin).
+    #[arg(long, default_value = "fused")]
+    pub kernel: Kernel,
     /// Seconds a rank waits for a peer before giving up.
     #[arg(long, default_value_t = 60.0)]
     pub timeout: f64,
@@ -60,6 +63,7 @@ pub fn run(args: &AttnArgs) -> Result<()> {
             causal: args.causal,
             forward: args.fwd_dir,
             backward: args.bwd,
+            kernel: args.kernel,
             scale: None,
         },
         timeout: Duration::from_secs_f64(args.timeout),

@@ -12,7 +12,7 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use workbench::launch::{AttentionJob, HostTensor, run_attention};
-use workbench::{BackwardScheme, Direction, RingConfig};
+use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchCommand {
@@ -24,11 +24,15 @@ pub enum BenchCommand {
 pub struct BenchAttnArgs {
     #[arg(long, value_delimiter = ',', default_value = "1024,2048,4096,8192")]
     pub seq: Vec<usize>,
+    /// Rank counts; include 1 for the ring-vs-single ratio.
     #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
     pub ranks: Vec<usize>,
     /// Strategies to run; all registered ones by default.
     #[arg(long, value_delimiter = ',')]
     pub strategies: Vec<String>,
+    /// Kernels to time: fused, generic (the generic twin is slow at long lengths).
+    #[arg(long, value_delimiter = ',', default_value = "fused,generic")]
+    pub kernels: Vec<Kernel>,
     #[arg(long, default_value_t = 4)]
     pub heads: usize,
     #[arg(long, default_value_t = 64)]
@@ -49,12 +53,22 @@ pub struct Row {
     pub ranks: usize,
     pub strategy: String,
     pub causal: bool,
+    pub kernel: String,
     pub fwd_seconds: f64,
     pub fwd_gflops: f64,
     pub fwd_bwd_seconds: f64,
     pub fwd_bwd_gflops: f64,
     pub matmul_gflops: f64,
+    /// fwd+bwd GFLOP/s over the matmul GFLOP/s of the same run.
     pub fwd_bwd_over_matmul: f64,
+    /// fwd+bwd time of this row over the N = 1 row with the same length, strategy, causal, kernel.
+    pub ring_over_single: Option<f64>,
+    /// Bytes allocated during fwd+bwd per rank and ring step (forward and backward steps).
+    pub alloc_mib_per_rank_step: Option<f64>,
+    /// Peak live bytes during fwd+bwd above the start, per rank.
+    pub peak_mib_per_rank: Option<f64>,
+    /// What one rank must hold in the backward: q, dO, dQ, out, 2 × (K, V, dK, dV), 4 row statistics.
+    pub working_set_mib_per_rank: f64,
 }
 
 /// Best-of-5 GFLOP/s of a square f32 `n³` matmul on the Flex backend.
@@ -73,8 +87,9 @@ pub fn matmul_gflops(n: usize) -> f64 {
     2.0 * (n as f64).powi(3) / best / 1e9
 }
 
-fn random(shape: Vec<usize>, seed: u64) -> HostTensor {
-    let mut state = seed | 1;
+/// Seeded uniform values in [−0.5, 0.5).
+pub fn random(shape: Vec<usize>, seed: u64) -> HostTensor {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let data = (0..shape.iter().product::<usize>())
         .map(|_| {
             state ^= state << 13;
@@ -91,6 +106,14 @@ fn visible_pairs(seq: usize, causal: bool) -> f64 {
     if causal { s * (s + 1.0) / 2.0 } else { s * s }
 }
 
+const MIB: f64 = 1024.0 * 1024.0;
+
+struct Measured {
+    seconds: f64,
+    allocated: usize,
+    peak: usize,
+}
+
 pub fn run(command: &BenchCommand) -> Result<()> {
     let BenchCommand::Attn(args) = command;
     let strategies: Vec<String> = if args.strategies.is_empty() {
@@ -100,30 +123,40 @@ pub fn run(command: &BenchCommand) -> Result<()> {
     };
     let mut cases = Vec::new();
     for &seq in &args.seq {
-        for &ranks in &args.ranks {
-            for strategy in &strategies {
-                for causal in [false, true] {
-                    cases.push((seq, ranks, strategy.as_str(), causal));
+        for strategy in &strategies {
+            for causal in [false, true] {
+                for &kernel in &args.kernels {
+                    for &ranks in &args.ranks {
+                        cases.push((seq, ranks, strategy.as_str(), causal, kernel));
+                    }
                 }
             }
         }
     }
+    let counting = crate::alloc::active();
     let matmul = matmul_gflops(1024);
     println!("matmul 1024^3 f32 (flex): {matmul:.1} GFLOP/s");
     let bar = ProgressBar::new(cases.len() as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed_precise} {msg}")
             .context("progress template")?,
     );
-    let mut rows = Vec::new();
-    for (seq, ranks, strategy, causal) in cases {
-        bar.set_message(format!("S={seq} N={ranks} {strategy} causal={causal}"));
+    let mut rows: Vec<Row> = Vec::new();
+    for (seq, ranks, strategy, causal, kernel) in cases {
+        bar.set_message(format!(
+            "S={seq} N={ranks} {strategy} causal={causal} {kernel}"
+        ));
         let (b, h, d) = (args.batch, args.heads, args.head_dim);
+        let partition = strategies::by_name(strategy)?;
+        if let Err(e) = partition.validate(seq, ranks) {
+            bar.println(format!("skip S={seq} N={ranks} {strategy}: {e}"));
+            bar.inc(1);
+            continue;
+        }
         let q = random(vec![b, seq, h, d], 1);
         let k = random(vec![b, seq, h, d], 2);
         let v = random(vec![b, seq, h, d], 3);
         let d_out = random(vec![b, seq, h, d], 4);
-        let partition = strategies::by_name(strategy)?;
-        let time = |with_grad: bool| -> Result<f64> {
+        let time = |with_grad: bool| -> Result<Measured> {
             let job = AttentionJob {
                 q: &q,
                 k: &k,
@@ -135,38 +168,64 @@ pub fn run(command: &BenchCommand) -> Result<()> {
                     causal,
                     forward: Direction::Cw,
                     backward: BackwardScheme::Kv,
+                    kernel,
                     scale: None,
                 },
-                timeout: Duration::from_secs(600),
+                timeout: Duration::from_secs(3600),
             };
-            let mut best = f64::INFINITY;
+            let mut best = Measured {
+                seconds: f64::INFINITY,
+                allocated: 0,
+                peak: 0,
+            };
             for _ in 0..args.repeats.max(1) {
+                crate::alloc::reset();
                 let start = Instant::now();
                 run_attention::<Autodiff<Flex>>(&job, &Default::default())?;
-                best = best.min(start.elapsed().as_secs_f64());
+                let seconds = start.elapsed().as_secs_f64();
+                let stats = crate::alloc::stats();
+                if seconds < best.seconds {
+                    best = Measured {
+                        seconds,
+                        allocated: stats.allocated,
+                        peak: stats.peak_above_start,
+                    };
+                }
             }
             Ok(best)
         };
-        let skip = partition.validate(seq, ranks);
-        if let Err(e) = skip {
-            bar.println(format!("skip S={seq} N={ranks} {strategy}: {e}"));
-            bar.inc(1);
-            continue;
-        }
         let fwd = time(false)?;
         let fwd_bwd = time(true)?;
         let flops = visible_pairs(seq, causal) * (b * h * d) as f64;
+        let single = rows
+            .iter()
+            .find(|r| {
+                r.seq == seq
+                    && r.ranks == 1
+                    && r.strategy == strategy
+                    && r.causal == causal
+                    && r.kernel == kernel.to_string()
+            })
+            .map(|r| r.fwd_bwd_seconds);
+        let t = seq / ranks;
+        let block = (b * h * t * d * 4) as f64;
         let row = Row {
             seq,
             ranks,
             strategy: strategy.to_owned(),
             causal,
-            fwd_seconds: fwd,
-            fwd_gflops: 4.0 * flops / fwd / 1e9,
-            fwd_bwd_seconds: fwd_bwd,
-            fwd_bwd_gflops: 14.0 * flops / fwd_bwd / 1e9,
+            kernel: kernel.to_string(),
+            fwd_seconds: fwd.seconds,
+            fwd_gflops: 4.0 * flops / fwd.seconds / 1e9,
+            fwd_bwd_seconds: fwd_bwd.seconds,
+            fwd_bwd_gflops: 14.0 * flops / fwd_bwd.seconds / 1e9,
             matmul_gflops: matmul,
-            fwd_bwd_over_matmul: 14.0 * flops / fwd_bwd / 1e9 / matmul,
+            fwd_bwd_over_matmul: 14.0 * flops / fwd_bwd.seconds / 1e9 / matmul,
+            ring_over_single: single.map(|s| fwd_bwd.seconds / s),
+            alloc_mib_per_rank_step: counting
+                .then(|| fwd_bwd.allocated as f64 / (ranks * 2 * ranks) as f64 / MIB),
+            peak_mib_per_rank: counting.then(|| fwd_bwd.peak as f64 / ranks as f64 / MIB),
+            working_set_mib_per_rank: (12.0 * block + 4.0 * (b * h * t * 4) as f64) / MIB,
         };
         bar.println(format_row(&row));
         rows.push(row);
@@ -187,26 +246,33 @@ pub fn run(command: &BenchCommand) -> Result<()> {
     Ok(())
 }
 
+fn opt(x: Option<f64>, digits: usize) -> String {
+    x.map_or("-".into(), |x| format!("{x:.digits$}"))
+}
+
 fn format_row(r: &Row) -> String {
     format!(
-        "S={:5} N={} {:10} causal={:5} fwd {:7.3}s {:6.1} GFLOP/s  fwd+bwd {:7.3}s {:6.1} GFLOP/s ({:.2} of matmul)",
+        "S={:5} N={} {:10} causal={:5} {:7} fwd {:7.3}s {:6.1} GFLOP/s  fwd+bwd {:7.3}s {:6.1} GFLOP/s ({:.2} of matmul, ring/single {})",
         r.seq,
         r.ranks,
         r.strategy,
         r.causal,
+        r.kernel,
         r.fwd_seconds,
         r.fwd_gflops,
         r.fwd_bwd_seconds,
         r.fwd_bwd_gflops,
-        r.fwd_bwd_over_matmul
+        r.fwd_bwd_over_matmul,
+        opt(r.ring_over_single, 2),
     )
 }
 
 fn markdown(rows: &[Row], args: &BenchAttnArgs) -> String {
     let mut s = format!(
-        "batch {}, heads {}, head_dim {}; matmul 1024^3 f32 measured in the same run: {:.1} GFLOP/s\n\n\
-         | S | N | strategy | causal | fwd s | fwd GFLOP/s | fwd+bwd s | fwd+bwd GFLOP/s | fwd+bwd / matmul |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+        "batch {}, heads {}, head_dim {}; matmul 1024^3 f32 (flex) measured in the same run: {:.1} GFLOP/s. \
+         FLOPs: 4·d (forward) + 10·d (backward) per visible (q, k) pair and head.\n\n\
+         | S | N | strategy | causal | kernel | fwd s | fwd GFLOP/s | fwd+bwd s | fwd+bwd GFLOP/s | / matmul | ring / single | alloc MiB per rank-step | peak MiB per rank | working set MiB per rank |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         args.batch,
         args.heads,
         args.head_dim,
@@ -214,16 +280,21 @@ fn markdown(rows: &[Row], args: &BenchAttnArgs) -> String {
     );
     for r in rows {
         s += &format!(
-            "| {} | {} | {} | {} | {:.3} | {:.1} | {:.3} | {:.1} | {:.2} |\n",
+            "| {} | {} | {} | {} | {} | {:.3} | {:.1} | {:.3} | {:.1} | {:.2} | {} | {} | {} | {:.2} |\n",
             r.seq,
             r.ranks,
             r.strategy,
             r.causal,
+            r.kernel,
             r.fwd_seconds,
             r.fwd_gflops,
             r.fwd_bwd_seconds,
             r.fwd_bwd_gflops,
-            r.fwd_bwd_over_matmul
+            r.fwd_bwd_over_matmul,
+            opt(r.ring_over_single, 2),
+            opt(r.alloc_mib_per_rank_step, 2),
+            opt(r.peak_mib_per_rank, 2),
+            r.working_set_mib_per_rank,
         );
     }
     s

@@ -1,5 +1,6 @@
 //! The `ringbench` command line: NumPy interop, benchmarks and (later) the experiment runner.
 
+pub mod alloc;
 pub mod attn;
 pub mod bench;
 pub mod npy;

@@ -1,7 +1,10 @@
 //! `ringbench`: the workbench's command line.
 
 use clap::{Parser, Subcommand};
-use experiments::{attn, bench};
+use experiments::{alloc, attn, bench};
+
+#[global_allocator]
+static ALLOCATOR: alloc::Counting = alloc::Counting;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -1,5 +1,5 @@
 //! The declarative exactness table: every strategy × forward direction × backward scheme × ranks ×
-//! causal × {MHA, GQA} against the float64 reference, plus scheme agreement and traffic accounting.
+//! causal × {MHA, GQA} × kernel (fused, generic twin) against the float64 reference, plus scheme agreement and traffic accounting.
 
 use burn::backend::{Autodiff, Flex};
 use ringbench_tests::{Reference, Rng, reference, rel_diff, rel_err};
@@ -8,7 +8,7 @@ use strategies::{PartitionError, by_name, names};
 use workbench::block::Cargo;
 use workbench::launch::{AttentionJob, AttentionResult, HostTensor, run_attention};
 use workbench::transport::Phase;
-use workbench::{BackwardScheme, Direction, RingConfig, RingError};
+use workbench::{BackwardScheme, Direction, Kernel, RingConfig, RingError};
 
 type B = Autodiff<Flex>;
 
@@ -86,19 +86,23 @@ fn exactness_table() {
         for heads in HEADS {
             for causal in [false, true] {
                 let c = case(seq, heads, causal);
-                for strategy in names() {
+                for (strategy, kernel) in names()
+                    .into_iter()
+                    .flat_map(|s| Kernel::ALL.map(|k| (s, k)))
+                {
                     for ranks in RANKS {
                         for forward in Direction::ALL {
                             let mut grads_by_scheme = Vec::new();
                             for backward in BackwardScheme::ALL {
                                 let label = format!(
-                                    "S={seq} heads={heads:?} causal={causal} {strategy} N={ranks} \
-                                     fwd={forward} bwd={backward}"
+                                    "S={seq} heads={heads:?} causal={causal} {strategy} {kernel} \
+                                     N={ranks} fwd={forward} bwd={backward}"
                                 );
                                 let config = RingConfig {
                                     causal,
                                     forward,
                                     backward,
+                                    kernel,
                                     scale: None,
                                 };
                                 let result = match run(&c, strategy, ranks, config) {
@@ -137,7 +141,7 @@ fn exactness_table() {
                                     let diff = rel_diff(&a.data, &b.data);
                                     assert!(
                                         diff <= SCHEME_AGREEMENT,
-                                        "S={seq} {strategy} N={ranks} causal={causal}: {name} \
+                                        "S={seq} {strategy} {kernel} N={ranks} causal={causal}: {name} \
                                          {scheme} vs kv differ by {diff:.3e}"
                                     );
                                 }
@@ -238,5 +242,39 @@ fn causal_tiles_are_skipped_and_counted() {
         // Σ over queries of visible keys, times batch and heads.
         let causal_pairs = (48 * 49 / 2) as u64 * (BATCH * 4) as u64;
         assert_eq!(pairs, causal_pairs, "{strategy}");
+    }
+}
+
+/// Lengths that span several fused sub-tiles in both directions (64 rows × 256 keys), so that the
+/// sub-tile skipping, partial masks and online-softmax rescaling across sub-tiles are exercised.
+#[test]
+fn fused_kernel_across_sub_tiles() {
+    let seq = 640;
+    for causal in [true, false] {
+        let c = case(seq, (4, 2), causal);
+        for (strategy, ranks) in [("contiguous", 1), ("zigzag", 2), ("striped", 2)] {
+            for kernel in Kernel::ALL {
+                let config = RingConfig {
+                    causal,
+                    kernel,
+                    ..Default::default()
+                };
+                let result = run(&c, strategy, ranks, config).unwrap();
+                let grads = result.grads.unwrap();
+                for (name, got, want) in [
+                    ("out", &result.out.data, &c.want.out),
+                    ("lse", &result.lse.data, &c.want.lse),
+                    ("dq", &grads.dq.data, &c.want.dq),
+                    ("dk", &grads.dk.data, &c.want.dk),
+                    ("dv", &grads.dv.data, &c.want.dv),
+                ] {
+                    let err = rel_err(got, want);
+                    assert!(
+                        err <= TOLERANCE,
+                        "S={seq} causal={causal} {strategy} N={ranks} {kernel}: {name} {err:.3e}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -72,6 +72,21 @@ impl BackwardScheme {
     ];
 }
 
+/// Which implementation computes the tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Kernel {
+    /// Fused CPU kernel on host buffers (`fused.rs`).
+    #[default]
+    Fused,
+    /// Burn tensor ops on the configured backend (`kernels.rs`): the reference twin.
+    Generic,
+}
+
+impl Kernel {
+    pub const NAMES: &'static str = "fused, generic";
+    pub const ALL: [Kernel; 2] = [Kernel::Fused, Kernel::Generic];
+}
+
 macro_rules! named_enum {
     ($ty:ty, $what:literal, $($variant:path => $name:literal),+) => {
         impl fmt::Display for $ty {
@@ -91,6 +106,7 @@ macro_rules! named_enum {
     };
 }
 named_enum!(Direction, "direction", Direction::Cw => "cw", Direction::Ccw => "ccw");
+named_enum!(Kernel, "kernel", Kernel::Fused => "fused", Kernel::Generic => "generic");
 named_enum!(BackwardScheme, "backward scheme", BackwardScheme::Kv => "kv",
     BackwardScheme::KvReverse => "kv-reverse", BackwardScheme::Q => "q");
 
@@ -102,6 +118,7 @@ pub struct RingConfig {
     pub backward: BackwardScheme,
     /// Softmax scale; `None` means 1/sqrt(head_dim).
     pub scale: Option<f32>,
+    pub kernel: Kernel,
 }
 
 /// Work done by one rank in one ring step, for measurement and simulation.

@@ -7,9 +7,9 @@
 use crate::block::{Block, Cargo};
 use crate::config::{BackwardScheme, Direction, RingContext, StepEvent};
 use crate::error::RingError;
-use crate::kernels::{
-    Visibility, block_attention, block_attention_backward, merge_block, softmax_delta,
-};
+use crate::fused::{BackwardTile, TileDims};
+use crate::kernels::{Visibility, softmax_delta};
+use crate::tiles::{ForwardTiles, backward_tile};
 use crate::transport::{Comm, Phase};
 use burn::tensor::{Tensor, backend::Backend};
 use std::sync::Arc;
@@ -112,19 +112,6 @@ pub(crate) fn check_shapes(
     Ok(())
 }
 
-/// Takes the tensor from the cargo unless this rank still holds its own copy.
-fn held_tensor<B: Backend, const D: usize>(
-    own: &Tensor<B, D>,
-    step: usize,
-    block: &Block,
-) -> Tensor<B, D> {
-    if step == 0 {
-        own.clone()
-    } else {
-        block.to_tensor(&own.device())
-    }
-}
-
 /// Ring forward on one rank: this rank's output `[b, h, t, d]` and log-sum-exp `[b, h, t]`.
 pub fn forward<B: Backend>(
     ctx: &RingContext,
@@ -135,12 +122,14 @@ pub fn forward<B: Backend>(
     check_shapes(ctx, q.dims(), k.dims(), v.dims())?;
     let [b, h, t, d] = q.dims();
     let scale = scale_of(ctx, d);
+    let device = q.device();
     let pos_q = ctx.positions(ctx.rank());
+    let causal = ctx.config.causal;
+    let mut tiles = ForwardTiles::new(ctx.config.kernel, q, k.dims()[1], pos_q, causal, scale);
     let cargo = vec![
-        Arc::new(Block::from_tensor(Cargo::K, k.clone())),
-        Arc::new(Block::from_tensor(Cargo::V, v.clone())),
+        Arc::new(Block::from_tensor(Cargo::K, k)),
+        Arc::new(Block::from_tensor(Cargo::V, v)),
     ];
-    let mut acc: Option<(Tensor<B, 4>, Tensor<B, 3>)> = None;
     let mut comm = ctx.comm();
     ring_pass(
         &mut comm,
@@ -151,36 +140,22 @@ pub fn forward<B: Backend>(
         |step, owner, held| {
             let start = Instant::now();
             let pos_k = ctx.positions(owner);
-            let visibility = Visibility::of(pos_q, pos_k, ctx.config.causal);
-            let pairs = visibility.pairs(t, pos_k.len()) * (b * h) as u64;
+            let visibility = Visibility::of(pos_q, pos_k, causal);
             if visibility != Visibility::None {
-                let k = held_tensor(&k, step, &held[0]);
-                let v = held_tensor(&v, step, &held[1]);
-                let tile = block_attention(&q, &k, &v, &visibility, scale);
-                acc = Some(match acc.take() {
-                    None => tile,
-                    Some(prev) => merge_block(prev, tile),
-                });
+                tiles.attend(&held[0], &held[1], pos_k, visibility);
             }
             ctx.record(StepEvent {
                 phase: Phase::Forward,
                 step,
                 peer_block: owner,
-                pairs,
-                flops: 4 * pairs * d as u64,
+                pairs: visibility.pairs(t, pos_k.len()) * (b * h) as u64,
+                flops: 4 * visibility.pairs(t, pos_k.len()) * (b * h * d) as u64,
                 compute_seconds: start.elapsed().as_secs_f64(),
             });
             Ok(None)
         },
     )?;
-    // Every query sees at least its own key under a causal mask, so some tile was computed.
-    Ok(acc.unwrap_or_else(|| {
-        let device = q.device();
-        (
-            Tensor::zeros([b, h, t, d], &device),
-            Tensor::full([b, h, t], f32::NEG_INFINITY, &device),
-        )
-    }))
+    Ok(tiles.finish(&device))
 }
 
 /// Everything the backward needs from the forward, on one rank.
@@ -196,130 +171,145 @@ pub struct Saved<B: Backend> {
 pub type QkvGrads<B> = (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>);
 
 /// Ring backward on one rank: `(dq, dk, dv)` for this rank's shards, by the configured scheme.
+///
+/// `kv`/`kv-reverse`: K and V travel with the dK/dV accumulator, dQ accumulates here. `q`: Q, dO, lse
+/// and delta travel with the dQ accumulator, dK/dV accumulate here. Either way every (query block,
+/// key block) pair meets exactly once.
 pub fn backward<B: Backend>(
     ctx: &RingContext,
     saved: &Saved<B>,
     d_out: Tensor<B, 4>,
 ) -> Result<QkvGrads<B>, RingError> {
     let Saved { q, k, v, out, lse } = saved;
-    let [b, h, t, d] = q.dims();
-    let scale = scale_of(ctx, d);
-    let delta = softmax_delta(&d_out, out);
-    let rank = ctx.rank();
-    let causal = ctx.config.causal;
     let device = q.device();
-    let mut comm = ctx.comm();
-    let timed = |step: usize, owner: usize, pairs: u64, start: Instant| {
-        ctx.record(StepEvent {
-            phase: Phase::Backward,
-            step,
-            peer_block: owner,
-            pairs,
-            flops: 10 * pairs * d as u64,
-            compute_seconds: start.elapsed().as_secs_f64(),
-        })
+    let [b, h, t, d] = q.dims();
+    let kv_heads = k.dims()[1];
+    let scale = scale_of(ctx, d);
+    let causal = ctx.config.causal;
+    let kernel = ctx.config.kernel;
+    let delta = softmax_delta(&d_out, out);
+    let q = Arc::new(Block::from_tensor(Cargo::Q, q.clone()));
+    let k = Arc::new(Block::from_tensor(Cargo::K, k.clone()));
+    let v = Arc::new(Block::from_tensor(Cargo::V, v.clone()));
+    let d_out = Arc::new(Block::from_tensor(Cargo::DOut, d_out));
+    let lse = Arc::new(Block::from_tensor(Cargo::Lse, lse.clone()));
+    let delta = Arc::new(Block::from_tensor(Cargo::Delta, delta));
+    let dims = TileDims {
+        batch: b,
+        heads: h,
+        kv_heads,
+        tq: t,
+        tk: t,
+        head_dim: d,
     };
-    match ctx.config.backward {
-        BackwardScheme::Kv | BackwardScheme::KvReverse => {
-            let direction = match ctx.config.backward {
-                BackwardScheme::Kv => ctx.config.forward,
-                _ => ctx.config.forward.reversed(),
-            };
-            let kv_shape = k.dims().to_vec();
-            let cargo = vec![
-                Arc::new(Block::from_tensor(Cargo::K, k.clone())),
-                Arc::new(Block::from_tensor(Cargo::V, v.clone())),
-            ];
-            let acc = vec![
+    let (q_shape, kv_shape) = (q.shape.clone(), k.shape.clone());
+
+    // The scheme decides what travels; `travelling_q` says which side of the tile the cargo is.
+    let (direction, travelling_q) = match ctx.config.backward {
+        BackwardScheme::Kv => (ctx.config.forward, false),
+        BackwardScheme::KvReverse => (ctx.config.forward.reversed(), false),
+        BackwardScheme::Q => (ctx.config.forward, true),
+    };
+    let (cargo, accumulator, mut stay) = if travelling_q {
+        (
+            vec![q.clone(), d_out.clone(), lse.clone(), delta.clone()],
+            vec![Block::zeros(Cargo::DQ, q_shape.clone())],
+            vec![
                 Block::zeros(Cargo::DK, kv_shape.clone()),
-                Block::zeros(Cargo::DV, kv_shape),
-            ];
-            let mut dq = Tensor::<B, 4>::zeros([b, h, t, d], &device);
-            let pos_q = ctx.positions(rank);
-            let home = ring_pass(
-                &mut comm,
-                Phase::Backward,
-                direction,
-                cargo,
-                Some(acc),
-                |step, owner, held| {
-                    let start = Instant::now();
-                    let pos_k = ctx.positions(owner);
-                    let visibility = Visibility::of(pos_q, pos_k, causal);
-                    let pairs = visibility.pairs(t, pos_k.len()) * (b * h) as u64;
-                    let result = (visibility != Visibility::None).then(|| {
-                        let k = held_tensor(k, step, &held[0]);
-                        let v = held_tensor(v, step, &held[1]);
-                        let (dq_t, dk_t, dv_t) = block_attention_backward(
-                            q,
-                            &k,
-                            &v,
-                            &d_out,
-                            lse,
-                            &delta,
-                            &visibility,
-                            scale,
-                        );
-                        dq = dq.clone() + dq_t;
-                        vec![
-                            Block::from_tensor(Cargo::DK, dk_t),
-                            Block::from_tensor(Cargo::DV, dv_t),
-                        ]
-                    });
-                    timed(step, owner, pairs, start);
-                    Ok(result)
-                },
-            )?
-            .expect("ring_pass returns the accumulator it was given");
-            Ok((dq, home[0].to_tensor(&device), home[1].to_tensor(&device)))
-        }
-        BackwardScheme::Q => {
-            let cargo = vec![
-                Arc::new(Block::from_tensor(Cargo::Q, q.clone())),
-                Arc::new(Block::from_tensor(Cargo::DOut, d_out.clone())),
-                Arc::new(Block::from_tensor(Cargo::Lse, lse.clone())),
-                Arc::new(Block::from_tensor(Cargo::Delta, delta.clone())),
-            ];
-            let acc = vec![Block::zeros(Cargo::DQ, vec![b, h, t, d])];
-            let mut dk = Tensor::<B, 4>::zeros(k.dims(), &device);
-            let mut dv = Tensor::<B, 4>::zeros(v.dims(), &device);
-            let pos_k = ctx.positions(rank);
-            let home = ring_pass(
-                &mut comm,
-                Phase::Backward,
-                ctx.config.forward,
-                cargo,
-                Some(acc),
-                |step, owner, held| {
-                    let start = Instant::now();
-                    let pos_q = ctx.positions(owner);
-                    let visibility = Visibility::of(pos_q, pos_k, causal);
-                    let pairs = visibility.pairs(pos_q.len(), t) * (b * h) as u64;
-                    let result = (visibility != Visibility::None).then(|| {
-                        let q = held_tensor(q, step, &held[0]);
-                        let d_out = held_tensor(&d_out, step, &held[1]);
-                        let lse = held_tensor(lse, step, &held[2]);
-                        let delta = held_tensor(&delta, step, &held[3]);
-                        let (dq_t, dk_t, dv_t) = block_attention_backward(
-                            &q,
-                            k,
-                            v,
-                            &d_out,
-                            &lse,
-                            &delta,
-                            &visibility,
-                            scale,
-                        );
-                        dk = dk.clone() + dk_t;
-                        dv = dv.clone() + dv_t;
-                        vec![Block::from_tensor(Cargo::DQ, dq_t)]
-                    });
-                    timed(step, owner, pairs, start);
-                    Ok(result)
-                },
-            )?
-            .expect("ring_pass returns the accumulator it was given");
-            Ok((home[0].to_tensor(&device), dk, dv))
-        }
-    }
+                Block::zeros(Cargo::DV, kv_shape.clone()),
+            ],
+        )
+    } else {
+        (
+            vec![k.clone(), v.clone()],
+            vec![
+                Block::zeros(Cargo::DK, kv_shape.clone()),
+                Block::zeros(Cargo::DV, kv_shape.clone()),
+            ],
+            vec![Block::zeros(Cargo::DQ, q_shape.clone())],
+        )
+    };
+    let rank = ctx.rank();
+    let mut comm = ctx.comm();
+    let home = ring_pass(
+        &mut comm,
+        Phase::Backward,
+        direction,
+        cargo,
+        Some(accumulator),
+        |step, owner, held| {
+            let start = Instant::now();
+            let (q_rank, k_rank) = if travelling_q {
+                (owner, rank)
+            } else {
+                (rank, owner)
+            };
+            let (pos_q, pos_k) = (ctx.positions(q_rank), ctx.positions(k_rank));
+            let visibility = Visibility::of(pos_q, pos_k, causal);
+            let pairs = visibility.pairs(pos_q.len(), pos_k.len()) * (b * h) as u64;
+            let contribution = (visibility != Visibility::None).then(|| {
+                let (q, d_out, lse, delta, k, v) = if travelling_q {
+                    (&held[0], &held[1], &held[2], &held[3], &k, &v)
+                } else {
+                    (&q, &d_out, &lse, &delta, &held[0], &held[1])
+                };
+                let tile = BackwardTile {
+                    dims,
+                    q: &q.data,
+                    k: &k.data,
+                    v: &v.data,
+                    d_out: &d_out.data,
+                    lse: &lse.data,
+                    delta: &delta.data,
+                    pos_q,
+                    pos_k,
+                    causal,
+                    scale,
+                };
+                let (dq, dk, dv) = backward_tile::<B>(kernel, &device, &tile, visibility);
+                let block = |cargo, shape: &Vec<usize>, data| Block {
+                    cargo,
+                    shape: shape.clone(),
+                    data,
+                };
+                let (dq, dk, dv) = (
+                    block(Cargo::DQ, &q_shape, dq),
+                    block(Cargo::DK, &kv_shape, dk),
+                    block(Cargo::DV, &kv_shape, dv),
+                );
+                if travelling_q {
+                    stay[0].add_assign(&dk);
+                    stay[1].add_assign(&dv);
+                    vec![dq]
+                } else {
+                    stay[0].add_assign(&dq);
+                    vec![dk, dv]
+                }
+            });
+            ctx.record(StepEvent {
+                phase: Phase::Backward,
+                step,
+                peer_block: owner,
+                pairs,
+                flops: 10 * pairs * d as u64,
+                compute_seconds: start.elapsed().as_secs_f64(),
+            });
+            Ok(contribution)
+        },
+    )?
+    .expect("ring_pass returns the accumulator it was given");
+    let to_tensor = |block: &Block| block.to_tensor::<B, 4>(&device);
+    Ok(if travelling_q {
+        (
+            to_tensor(&home[0]),
+            to_tensor(&stay[0]),
+            to_tensor(&stay[1]),
+        )
+    } else {
+        (
+            to_tensor(&stay[0]),
+            to_tensor(&home[0]),
+            to_tensor(&home[1]),
+        )
+    })
 }

@@ -11,14 +11,14 @@
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 
 /// How much of a tile a causal mask lets through.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Visibility {
     /// No (q, k) pair is visible: the tile is skipped.
     None,
     /// Every pair is visible: no mask is built.
     Full,
-    /// Some pairs: `bias[i·tk + j]` is 0 where key j is visible to query i, −∞ elsewhere.
-    Partial { bias: Vec<f32>, pairs: u64 },
+    /// Some pairs are visible (this many).
+    Partial { pairs: u64 },
 }
 
 impl Visibility {
@@ -30,22 +30,14 @@ impl Visibility {
         let (q_min, q_max) = min_max(pos_q);
         let (k_min, k_max) = min_max(pos_k);
         if k_min > q_max {
-            return Visibility::None;
+            Visibility::None
+        } else if k_max <= q_min {
+            Visibility::Full
+        } else {
+            Visibility::Partial {
+                pairs: strategies::causal_pairs(pos_q, pos_k),
+            }
         }
-        if k_max <= q_min {
-            return Visibility::Full;
-        }
-        let mut pairs = 0;
-        let bias = pos_q
-            .iter()
-            .flat_map(|&q| {
-                pos_k
-                    .iter()
-                    .map(move |&k| if k <= q { 0.0 } else { f32::NEG_INFINITY })
-            })
-            .inspect(|&b| pairs += u64::from(b == 0.0))
-            .collect();
-        Visibility::Partial { bias, pairs }
     }
 
     /// Visible (q, k) pairs of a `tq × tk` tile.
@@ -53,7 +45,7 @@ impl Visibility {
         match self {
             Visibility::None => 0,
             Visibility::Full => (tq * tk) as u64,
-            Visibility::Partial { pairs, .. } => *pairs,
+            Visibility::Partial { pairs } => *pairs,
         }
     }
 }
@@ -63,11 +55,23 @@ fn min_max(xs: &[usize]) -> (usize, usize) {
         .fold((usize::MAX, 0), |(lo, hi), &x| (lo.min(x), hi.max(x)))
 }
 
+/// Additive causal mask `[tq · tk]`: 0 where key j is visible to query i, −∞ elsewhere.
+pub fn causal_bias(pos_q: &[usize], pos_k: &[usize]) -> Vec<f32> {
+    pos_q
+        .iter()
+        .flat_map(|&q| {
+            pos_k
+                .iter()
+                .map(move |&k| if k <= q { 0.0 } else { f32::NEG_INFINITY })
+        })
+        .collect()
+}
+
 /// A tile's scores `scale · q kᵀ` with the mask applied, laid out `[b, h, tq, tk]`.
 fn scores<B: Backend>(
     q: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
-    visibility: &Visibility,
+    bias: Option<&[f32]>,
     scale: f32,
 ) -> Tensor<B, 4> {
     let [b, h, tq, d] = q.dims();
@@ -76,15 +80,15 @@ fn scores<B: Backend>(
     let s = grouped
         .matmul(k.clone().swap_dims(2, 3))
         .reshape([b, h, tq, tk]);
-    match visibility {
-        Visibility::Partial { bias, .. } => {
+    match bias {
+        Some(bias) => {
             let bias = Tensor::<B, 4>::from_data(
-                TensorData::new(bias.clone(), [1, 1, tq, tk]),
+                TensorData::new(bias.to_vec(), [1, 1, tq, tk]),
                 &s.device(),
             );
             s + bias
         }
-        _ => s,
+        None => s,
     }
 }
 
@@ -99,15 +103,16 @@ fn grouped_matmul<B: Backend>(p: Tensor<B, 4>, v: &Tensor<B, 4>) -> Tensor<B, 4>
 
 /// Forward of one tile: normalized output `[b, h, tq, d]` and log-sum-exp `[b, h, tq]`.
 ///
+/// `bias` is a [`causal_bias`] for partially visible tiles, `None` for fully visible ones.
 /// Rows with no visible key get output 0 and lse −∞, which [`merge_block`] treats as empty.
 pub fn block_attention<B: Backend>(
     q: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
     v: &Tensor<B, 4>,
-    visibility: &Visibility,
+    bias: Option<&[f32]>,
     scale: f32,
 ) -> (Tensor<B, 4>, Tensor<B, 3>) {
-    let s = scores(q, k, visibility, scale);
+    let s = scores(q, k, bias, scale);
     let m = s.clone().max_dim(3); // [b, h, tq, 1]
     let m_safe = m.clone().mask_fill(m.is_inf(), 0.0);
     let p = (s - m_safe.clone()).exp();
@@ -151,13 +156,13 @@ pub fn block_attention_backward<B: Backend>(
     d_out: &Tensor<B, 4>,
     lse: &Tensor<B, 3>,
     delta: &Tensor<B, 3>,
-    visibility: &Visibility,
+    bias: Option<&[f32]>,
     scale: f32,
 ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
     let [b, h, tq, d] = q.dims();
     let [_, hk, tk, _] = k.dims();
     let rows = (h / hk) * tq;
-    let s = scores(q, k, visibility, scale);
+    let s = scores(q, k, bias, scale);
     let p = (s - lse.clone().unsqueeze_dim(3)).exp(); // [b, h, tq, tk]
     let p_g = p.clone().reshape([b, hk, rows, tk]);
     let do_g = d_out.clone().reshape([b, hk, rows, d]);

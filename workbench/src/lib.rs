@@ -8,11 +8,13 @@ pub mod block;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod fused;
 pub mod kernels;
 pub mod launch;
 pub mod ops;
+mod tiles;
 pub mod transport;
 
-pub use config::{BackwardScheme, Direction, RingConfig, RingContext, StepEvent};
+pub use config::{BackwardScheme, Direction, Kernel, RingConfig, RingContext, StepEvent};
 pub use error::{RingError, TransportError};
 pub use ops::{RingBackend, ring_attention};

@@ -1,0 +1,457 @@
+//! Fused CPU tile kernels: Q·Kᵀ → online softmax → P·V in cache-sized sub-tiles, and the matching
+//! FlashAttention-2 backward, on host f32 buffers with the `gemm` crate.
+//!
+//! The generic Burn-tensor kernels in `kernels.rs` are this module's reference twin; the exactness
+//! table runs on both. Work is split over (batch, kv head) units with rayon; matmuls inside a unit are
+//! single-threaded so that N rank threads do not oversubscribe the cores.
+//!
+//! # Shapes
+//! q, o, dO, dq: `[b, h, tq, d]`; k, v, dk, dv: `[b, hk, tk, d]`; m, l, lse, delta: `[b, h, tq]`.
+//! Inside a unit (batch i, kv head j) the query rows of its `g = h / hk` heads are contiguous:
+//! `g · tq` rows, row r is query `r % tq`.
+
+use multiversion::multiversion;
+use rayon::prelude::*;
+
+/// Query rows per sub-tile.
+const ROWS: usize = 64;
+/// Keys per sub-tile.
+const COLS: usize = 256;
+
+/// Sizes of one rank's tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TileDims {
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub tq: usize,
+    pub tk: usize,
+    pub head_dim: usize,
+}
+
+impl TileDims {
+    fn units(&self) -> usize {
+        self.batch * self.kv_heads
+    }
+    /// Query rows per unit.
+    fn rows(&self) -> usize {
+        self.heads / self.kv_heads * self.tq
+    }
+}
+
+/// `c[m×n] (+)= alpha · a[m×k] · b[k×n]`, each operand given by its row and column strides.
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    c: &mut [f32],
+    a: &[f32],
+    (a_rs, a_cs): (usize, usize),
+    b: &[f32],
+    (b_rs, b_cs): (usize, usize),
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let last = |rs: usize, cs: usize, rows: usize, cols: usize| (rows - 1) * rs + (cols - 1) * cs;
+    assert!(c.len() > last(n, 1, m, n), "matmul: output too small");
+    if k == 0 {
+        if !accumulate {
+            c[..m * n].fill(0.0);
+        }
+        return;
+    }
+    assert!(a.len() > last(a_rs, a_cs, m, k), "matmul: lhs too small");
+    assert!(b.len() > last(b_rs, b_cs, k, n), "matmul: rhs too small");
+    // SAFETY: the asserts above keep every index the strides reach inside the three slices, and `c`
+    // is borrowed mutably, so it cannot alias `a` or `b`.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            1.0,
+            alpha,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// exp(x) to about 2 ulp, branch-free so that it vectorizes; exp(−∞) = 0 exactly.
+#[inline(always)]
+fn fast_exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let xc = x.clamp(-87.3, 88.7);
+    let n = (xc * LOG2E).round();
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    // Remez-style polynomial for e^r on |r| ≤ ln2/2 (Cephes expf coefficients).
+    let p = 1.987_569_1e-4f32;
+    let p = p.mul_add(r, 1.398_199_9e-3);
+    let p = p.mul_add(r, 8.333_452e-3);
+    let p = p.mul_add(r, 4.166_579_6e-2);
+    let p = p.mul_add(r, 1.666_666_5e-1);
+    let p = p.mul_add(r, 0.5);
+    let e = (p * r * r + r) + 1.0;
+    let scaled = e * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    if x == f32::NEG_INFINITY { 0.0 } else { scaled }
+}
+
+/// `row[j] = exp(row[j] − shift)`, returning the row's sum.
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
+    let mut sum = 0.0;
+    for x in row.iter_mut() {
+        *x = fast_exp(*x - shift);
+        sum += *x;
+    }
+    sum
+}
+
+/// `row[j] = exp(row[j] − shift)`.
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn exp_shift(row: &mut [f32], shift: f32) {
+    for x in row.iter_mut() {
+        *x = fast_exp(*x - shift);
+    }
+}
+
+/// `ds[j] = p[j] · (dp[j] − delta)`, in place in `dp`.
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn softmax_grad(dp: &mut [f32], p: &[f32], delta: f32) {
+    for (d, &p) in dp.iter_mut().zip(p) {
+        *d = p * (*d - delta);
+    }
+}
+
+fn row_max(row: &[f32]) -> f32 {
+    row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// What a causal mask leaves of a sub-tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cover {
+    Empty,
+    Full,
+    Partial,
+}
+
+fn span(positions: &[usize]) -> (usize, usize) {
+    positions
+        .iter()
+        .fold((usize::MAX, 0), |(lo, hi), &p| (lo.min(p), hi.max(p)))
+}
+
+/// Positions of a unit's rows `r0..r1` (row r is query r % tq).
+fn row_span(pos_q: &[usize], r0: usize, r1: usize) -> (usize, usize) {
+    let tq = pos_q.len();
+    if r1 - r0 >= tq || r0 / tq != (r1 - 1) / tq {
+        // The rows wrap round to the next head: cover the wrapped ranges.
+        let (a, b) = span(&pos_q[r0 % tq..]);
+        let (c, d) = span(&pos_q[..=((r1 - 1) % tq)]);
+        return (a.min(c), b.max(d));
+    }
+    span(&pos_q[r0 % tq..=(r1 - 1) % tq])
+}
+
+fn cover(causal: bool, (q_lo, q_hi): (usize, usize), (k_lo, k_hi): (usize, usize)) -> Cover {
+    if !causal || k_hi <= q_lo {
+        Cover::Full
+    } else if k_lo > q_hi {
+        Cover::Empty
+    } else {
+        Cover::Partial
+    }
+}
+
+/// Sets scores of invisible (q, k) pairs to −∞: `s` is rows `r0..` × keys `pos_k`.
+fn mask(s: &mut [f32], pos_q: &[usize], r0: usize, pos_k: &[usize]) {
+    let tq = pos_q.len();
+    for (i, row) in s.chunks_mut(pos_k.len()).enumerate() {
+        let pq = pos_q[(r0 + i) % tq];
+        for (x, &pk) in row.iter_mut().zip(pos_k) {
+            if pk > pq {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// Online-softmax accumulator of one rank's queries over the key/value blocks of a ring pass.
+#[derive(Debug, Clone)]
+pub struct OnlineSoftmax {
+    dims: TileDims,
+    q: Vec<f32>,
+    pos_q: Vec<usize>,
+    causal: bool,
+    scale: f32,
+    /// Unnormalized output, `[b, h, tq, d]`.
+    acc: Vec<f32>,
+    /// Running row max and normalizer, `[b, h, tq]`.
+    m: Vec<f32>,
+    l: Vec<f32>,
+}
+
+impl OnlineSoftmax {
+    pub fn new(dims: TileDims, q: Vec<f32>, pos_q: &[usize], causal: bool, scale: f32) -> Self {
+        let rows = dims.batch * dims.heads * dims.tq;
+        Self {
+            dims,
+            acc: vec![0.0; rows * dims.head_dim],
+            m: vec![f32::NEG_INFINITY; rows],
+            l: vec![0.0; rows],
+            q,
+            pos_q: pos_q.to_vec(),
+            causal,
+            scale,
+        }
+    }
+
+    pub fn dims(&self) -> TileDims {
+        self.dims
+    }
+
+    /// Folds one key/value block (`[b, hk, tk, d]`, positions `pos_k`) into the running state.
+    pub fn attend(&mut self, k: &[f32], v: &[f32], pos_k: &[usize]) {
+        let dims = TileDims {
+            tk: pos_k.len(),
+            ..self.dims
+        };
+        let (d, rows, tk) = (dims.head_dim, dims.rows(), dims.tk);
+        let (pos_q, causal, scale) = (&self.pos_q, self.causal, self.scale);
+        self.acc
+            .par_chunks_mut(rows * d)
+            .zip(self.m.par_chunks_mut(rows))
+            .zip(self.l.par_chunks_mut(rows))
+            .zip(self.q.par_chunks(rows * d))
+            .enumerate()
+            .for_each(|(unit, (((acc, m), l), q))| {
+                let k = &k[unit * tk * d..(unit + 1) * tk * d];
+                let v = &v[unit * tk * d..(unit + 1) * tk * d];
+                let mut s = vec![0.0f32; ROWS * COLS];
+                for r0 in (0..rows).step_by(ROWS) {
+                    let nr = ROWS.min(rows - r0);
+                    let q_span = row_span(pos_q, r0, r0 + nr);
+                    for c0 in (0..tk).step_by(COLS) {
+                        let nc = COLS.min(tk - c0);
+                        let pos_kc = &pos_k[c0..c0 + nc];
+                        let cover = cover(causal, q_span, span(pos_kc));
+                        if cover == Cover::Empty {
+                            continue;
+                        }
+                        let s = &mut s[..nr * nc];
+                        matmul(
+                            s,
+                            &q[r0 * d..],
+                            (d, 1),
+                            &k[c0 * d..],
+                            (1, d),
+                            (nr, nc, d),
+                            scale,
+                            false,
+                        );
+                        if cover == Cover::Partial {
+                            mask(s, pos_q, r0, pos_kc);
+                        }
+                        for (i, row) in s.chunks_mut(nc).enumerate() {
+                            let r = r0 + i;
+                            let m_new = m[r].max(row_max(row));
+                            if m_new == f32::NEG_INFINITY {
+                                row.fill(0.0);
+                                continue;
+                            }
+                            let correction = fast_exp(m[r] - m_new);
+                            l[r] = l[r] * correction + exp_shift_sum(row, m_new);
+                            m[r] = m_new;
+                            if correction != 1.0 {
+                                acc[r * d..(r + 1) * d]
+                                    .iter_mut()
+                                    .for_each(|x| *x *= correction);
+                            }
+                        }
+                        matmul(
+                            &mut acc[r0 * d..],
+                            s,
+                            (nc, 1),
+                            &v[c0 * d..],
+                            (d, 1),
+                            (nr, d, nc),
+                            1.0,
+                            true,
+                        );
+                    }
+                }
+            });
+    }
+
+    /// Normalized output `[b, h, tq, d]` and log-sum-exp `[b, h, tq]` (−∞ for rows that saw no key).
+    pub fn finish(self) -> (Vec<f32>, Vec<f32>) {
+        let d = self.dims.head_dim;
+        let mut out = self.acc;
+        let mut lse = self.m;
+        for ((row, lse), &l) in out.chunks_mut(d).zip(lse.iter_mut()).zip(&self.l) {
+            let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+            row.iter_mut().for_each(|x| *x *= inv);
+            *lse = if l > 0.0 {
+                *lse + l.ln()
+            } else {
+                f32::NEG_INFINITY
+            };
+        }
+        (out, lse)
+    }
+}
+
+/// Inputs of one backward tile; `lse` and `delta` are the final per-row statistics.
+#[derive(Debug, Clone, Copy)]
+pub struct BackwardTile<'a> {
+    pub dims: TileDims,
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub d_out: &'a [f32],
+    pub lse: &'a [f32],
+    pub delta: &'a [f32],
+    pub pos_q: &'a [usize],
+    pub pos_k: &'a [usize],
+    pub causal: bool,
+    pub scale: f32,
+}
+
+/// Adds one tile's gradient contributions to `dq [b, h, tq, d]`, `dk` and `dv [b, hk, tk, d]`.
+pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &mut [f32]) {
+    let dims = t.dims;
+    let (d, rows, tk) = (dims.head_dim, dims.rows(), dims.tk);
+    debug_assert_eq!(dq.len(), dims.units() * rows * d);
+    dq.par_chunks_mut(rows * d)
+        .zip(dk.par_chunks_mut(tk * d))
+        .zip(dv.par_chunks_mut(tk * d))
+        .enumerate()
+        .for_each(|(unit, ((dq, dk), dv))| {
+            let rows_of = |x: &'a [f32], width: usize| -> &'a [f32] {
+                &x[unit * rows * width..(unit + 1) * rows * width]
+            };
+            let (q, d_out) = (rows_of(t.q, d), rows_of(t.d_out, d));
+            let (lse, delta) = (rows_of(t.lse, 1), rows_of(t.delta, 1));
+            let k = &t.k[unit * tk * d..(unit + 1) * tk * d];
+            let v = &t.v[unit * tk * d..(unit + 1) * tk * d];
+            let mut p = vec![0.0f32; ROWS * COLS];
+            let mut ds = vec![0.0f32; ROWS * COLS];
+            for c0 in (0..tk).step_by(COLS) {
+                let nc = COLS.min(tk - c0);
+                let pos_kc = &t.pos_k[c0..c0 + nc];
+                let k_span = span(pos_kc);
+                for r0 in (0..rows).step_by(ROWS) {
+                    let nr = ROWS.min(rows - r0);
+                    let cover = cover(t.causal, row_span(t.pos_q, r0, r0 + nr), k_span);
+                    if cover == Cover::Empty {
+                        continue;
+                    }
+                    let (p, ds) = (&mut p[..nr * nc], &mut ds[..nr * nc]);
+                    matmul(
+                        p,
+                        &q[r0 * d..],
+                        (d, 1),
+                        &k[c0 * d..],
+                        (1, d),
+                        (nr, nc, d),
+                        t.scale,
+                        false,
+                    );
+                    if cover == Cover::Partial {
+                        mask(p, t.pos_q, r0, pos_kc);
+                    }
+                    for (i, row) in p.chunks_mut(nc).enumerate() {
+                        exp_shift(row, lse[r0 + i]);
+                    }
+                    // dV += Pᵀ dO
+                    matmul(
+                        &mut dv[c0 * d..],
+                        p,
+                        (1, nc),
+                        &d_out[r0 * d..],
+                        (d, 1),
+                        (nc, d, nr),
+                        1.0,
+                        true,
+                    );
+                    // dP = dO Vᵀ, then dS = P ∘ (dP − δ)
+                    matmul(
+                        ds,
+                        &d_out[r0 * d..],
+                        (d, 1),
+                        &v[c0 * d..],
+                        (1, d),
+                        (nr, nc, d),
+                        1.0,
+                        false,
+                    );
+                    for (i, (ds_row, p_row)) in ds.chunks_mut(nc).zip(p.chunks(nc)).enumerate() {
+                        softmax_grad(ds_row, p_row, delta[r0 + i]);
+                    }
+                    // dQ += scale · dS K;  dK += scale · dSᵀ Q
+                    matmul(
+                        &mut dq[r0 * d..],
+                        ds,
+                        (nc, 1),
+                        &k[c0 * d..],
+                        (d, 1),
+                        (nr, d, nc),
+                        t.scale,
+                        true,
+                    );
+                    matmul(
+                        &mut dk[c0 * d..],
+                        ds,
+                        (1, nc),
+                        &q[r0 * d..],
+                        (d, 1),
+                        (nc, d, nr),
+                        t.scale,
+                        true,
+                    );
+                }
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        let mut worst = 0.0f32;
+        for i in -8000..=800 {
+            let x = i as f32 * 0.0109;
+            let rel = ((fast_exp(x) - x.exp()) / x.exp()).abs();
+            worst = worst.max(rel);
+        }
+        assert!(worst < 4e-7, "worst relative error {worst:e}");
+        assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(fast_exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn row_span_covers_wrapped_rows() {
+        let pos = [10, 11, 2, 3];
+        assert_eq!(row_span(&pos, 0, 2), (10, 11));
+        assert_eq!(row_span(&pos, 2, 6), (2, 11));
+        assert_eq!(row_span(&pos, 3, 5), (3, 10));
+    }
+}

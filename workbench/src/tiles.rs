@@ -1,0 +1,168 @@
+//! Kernel dispatch: the same tile operations on the fused CPU kernel or its generic Burn twin.
+//!
+//! The engine hands host blocks to these functions and never asks which kernel runs.
+
+use crate::block::Block;
+use crate::config::Kernel;
+use crate::fused::{self, BackwardTile, OnlineSoftmax, TileDims};
+use crate::kernels::{
+    Visibility, block_attention, block_attention_backward, causal_bias, merge_block,
+};
+use burn::tensor::{Tensor, TensorData, backend::Backend};
+
+fn tensor<B: Backend, const D: usize>(
+    data: &[f32],
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D> {
+    Tensor::from_data(TensorData::new(data.to_vec(), shape), device)
+}
+
+fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("converted to f32")
+}
+
+fn bias(visibility: Visibility, pos_q: &[usize], pos_k: &[usize]) -> Option<Vec<f32>> {
+    matches!(visibility, Visibility::Partial { .. }).then(|| causal_bias(pos_q, pos_k))
+}
+
+fn kv_shape(d: &TileDims) -> [usize; 4] {
+    [d.batch, d.kv_heads, d.tk, d.head_dim]
+}
+
+fn q_shape(d: &TileDims) -> [usize; 4] {
+    [d.batch, d.heads, d.tq, d.head_dim]
+}
+
+/// One rank's forward accumulator over the blocks of a ring pass.
+pub(crate) enum ForwardTiles<B: Backend> {
+    Generic {
+        q: Tensor<B, 4>,
+        acc: Option<(Tensor<B, 4>, Tensor<B, 3>)>,
+        pos_q: Vec<usize>,
+        scale: f32,
+    },
+    Fused(OnlineSoftmax),
+}
+
+impl<B: Backend> ForwardTiles<B> {
+    pub fn new(
+        kernel: Kernel,
+        q: Tensor<B, 4>,
+        kv_heads: usize,
+        pos_q: &[usize],
+        causal: bool,
+        scale: f32,
+    ) -> Self {
+        match kernel {
+            Kernel::Generic => ForwardTiles::Generic {
+                q,
+                acc: None,
+                pos_q: pos_q.to_vec(),
+                scale,
+            },
+            Kernel::Fused => {
+                let [batch, heads, tq, head_dim] = q.dims();
+                let dims = TileDims {
+                    batch,
+                    heads,
+                    kv_heads,
+                    tq,
+                    tk: 0,
+                    head_dim,
+                };
+                ForwardTiles::Fused(OnlineSoftmax::new(dims, host(q), pos_q, causal, scale))
+            }
+        }
+    }
+
+    /// Folds a key/value block (`[b, hk, tk, d]`) with global positions `pos_k` into the state.
+    pub fn attend(&mut self, k: &Block, v: &Block, pos_k: &[usize], visibility: Visibility) {
+        match self {
+            ForwardTiles::Generic {
+                q,
+                acc,
+                pos_q,
+                scale,
+            } => {
+                let device = q.device();
+                let shape: [usize; 4] = k.shape.clone().try_into().expect("k/v blocks are 4-d");
+                let (k, v) = (
+                    tensor::<B, 4>(&k.data, shape, &device),
+                    tensor::<B, 4>(&v.data, shape, &device),
+                );
+                let bias = bias(visibility, pos_q, pos_k);
+                let tile = block_attention(q, &k, &v, bias.as_deref(), *scale);
+                *acc = Some(match acc.take() {
+                    None => tile,
+                    Some(prev) => merge_block(prev, tile),
+                });
+            }
+            ForwardTiles::Fused(state) => state.attend(&k.data, &v.data, pos_k),
+        }
+    }
+
+    /// This rank's `(out [b, h, t, d], lse [b, h, t])`.
+    pub fn finish(self, device: &B::Device) -> (Tensor<B, 4>, Tensor<B, 3>) {
+        match self {
+            ForwardTiles::Generic { q, acc, .. } => acc.unwrap_or_else(|| {
+                let [b, h, t, d] = q.dims();
+                (
+                    Tensor::zeros([b, h, t, d], device),
+                    Tensor::full([b, h, t], f32::NEG_INFINITY, device),
+                )
+            }),
+            ForwardTiles::Fused(state) => {
+                let dims = state.dims();
+                let (out, lse) = state.finish();
+                (
+                    tensor(&out, q_shape(&dims), device),
+                    tensor(&lse, [dims.batch, dims.heads, dims.tq], device),
+                )
+            }
+        }
+    }
+}
+
+/// Gradient contributions `(dq, dk, dv)` of one tile, as host vectors shaped like q, k, v.
+pub(crate) fn backward_tile<B: Backend>(
+    kernel: Kernel,
+    device: &B::Device,
+    tile: &BackwardTile,
+    visibility: Visibility,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let dims = tile.dims;
+    match kernel {
+        Kernel::Fused => {
+            let mut dq = vec![0.0; tile.q.len()];
+            let mut dk = vec![0.0; tile.k.len()];
+            let mut dv = vec![0.0; tile.v.len()];
+            fused::backward(tile, &mut dq, &mut dk, &mut dv);
+            (dq, dk, dv)
+        }
+        Kernel::Generic => {
+            let rows = [dims.batch, dims.heads, dims.tq];
+            let q = tensor::<B, 4>(tile.q, q_shape(&dims), device);
+            let k = tensor::<B, 4>(tile.k, kv_shape(&dims), device);
+            let v = tensor::<B, 4>(tile.v, kv_shape(&dims), device);
+            let d_out = tensor::<B, 4>(tile.d_out, q_shape(&dims), device);
+            let lse = tensor::<B, 3>(tile.lse, rows, device);
+            let delta = tensor::<B, 3>(tile.delta, rows, device);
+            let bias = bias(visibility, tile.pos_q, tile.pos_k);
+            let (dq, dk, dv) = block_attention_backward(
+                &q,
+                &k,
+                &v,
+                &d_out,
+                &lse,
+                &delta,
+                bias.as_deref(),
+                tile.scale,
+            );
+            (host(dq), host(dk), host(dv))
+        }
+    }
+}
