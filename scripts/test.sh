@@ -17,6 +17,9 @@ cargo fmt --all -- --check
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
+step "cargo check --features cuda (compiles the optional CUDA backend; needs no GPU)"
+cargo check -p experiments --features cuda --target-dir target/cuda-check
+
 step "cargo test --workspace"
 cargo test --workspace 2>&1 | tee target/test.log
 # Each test binary prints its own summary; add them up into one closing line.

@@ -14,7 +14,7 @@ use multiversion::multiversion;
 use rayon::prelude::*;
 
 /// Query rows per sub-tile.
-const ROWS: usize = 64;
+const ROWS: usize = 256;
 /// Keys per sub-tile.
 const COLS: usize = 256;
 
@@ -112,15 +112,40 @@ fn fast_exp(x: f32) -> f32 {
     if x == f32::NEG_INFINITY { 0.0 } else { scaled }
 }
 
+/// Independent accumulators per lane, so that reductions vectorize without reassociating a chain.
+const LANES: usize = 16;
+
 /// `row[j] = exp(row[j] − shift)`, returning the row's sum.
 #[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
-    let mut sum = 0.0;
     for x in row.iter_mut() {
         *x = fast_exp(*x - shift);
-        sum += *x;
     }
-    sum
+    let mut lanes = [0.0f32; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (acc, x) in lanes.iter_mut().zip(chunk) {
+            *acc += x;
+        }
+    }
+    lanes.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
+}
+
+/// Largest element (−∞ for an empty or fully masked row).
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn row_max(row: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (acc, &x) in lanes.iter_mut().zip(chunk) {
+            *acc = if x > *acc { x } else { *acc };
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
 }
 
 /// `row[j] = exp(row[j] − shift)`.
@@ -137,10 +162,6 @@ fn softmax_grad(dp: &mut [f32], p: &[f32], delta: f32) {
     for (d, &p) in dp.iter_mut().zip(p) {
         *d = p * (*d - delta);
     }
-}
-
-fn row_max(row: &[f32]) -> f32 {
-    row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// What a causal mask leaves of a sub-tile.
