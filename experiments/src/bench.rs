@@ -134,7 +134,10 @@ pub fn run(command: &BenchCommand) -> Result<()> {
         }
     }
     let counting = crate::alloc::active();
-    println!("matmul 1024^3 f32 (flex): {:.1} GFLOP/s", matmul_gflops(1024));
+    println!(
+        "matmul 1024^3 f32 (flex): {:.1} GFLOP/s",
+        matmul_gflops(1024)
+    );
     let bar = ProgressBar::new(cases.len() as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed_precise} {msg}")
             .context("progress template")?,

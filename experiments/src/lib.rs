@@ -3,4 +3,6 @@
 pub mod alloc;
 pub mod attn;
 pub mod bench;
+pub mod line_retrieval;
 pub mod npy;
+pub mod plot;

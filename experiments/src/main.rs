@@ -1,7 +1,7 @@
 //! `ringbench`: the workbench's command line.
 
 use clap::{Parser, Subcommand};
-use experiments::{alloc, attn, bench};
+use experiments::{alloc, attn, bench, line_retrieval};
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
@@ -24,6 +24,12 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Train the LLaMA-style model on line retrieval (SPMD over in-process ranks).
+    Train(line_retrieval::TrainArgs),
+    /// Exact-match accuracy of a checkpoint on LongChat line-retrieval cases, per number of lines.
+    EvalLines(line_retrieval::EvalArgs),
+    /// Write fresh line-retrieval cases as LongChat JSONL.
+    GenLines(line_retrieval::GenArgs),
 }
 
 fn main() {
@@ -31,6 +37,9 @@ fn main() {
     let result = match &cli.command {
         Command::Attn(args) => attn::run(args),
         Command::Bench(command) => bench::run(command),
+        Command::Train(args) => line_retrieval::run_train(args),
+        Command::EvalLines(args) => line_retrieval::run_eval(args).map(|_| ()),
+        Command::GenLines(args) => line_retrieval::run_gen(args),
     };
     if let Err(error) = result {
         eprintln!("error: {error:#}");

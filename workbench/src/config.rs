@@ -142,7 +142,7 @@ pub struct RingContext {
     pub config: RingConfig,
     pub layout: Arc<Layout>,
     rank: usize,
-    comm: Mutex<Comm>,
+    comm: Arc<Mutex<Comm>>,
     events: Mutex<Vec<StepEvent>>,
     backward_error: Mutex<Option<RingError>>,
 }
@@ -159,7 +159,7 @@ impl RingContext {
             config,
             layout,
             rank: comm.rank(),
-            comm: Mutex::new(comm),
+            comm: Arc::new(Mutex::new(comm)),
             events: Mutex::new(Vec::new()),
             backward_error: Mutex::new(None),
         })
@@ -167,6 +167,24 @@ impl RingContext {
 
     pub fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// A context over another layout sharing this one's communicator (its tags and traffic).
+    pub fn with_layout(&self, layout: Arc<Layout>) -> Result<Self, RingError> {
+        if self.world() != layout.ranks() {
+            return Err(RingError::WorldMismatch {
+                world: self.world(),
+                layout: layout.ranks(),
+            });
+        }
+        Ok(Self {
+            config: self.config,
+            layout,
+            rank: self.rank,
+            comm: self.comm.clone(),
+            events: Mutex::new(Vec::new()),
+            backward_error: Mutex::new(None),
+        })
     }
 
     pub fn world(&self) -> usize {

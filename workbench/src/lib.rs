@@ -11,8 +11,10 @@ pub mod error;
 pub mod fused;
 pub mod kernels;
 pub mod launch;
+pub mod model;
 pub mod ops;
 mod tiles;
+pub mod train;
 pub mod transport;
 
 pub use config::{BackwardScheme, Direction, Kernel, RingConfig, RingContext, StepEvent};

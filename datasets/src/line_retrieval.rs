@@ -1,0 +1,246 @@
+//! LongChat's line-retrieval task (Li et al. 2023, "How Long Can Open-Source LLMs Truly Promise on
+//! Context Length?"): a record of `line <name>: REGISTER_CONTENT is <n>` lines, then a question for one
+//! name. The strings below are those of LongChat's published test files.
+
+use crate::SplitMix64;
+use crate::words::{ADJECTIVES, NOUNS};
+use serde::Deserialize;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+pub const HEADER: &str = "Below is a record of lines I want you to remember. Each line begins with 'line <line index>' and contains a '<REGISTER_CONTENT>' at the end of the line as a numerical value. For each line index, memorize its corresponding <REGISTER_CONTENT>. At the end of the record, I will ask you to retrieve the corresponding <REGISTER_CONTENT> of a certain line index. Now the record start:\n\n";
+pub const QUESTION_START: &str =
+    "\nNow the record is over. Tell me what is the <REGISTER_CONTENT> in line ";
+pub const QUESTION_END: &str = "? I need the number.";
+/// Register values are uniform in this range.
+pub const MIN_NUMBER: u64 = 1;
+pub const MAX_NUMBER: u64 = 50000;
+
+#[derive(Debug, Error)]
+pub enum DatasetError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {message}")]
+    Jsonl {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error(
+        "{num_lines} lines need {num_lines} distinct names but the {split:?} word lists give {available}"
+    )]
+    TooManyLines {
+        num_lines: usize,
+        available: usize,
+        split: WordSplit,
+    },
+}
+
+/// Which words line names are made of; training and evaluation words are disjoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WordSplit {
+    /// The first 80% of each word list.
+    Train,
+    /// The last 20%: names never seen in training.
+    Eval,
+    /// Every word.
+    All,
+}
+
+impl WordSplit {
+    fn words(self, list: &'static [&'static str]) -> &'static [&'static str] {
+        let cut = list.len() * 4 / 5;
+        match self {
+            WordSplit::Train => &list[..cut],
+            WordSplit::Eval => &list[cut..],
+            WordSplit::All => list,
+        }
+    }
+}
+
+/// One test case, as in LongChat's JSONL files.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Case {
+    pub prompt: String,
+    pub expected_number: u64,
+    pub num_lines: usize,
+}
+
+/// Generates a prompt of `num_lines` lines with distinct names and asks for one of them.
+pub fn generate(
+    rng: &mut SplitMix64,
+    num_lines: usize,
+    split: WordSplit,
+) -> Result<Case, DatasetError> {
+    let (adjectives, nouns) = (split.words(ADJECTIVES), split.words(NOUNS));
+    let available = adjectives.len() * nouns.len();
+    if num_lines == 0 || num_lines > available {
+        return Err(DatasetError::TooManyLines {
+            num_lines,
+            available,
+            split,
+        });
+    }
+    let mut names = Vec::with_capacity(num_lines);
+    let mut seen = HashSet::new();
+    while names.len() < num_lines {
+        let adjective = adjectives[rng.below(adjectives.len() as u64) as usize];
+        let noun = nouns[rng.below(nouns.len() as u64) as usize];
+        let name = format!("{adjective}-{noun}");
+        if seen.insert(name.clone()) {
+            names.push(name);
+        }
+    }
+    let numbers: Vec<u64> = (0..num_lines)
+        .map(|_| rng.range_inclusive(MIN_NUMBER, MAX_NUMBER))
+        .collect();
+    let target = rng.below(num_lines as u64) as usize;
+    let mut prompt = String::from(HEADER);
+    for (name, n) in names.iter().zip(&numbers) {
+        prompt += &format!("line {name}: REGISTER_CONTENT is <{n}>\n");
+    }
+    prompt += QUESTION_START;
+    prompt += &names[target];
+    prompt += QUESTION_END;
+    Ok(Case {
+        prompt,
+        expected_number: numbers[target],
+        num_lines,
+    })
+}
+
+/// Reads LongChat test cases: one JSON object per line with `prompt`, `expected_number` and
+/// `num_lines` (other fields are ignored). Blank lines are skipped.
+pub fn read_jsonl(path: &Path) -> Result<Vec<Case>, DatasetError> {
+    let text = std::fs::read_to_string(path).map_err(|source| DatasetError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str::<Case>(l).map_err(|e| DatasetError::Jsonl {
+                path: path.to_owned(),
+                line: i + 1,
+                message: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// LongChat's scoring: the answer is the last integer in the reply; `None` if it has none.
+pub fn score_reply(reply: &str) -> Option<u64> {
+    let mut last = None;
+    let mut current: Option<u64> = None;
+    for c in reply.chars() {
+        match c.to_digit(10) {
+            Some(d) => {
+                current = Some(
+                    current
+                        .unwrap_or(0)
+                        .saturating_mul(10)
+                        .saturating_add(d as u64),
+                )
+            }
+            None => {
+                if current.is_some() {
+                    last = current.take();
+                }
+            }
+        }
+    }
+    current.or(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_prompt_has_longchat_structure() {
+        let mut rng = SplitMix64::new(3);
+        let case = generate(&mut rng, 5, WordSplit::Train).unwrap();
+        assert!(case.prompt.starts_with(HEADER));
+        assert!(case.prompt.ends_with(QUESTION_END));
+        let lines: Vec<&str> = case.prompt[HEADER.len()..]
+            .lines()
+            .filter(|l| l.starts_with("line "))
+            .collect();
+        assert_eq!(lines.len(), 5);
+        let asked = case
+            .prompt
+            .rsplit("in line ")
+            .next()
+            .unwrap()
+            .trim_end_matches(QUESTION_END);
+        let line = lines
+            .iter()
+            .find(|l| l.starts_with(&format!("line {asked}:")))
+            .unwrap();
+        assert_eq!(
+            line,
+            &format!(
+                "line {asked}: REGISTER_CONTENT is <{}>",
+                case.expected_number
+            )
+        );
+        assert!((MIN_NUMBER..=MAX_NUMBER).contains(&case.expected_number));
+    }
+
+    #[test]
+    fn train_and_eval_words_are_disjoint() {
+        for list in [ADJECTIVES, NOUNS] {
+            let train: HashSet<_> = WordSplit::Train.words(list).iter().collect();
+            assert!(
+                WordSplit::Eval
+                    .words(list)
+                    .iter()
+                    .all(|w| !train.contains(w))
+            );
+            assert_eq!(
+                list.iter().collect::<HashSet<_>>().len(),
+                list.len(),
+                "no duplicate words"
+            );
+        }
+    }
+
+    #[test]
+    fn generation_is_seeded() {
+        let a = generate(&mut SplitMix64::new(9), 7, WordSplit::Eval).unwrap();
+        let b = generate(&mut SplitMix64::new(9), 7, WordSplit::Eval).unwrap();
+        assert_eq!(a, b);
+        let c = generate(&mut SplitMix64::new(10), 7, WordSplit::Eval).unwrap();
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn scoring_takes_the_last_integer() {
+        assert_eq!(score_reply("The number is <123> not 45"), Some(45));
+        assert_eq!(score_reply("<31337>"), Some(31337));
+        assert_eq!(score_reply("no number"), None);
+    }
+
+    #[test]
+    fn jsonl_errors_name_the_line() {
+        let dir = std::env::temp_dir().join(format!("ringbench-jsonl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cases.jsonl");
+        std::fs::write(
+            &path,
+            "{\"prompt\": \"p\", \"expected_number\": 5, \"num_lines\": 1, \"topic\": \"x\"}\n\n{\"prompt\": \"q\", \"num_lines\": 2}\n",
+        )
+        .unwrap();
+        let err = read_jsonl(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("cases.jsonl:3:") && err.contains("expected_number"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

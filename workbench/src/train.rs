@@ -1,0 +1,521 @@
+//! SPMD training on in-process ranks: every rank holds its shard of the tokens and a replica of the
+//! parameters; gradients are all-reduced through the transport before each AdamW step, so replicas
+//! stay identical (checked by a checksum every few steps).
+
+use crate::config::{RingConfig, RingContext};
+use crate::error::{RingError, TransportError};
+use crate::model::{Llama, LlamaConfig};
+use crate::ops::RingBackend;
+use crate::transport::run_ranks;
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::ElementConversion;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor, TensorData};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use strategies::{Layout, Partition};
+use thiserror::Error;
+
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    #[error(
+        "step {step}: parameter replicas differ between ranks (checksum mismatch on rank {rank})"
+    )]
+    ReplicaMismatch { step: usize, rank: usize },
+    #[error("step {step}: the batch is empty")]
+    EmptyBatch { step: usize },
+}
+
+impl From<strategies::PartitionError> for TrainError {
+    fn from(e: strategies::PartitionError) -> Self {
+        TrainError::Ring(e.into())
+    }
+}
+
+impl From<TransportError> for TrainError {
+    fn from(e: TransportError) -> Self {
+        TrainError::Ring(e.into())
+    }
+}
+
+/// One training sequence: token ids, and the weight of predicting each next token.
+///
+/// `weights[i]` weighs the prediction of `tokens[i + 1]` from `tokens[..=i]`; `weights.len() ==
+/// tokens.len() - 1`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Example {
+    pub tokens: Vec<u32>,
+    pub weights: Vec<f32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    pub ranks: usize,
+    pub ring: RingConfig,
+    pub steps: usize,
+    pub lr: f64,
+    pub warmup_steps: usize,
+    /// The cosine schedule decays to `lr · min_lr_ratio`.
+    pub min_lr_ratio: f64,
+    pub weight_decay: f32,
+    /// Clip the all-reduced gradient to this global L2 norm.
+    pub grad_clip: Option<f32>,
+    pub seed: u64,
+    /// Compare parameter checksums across ranks every this many steps (0: never).
+    pub checksum_every: usize,
+    /// Token used to pad sequences to a length the partition accepts.
+    pub pad_token: u32,
+    pub timeout: Duration,
+}
+
+/// What rank 0 reports after every step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepLog {
+    pub step: usize,
+    pub loss: f64,
+    pub lr: f64,
+    pub tokens: usize,
+    pub seconds: f64,
+}
+
+pub struct Trained<B: AutodiffBackend> {
+    pub model: Llama<B>,
+    pub losses: Vec<f64>,
+}
+
+/// A batch laid out for one step: `[batch, len]` inputs, targets and weights, in global order.
+struct Batch {
+    batch: usize,
+    len: usize,
+    inputs: Vec<i64>,
+    targets: Vec<i64>,
+    weights: Vec<f32>,
+}
+
+/// The smallest length ≥ `len` that `partition` accepts for `ranks` ranks.
+pub fn padded_len(partition: &dyn Partition, len: usize, ranks: usize) -> usize {
+    (len.max(1)..)
+        .find(|&l| partition.validate(l, ranks).is_ok())
+        .expect("some length is accepted")
+}
+
+fn assemble(examples: &[Example], partition: &dyn Partition, ranks: usize, pad: u32) -> Batch {
+    let longest = examples
+        .iter()
+        .map(|e| e.tokens.len().saturating_sub(1))
+        .max()
+        .unwrap_or(0);
+    let len = padded_len(partition, longest, ranks);
+    let mut batch = Batch {
+        batch: examples.len(),
+        len,
+        inputs: Vec::with_capacity(examples.len() * len),
+        targets: Vec::with_capacity(examples.len() * len),
+        weights: Vec::with_capacity(examples.len() * len),
+    };
+    for e in examples {
+        let n = e.tokens.len().saturating_sub(1);
+        let at = |i: usize| i64::from(*e.tokens.get(i).unwrap_or(&pad));
+        batch
+            .inputs
+            .extend((0..len).map(|i| if i < n { at(i) } else { i64::from(pad) }));
+        batch
+            .targets
+            .extend((0..len).map(|i| if i < n { at(i + 1) } else { i64::from(pad) }));
+        batch
+            .weights
+            .extend((0..len).map(|i| if i < n { e.weights[i] } else { 0.0 }));
+    }
+    batch
+}
+
+/// Rows `[batch, t]` of this rank's positions.
+fn local<T: Copy + Default>(global: &[T], batch: usize, layout: &Layout, rank: usize) -> Vec<T> {
+    let len = layout.seq_len;
+    (0..batch)
+        .flat_map(|b| {
+            layout.positions[rank]
+                .iter()
+                .map(move |&p| global[b * len + p])
+        })
+        .collect()
+}
+
+/// Masked next-token cross-entropy of this rank's tokens, divided by the global weight.
+fn local_loss<B: RingBackend>(
+    model: &Llama<B>,
+    batch: &Batch,
+    layout: &Layout,
+    ctx: &Arc<RingContext>,
+) -> Result<Tensor<B, 1>, RingError> {
+    let rank = ctx.rank();
+    let t = layout.shard_len(rank);
+    let device = Default::default();
+    let ints =
+        |v: Vec<i64>| Tensor::<B, 2, Int>::from_data(TensorData::new(v, [batch.batch, t]), &device);
+    let inputs = ints(local(&batch.inputs, batch.batch, layout, rank));
+    let targets = ints(local(&batch.targets, batch.batch, layout, rank));
+    let weights = Tensor::<B, 2>::from_data(
+        TensorData::new(
+            local(&batch.weights, batch.batch, layout, rank),
+            [batch.batch, t],
+        ),
+        &device,
+    );
+    let total: f32 = batch.weights.iter().sum();
+    let logits = model.forward(inputs, &layout.positions[rank], ctx)?;
+    let picked = log_softmax(logits, 2)
+        .gather(2, targets.unsqueeze_dim(2))
+        .squeeze_dim::<2>(2);
+    Ok((picked * weights).sum().neg() / total.max(f32::MIN_POSITIVE))
+}
+
+/// Collects every float parameter's gradient, in module order, into one flat vector (zeros where a
+/// parameter got none), so that one all-reduce carries them all.
+struct Flatten<'a> {
+    grads: &'a mut GradientsParams,
+    flat: Vec<f32>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Flatten<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        match self.grads.remove::<B::InnerBackend, D>(param.id) {
+            Some(g) => self.flat.extend(
+                g.into_data()
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .expect("f32"),
+            ),
+            None => self
+                .flat
+                .extend(std::iter::repeat_n(0.0, param.val().shape().num_elements())),
+        }
+    }
+}
+
+/// Inverse of [`Flatten`]: registers slices of the reduced vector as the parameters' gradients.
+struct Unflatten<'a> {
+    flat: &'a [f32],
+    offset: usize,
+    grads: GradientsParams,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Unflatten<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let shape = param.val().shape();
+        let n = shape.num_elements();
+        let data = self.flat[self.offset..self.offset + n].to_vec();
+        self.offset += n;
+        let device = param.val().device();
+        let grad = Tensor::<B::InnerBackend, D>::from_data(TensorData::new(data, shape), &device);
+        self.grads.register::<B::InnerBackend, D>(param.id, grad);
+    }
+}
+
+/// Every parameter value, in module order.
+pub fn flat_params<B: Backend, M: Module<B>>(module: &M) -> Vec<f32> {
+    struct Collect(Vec<f32>);
+    impl<B: Backend> ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.extend(
+                param
+                    .val()
+                    .into_data()
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .expect("f32"),
+            );
+        }
+    }
+    let mut c = Collect(Vec::new());
+    module.visit(&mut c);
+    c.0
+}
+
+/// A 64-bit FNV-1a hash of the parameters' bits, as four exact 16-bit pieces.
+fn checksum<B: Backend, M: Module<B>>(module: &M) -> [f32; 4] {
+    let hash = flat_params::<B, M>(module)
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+            (h ^ u64::from(x.to_bits())).wrapping_mul(0x100_0000_01b3)
+        });
+    std::array::from_fn(|i| ((hash >> (16 * i)) & 0xffff) as f32)
+}
+
+/// Scales the gradient so that its global L2 norm is at most `max_norm`.
+///
+/// Computed sequentially on the reduced vector, so that every rank gets the same bits (a parallel
+/// reduction could sum in a different order on each rank and let the replicas drift apart).
+fn clip_global_norm(flat: &mut [f32], max_norm: f32) {
+    let norm = flat
+        .iter()
+        .map(|&g| f64::from(g) * f64::from(g))
+        .sum::<f64>()
+        .sqrt();
+    if norm > f64::from(max_norm) {
+        let scale = (f64::from(max_norm) / norm) as f32;
+        flat.iter_mut().for_each(|g| *g *= scale);
+    }
+}
+
+fn learning_rate(o: &TrainOptions, step: usize) -> f64 {
+    if step < o.warmup_steps {
+        return o.lr * (step + 1) as f64 / o.warmup_steps as f64;
+    }
+    let progress =
+        (step - o.warmup_steps) as f64 / (o.steps.saturating_sub(o.warmup_steps)).max(1) as f64;
+    let cosine = 0.5 * (1.0 + (std::f64::consts::PI * progress.min(1.0)).cos());
+    o.lr * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * cosine)
+}
+
+/// Trains `model` for `options.steps` steps on `options.ranks` threads.
+///
+/// `batch_for(step)` returns the step's examples (the same on every rank); `on_step` is called by
+/// rank 0 after every step. Setting `stop` ends training after the next step on every rank (rank 0's
+/// view of it travels with the loss all-reduce, so all ranks stop at the same step). Returns rank 0's
+/// model and the global loss of every step.
+pub fn train<B, F, L>(
+    model: Llama<B>,
+    partition: &dyn Partition,
+    options: &TrainOptions,
+    batch_for: F,
+    on_step: L,
+    stop: &AtomicBool,
+) -> Result<Trained<B>, TrainError>
+where
+    B: AutodiffBackend + RingBackend,
+    F: Fn(usize) -> Vec<Example> + Sync,
+    L: Fn(&StepLog) + Sync,
+{
+    let ring = RingConfig {
+        causal: true,
+        ..options.ring
+    };
+    let results = run_ranks(
+        options.ranks,
+        options.timeout,
+        |comm| -> Result<Option<Trained<B>>, TrainError> {
+            let rank = comm.rank();
+            let first = batch_for(0);
+            let first_len = assemble(&first, partition, options.ranks, options.pad_token).len;
+            let mut ctx = Arc::new(RingContext::new(
+                comm,
+                Arc::new(partition.layout(first_len, options.ranks)?),
+                ring,
+            )?);
+            let mut model = model.clone().fork(&Default::default());
+            let mut optim = AdamWConfig::new()
+                .with_weight_decay(options.weight_decay)
+                .init::<B, Llama<B>>();
+            let mut losses = Vec::with_capacity(options.steps);
+            for step in 0..options.steps {
+                let start = Instant::now();
+                let examples = if step == 0 {
+                    first.clone()
+                } else {
+                    batch_for(step)
+                };
+                if examples.is_empty() {
+                    return Err(TrainError::EmptyBatch { step });
+                }
+                let batch = assemble(&examples, partition, options.ranks, options.pad_token);
+                if batch.len != ctx.layout.seq_len {
+                    ctx = Arc::new(
+                        ctx.with_layout(Arc::new(partition.layout(batch.len, options.ranks)?))?,
+                    );
+                }
+                let loss = local_loss(&model, &batch, &ctx.layout, &ctx)?;
+                let stop_requested = rank == 0 && stop.load(Ordering::Relaxed);
+                let mut reduced = [
+                    loss.clone().into_scalar().elem::<f32>(),
+                    f32::from(u8::from(stop_requested)),
+                ];
+                let grads = loss.backward();
+                if let Some(error) = ctx.take_backward_error() {
+                    return Err(error.into());
+                }
+                let mut params = GradientsParams::from_grads(grads, &model);
+                let mut flatten = Flatten {
+                    grads: &mut params,
+                    flat: Vec::new(),
+                };
+                model.visit(&mut flatten);
+                let mut flat = flatten.flat;
+                ctx.with_comm(|c| c.all_reduce_sum(&mut flat))?;
+                if let Some(max_norm) = options.grad_clip {
+                    clip_global_norm(&mut flat, max_norm);
+                }
+                ctx.with_comm(|c| c.all_reduce_sum(&mut reduced))?;
+                let mut unflatten = Unflatten {
+                    flat: &flat,
+                    offset: 0,
+                    grads: GradientsParams::new(),
+                };
+                model.visit(&mut unflatten);
+                let lr = learning_rate(options, step);
+                model = optim.step(lr, model, unflatten.grads);
+                losses.push(f64::from(reduced[0]));
+                if options.checksum_every > 0 && (step + 1) % options.checksum_every == 0 {
+                    let mine = checksum::<B, _>(&model);
+                    let mut sum = mine;
+                    ctx.with_comm(|c| c.all_reduce_sum(&mut sum))?;
+                    if sum
+                        .iter()
+                        .zip(&mine)
+                        .any(|(s, m)| *s != m * options.ranks as f32)
+                    {
+                        return Err(TrainError::ReplicaMismatch { step, rank });
+                    }
+                }
+                if rank == 0 {
+                    on_step(&StepLog {
+                        step,
+                        loss: f64::from(reduced[0]),
+                        lr,
+                        tokens: batch.batch * batch.len,
+                        seconds: start.elapsed().as_secs_f64(),
+                    });
+                }
+                if reduced[1] > 0.0 {
+                    break;
+                }
+            }
+            Ok((rank == 0).then_some(Trained { model, losses }))
+        },
+    );
+    let mut trained = None;
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(Some(t)) => trained = Some(t),
+            Ok(None) => {}
+            Err(e) => errors.push(e),
+        }
+    }
+    if let Some(first) = pick_root(errors) {
+        return Err(first);
+    }
+    Ok(trained.expect("rank 0 returns the model"))
+}
+
+/// A rank's own error over its peers' "gone away" echoes.
+fn pick_root(mut errors: Vec<TrainError>) -> Option<TrainError> {
+    let echo = |e: &TrainError| {
+        matches!(
+            e,
+            TrainError::Ring(RingError::Transport(TransportError::PeerGone { .. }))
+        )
+    };
+    let i = errors.iter().position(|e| !echo(e)).unwrap_or(0);
+    (!errors.is_empty()).then(|| errors.swap_remove(i))
+}
+
+/// Greedy continuation of each prompt (up to `max_new` tokens, stopping at `stop`), on `ranks` ranks.
+///
+/// Each step runs the full sequence through the ring (no KV cache): evaluation, not serving.
+pub fn greedy<B: RingBackend>(
+    model: &Llama<B>,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    stop: u32,
+    partition: &dyn Partition,
+    ranks: usize,
+    pad: u32,
+    timeout: Duration,
+) -> Result<Vec<Vec<u32>>, RingError> {
+    let mut seqs: Vec<Vec<u32>> = prompts.to_vec();
+    let mut done = vec![false; prompts.len()];
+    let mut replies = vec![Vec::new(); prompts.len()];
+    for _ in 0..max_new {
+        if done.iter().all(|&d| d) {
+            break;
+        }
+        let longest = seqs.iter().map(Vec::len).max().unwrap_or(1);
+        let len = padded_len(partition, longest, ranks);
+        let layout = Arc::new(partition.layout(len, ranks)?);
+        let inputs: Vec<i64> = seqs
+            .iter()
+            .flat_map(|s| (0..len).map(move |i| i64::from(*s.get(i).unwrap_or(&pad))))
+            .collect();
+        let vocab = std::sync::OnceLock::new();
+        let per_rank = run_ranks(ranks, timeout, |comm| -> Result<Vec<f32>, RingError> {
+            let rank = comm.rank();
+            let ctx = Arc::new(RingContext::new(
+                comm,
+                layout.clone(),
+                RingConfig {
+                    causal: true,
+                    ..Default::default()
+                },
+            )?);
+            let t = layout.shard_len(rank);
+            let tokens = Tensor::<B, 2, Int>::from_data(
+                TensorData::new(local(&inputs, seqs.len(), &layout, rank), [seqs.len(), t]),
+                &Default::default(),
+            );
+            let logits = model
+                .clone()
+                .forward(tokens, &layout.positions[rank], &ctx)?;
+            vocab.get_or_init(|| logits.dims()[2]);
+            Ok(logits
+                .into_data()
+                .convert::<f32>()
+                .into_vec::<f32>()
+                .expect("f32"))
+        });
+        let per_rank: Vec<Vec<f32>> = per_rank.into_iter().collect::<Result<_, _>>()?;
+        let v = *vocab.get().expect("at least one rank ran");
+        for (row, seq) in seqs.iter_mut().enumerate() {
+            if done[row] {
+                continue;
+            }
+            let last = seq.len() - 1;
+            let owner = (0..ranks)
+                .find(|&r| layout.positions[r].contains(&last))
+                .expect("owned");
+            let local_index = layout.positions[owner]
+                .iter()
+                .position(|&p| p == last)
+                .expect("owned");
+            let t = layout.shard_len(owner);
+            let logits =
+                &per_rank[owner][(row * t + local_index) * v..(row * t + local_index + 1) * v];
+            let next = logits
+                .iter()
+                .enumerate()
+                .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
+                    if x > best.1 { (i, x) } else { best }
+                })
+                .0 as u32;
+            if next == stop {
+                done[row] = true;
+            } else {
+                seq.push(next);
+                replies[row].push(next);
+            }
+        }
+    }
+    Ok(replies)
+}
+
+/// Parameters of the model without autodiff, for evaluation.
+pub fn inference_model<B: AutodiffBackend>(model: &Llama<B>) -> Llama<B::InnerBackend>
+where
+    Llama<B>: AutodiffModule<B, InnerModule = Llama<B::InnerBackend>>,
+{
+    model.valid()
+}
+
+impl LlamaConfig {
+    /// Number of float parameters.
+    pub fn num_params(&self) -> usize {
+        let (d, hd, f) = (self.d_model, self.head_dim(), self.ffn_hidden());
+        let block = 2 * d + d * self.heads * hd * 2 + 2 * d * self.kv_heads * hd + 3 * d * f;
+        self.vocab * d * 2 + d + self.layers * block
+    }
+}
