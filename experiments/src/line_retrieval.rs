@@ -1,10 +1,12 @@
 //! `ringbench train`, `ringbench eval-lines` and `ringbench gen-lines`: the LongChat line-retrieval task.
 
 use anyhow::{Context, Result, bail};
+use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::{Autodiff, Flex};
 use burn::config::Config;
 use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use datasets::tokenizer::{BOS, EOS};
 use datasets::{Case, SplitMix64, Tokenizer, WordSplit, generate, read_jsonl, score_reply};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -12,11 +14,20 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use workbench::RingBackend;
 use workbench::model::{Llama, LlamaConfig};
 use workbench::train::{Example, StepLog, TrainOptions, greedy, train};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
-type Train = Autodiff<Flex>;
+/// One row of `metrics.csv`.
+#[derive(Debug, Serialize)]
+struct MetricsRow {
+    step: usize,
+    loss: f64,
+    lr: f64,
+    tokens_per_second: f64,
+    elapsed_seconds: f64,
+}
 
 /// `experiments/line_retrieval.toml`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -37,6 +48,9 @@ pub struct ModelSpec {
     pub ffn_multiple_of: usize,
     pub rope_theta: f64,
     pub ffn_chunk: usize,
+    /// Recompute activations in the backward instead of storing them (Burn's balanced checkpointing).
+    #[serde(default)]
+    pub checkpointing: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -60,6 +74,10 @@ pub struct TrainSection {
     pub weight_decay: f32,
     pub grad_clip: Option<f32>,
     pub seed: u64,
+    /// Loss weight of the prompt's own next-token predictions (the answer and EOS weigh 1). A small
+    /// language-modelling weight teaches copying (the asked name repeats an earlier one) early.
+    #[serde(default)]
+    pub lm_weight: f32,
     /// Each training prompt has between `min_lines` and `num_lines` lines.
     pub min_lines: usize,
     pub num_lines: usize,
@@ -104,8 +122,8 @@ pub fn load_spec(path: &Path) -> Result<TrainSpec> {
         .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().replace('\n', " ")))
 }
 
-/// `[BOS] prompt answer [EOS]`, trained on the answer and EOS only.
-pub fn example(tokenizer: &Tokenizer, case: &Case) -> Example {
+/// `[BOS] prompt answer [EOS]`: the answer and EOS weigh 1, the prompt's tokens `lm_weight`.
+pub fn example(tokenizer: &Tokenizer, case: &Case, lm_weight: f32) -> Example {
     let mut tokens = vec![BOS];
     tokens.extend(tokenizer.encode(&case.prompt));
     let prompt_len = tokens.len();
@@ -113,7 +131,7 @@ pub fn example(tokenizer: &Tokenizer, case: &Case) -> Example {
     tokens.push(EOS);
     // weights[i] weighs predicting tokens[i + 1].
     let weights = (0..tokens.len() - 1)
-        .map(|i| if i + 1 >= prompt_len { 1.0 } else { 0.0 })
+        .map(|i| if i + 1 >= prompt_len { 1.0 } else { lm_weight })
         .collect();
     Example { tokens, weights }
 }
@@ -123,9 +141,9 @@ fn recorder() -> NamedMpkFileRecorder<FullPrecisionSettings> {
 }
 
 /// Writes `model.mpk`, `config.json` and `tokenizer.json` into `dir`.
-fn save_checkpoint(
+fn save_checkpoint<B: Backend>(
     dir: &Path,
-    model: &Llama<Train>,
+    model: &Llama<B>,
     config: &LlamaConfig,
     tokenizer: &Tokenizer,
 ) -> Result<()> {
@@ -175,6 +193,14 @@ pub struct TrainArgs {
 
 pub fn run_train(args: &TrainArgs) -> Result<()> {
     let spec = load_spec(&args.config)?;
+    if spec.model.checkpointing {
+        train_with::<Autodiff<Flex, BalancedCheckpointing>>(&spec)
+    } else {
+        train_with::<Autodiff<Flex>>(&spec)
+    }
+}
+
+fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> {
     let tokenizer = Tokenizer::line_retrieval();
     let config = spec.model.config(tokenizer.vocab_size());
     config.validate()?;
@@ -202,9 +228,9 @@ pub fn run_train(args: &TrainArgs) -> Result<()> {
         timeout: Duration::from_secs(600),
     };
     std::fs::create_dir_all(&t.out)?;
-    std::fs::write(t.out.join("train.toml"), toml::to_string(&spec)?)?;
-    <Train as burn::tensor::backend::Backend>::seed(&Default::default(), t.seed);
-    let model = config.init::<Train>(&Default::default());
+    std::fs::write(t.out.join("train.toml"), toml::to_string(spec)?)?;
+    B::seed(&Default::default(), t.seed);
+    let model = config.init::<B>(&Default::default());
     println!(
         "training {} parameters on {} ranks ({}), {} steps of {} prompts with {}..={} lines",
         config.num_params(),
@@ -222,7 +248,7 @@ pub fn run_train(args: &TrainArgs) -> Result<()> {
                 let lines = rng.range_inclusive(t.min_lines as u64, t.num_lines as u64) as usize;
                 let case =
                     generate(&mut rng, lines, WordSplit::Train).expect("line counts checked above");
-                example(&tokenizer, &case)
+                example(&tokenizer, &case, t.lm_weight)
             })
             .collect()
     };
@@ -242,13 +268,13 @@ pub fn run_train(args: &TrainArgs) -> Result<()> {
         ));
         bar.inc(1);
         let mut w = metrics.lock().expect("metrics lock");
-        let _ = w.serialize((
-            log.step,
-            log.loss,
-            log.lr,
-            tokens_per_s,
-            start.elapsed().as_secs_f64(),
-        ));
+        let _ = w.serialize(MetricsRow {
+            step: log.step,
+            loss: log.loss,
+            lr: log.lr,
+            tokens_per_second: tokens_per_s,
+            elapsed_seconds: start.elapsed().as_secs_f64(),
+        });
         let _ = w.flush();
         let mut r = recent.lock().expect("recent lock");
         r.push_back(log.loss);

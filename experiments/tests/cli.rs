@@ -172,3 +172,140 @@ fn bad_input_is_one_clear_line() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("ringbench-corrupt"));
     let _ = std::fs::remove_file(corrupt);
 }
+
+/// A tiny training run end to end, then the failure modes of its checkpoint and spec.
+#[test]
+fn train_eval_and_checkpoint_errors() {
+    let dir = temp_dir("train");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ckpt = dir.join("ckpt");
+    let spec = format!(
+        r#"
+[model]
+d_model = 32
+layers = 1
+heads = 2
+kv_heads = 1
+ffn_multiple_of = 16
+rope_theta = 10000.0
+ffn_chunk = 64
+
+[ring]
+ranks = 2
+strategy = "striped"
+forward = "ccw"
+backward = "q"
+kernel = "fused"
+
+[train]
+steps = 3
+batch = 2
+lr = 1e-3
+warmup_steps = 1
+min_lr_ratio = 0.1
+weight_decay = 0.0
+seed = 1
+min_lines = 2
+num_lines = 3
+checksum_every = 1
+out = "{}"
+stop_loss = 0.0
+max_minutes = 0.0
+"#,
+        ckpt.display()
+    );
+    let spec_path = dir.join("spec.toml");
+    std::fs::write(&spec_path, &spec).unwrap();
+    let s = |p: &Path| p.to_string_lossy().into_owned();
+    let out = ringbench(&["train", "--config", &s(&spec_path)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metrics = std::fs::read_to_string(ckpt.join("metrics.csv")).unwrap();
+    assert_eq!(metrics.lines().count(), 4, "header and 3 steps: {metrics}");
+
+    let cases = dir.join("cases.jsonl");
+    let out = ringbench(&[
+        "gen-lines",
+        "--num-lines",
+        "2,3",
+        "--cases",
+        "3",
+        "--out",
+        &s(&cases),
+    ]);
+    assert!(out.status.success());
+    let csv = dir.join("acc.csv");
+    let out = ringbench(&[
+        "eval-lines",
+        "--checkpoint",
+        &s(&ckpt),
+        "--cases",
+        &s(&cases),
+        "--ranks",
+        "2",
+        "--out",
+        &s(&csv),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = std::fs::read_to_string(&csv).unwrap();
+    assert!(
+        table.starts_with("num_lines,cases,correct,accuracy\n2,3,"),
+        "{table}"
+    );
+
+    // A checkpoint that does not match its config.
+    let config = std::fs::read_to_string(ckpt.join("config.json")).unwrap();
+    std::fs::write(
+        ckpt.join("config.json"),
+        config.replace("\"d_model\": 32", "\"d_model\": 64"),
+    )
+    .unwrap();
+    let out = ringbench(&[
+        "eval-lines",
+        "--checkpoint",
+        &s(&ckpt),
+        "--cases",
+        &s(&cases),
+        "--out",
+        &s(&csv),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("does not match config.json"), "{stderr}");
+
+    // A JSONL case without expected_number: the error names the line.
+    std::fs::write(&cases, "{\"prompt\": \"x\", \"expected_number\": 1, \"num_lines\": 1}\n{\"prompt\": \"y\", \"num_lines\": 1}\n").unwrap();
+    std::fs::write(ckpt.join("config.json"), config).unwrap();
+    let out = ringbench(&[
+        "eval-lines",
+        "--checkpoint",
+        &s(&ckpt),
+        "--cases",
+        &s(&cases),
+        "--out",
+        &s(&csv),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cases.jsonl:2:") && stderr.contains("expected_number"),
+        "{stderr}"
+    );
+
+    // An unknown key in the spec names the key and the line.
+    std::fs::write(&spec_path, spec.replace("seed = 1", "seed = 1\nsead = 2")).unwrap();
+    let out = ringbench(&["train", "--config", &s(&spec_path)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains("sead") && stderr.contains("line"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
