@@ -3,6 +3,10 @@
 pub mod alloc;
 pub mod attn;
 pub mod bench;
+pub mod hardware;
 pub mod line_retrieval;
 pub mod npy;
 pub mod plot;
+pub mod reproduce;
+pub mod runner;
+pub mod simulator;

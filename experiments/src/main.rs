@@ -1,7 +1,7 @@
 //! `ringbench`: the workbench's command line.
 
 use clap::{Parser, Subcommand};
-use experiments::{alloc, attn, bench, line_retrieval};
+use experiments::{alloc, attn, bench, line_retrieval, reproduce, runner};
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
@@ -30,6 +30,10 @@ enum Command {
     EvalLines(line_retrieval::EvalArgs),
     /// Write fresh line-retrieval cases as LongChat JSONL.
     GenLines(line_retrieval::GenArgs),
+    /// Run an experiment spec (TOML) into results/NAME/: CSV, Markdown, spec copy, SVG.
+    Run(runner::RunArgs),
+    /// Regenerate the paper-analog tables: `quick` (minutes on a laptop CPU) or `full`.
+    Reproduce(reproduce::ReproduceArgs),
 }
 
 fn main() {
@@ -40,6 +44,8 @@ fn main() {
         Command::Train(args) => line_retrieval::run_train(args),
         Command::EvalLines(args) => line_retrieval::run_eval(args).map(|_| ()),
         Command::GenLines(args) => line_retrieval::run_gen(args),
+        Command::Run(args) => runner::run(args).map(|_| ()),
+        Command::Reproduce(args) => reproduce::run(args),
     };
     if let Err(error) = result {
         eprintln!("error: {error:#}");

@@ -1,0 +1,96 @@
+//! Hardware profiles for the cluster simulator: peak dense bf16 FLOP/s and the ring link's one-way
+//! bandwidth and latency.
+//!
+//! Sources (vendor data sheets; the paper's Table 2 uses the same F and B):
+//! - A100: NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TFLOP/s bf16 dense; NVLink 600 GB/s
+//!   total, 300 GB/s each way. InfiniBand: 100 Gb/s HDR100 per GPU = 12.5 GB/s.
+//! - H100 SXM: NVIDIA H100 datasheet (2023): 989 TFLOP/s bf16 dense; NVLink 4 900 GB/s total,
+//!   450 GB/s each way.
+//! - H200 SXM: NVIDIA H200 datasheet (2024): 989 TFLOP/s bf16 dense; NVLink 900 GB/s total.
+//! - TPU v3 / v4 / v5e: Google Cloud TPU system architecture pages: 123 / 275 / 197 TFLOP/s bf16;
+//!   inter-chip interconnect as used by Liu et al. (2023), Table 2: 112 / 268 / 186 GB/s.
+//!
+//! Latencies are order-of-magnitude figures (NVLink and ICI a few µs, InfiniBand ~5 µs); they matter
+//! only for tiny blocks.
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Profile {
+    pub name: &'static str,
+    pub flops: f64,
+    pub link_bytes_per_s: f64,
+    pub latency_s: f64,
+    /// The paper's minimal block size c_min = F/B (tokens) where it reports one (Table 2).
+    pub paper_c_min: Option<f64>,
+}
+
+pub const PROFILES: &[Profile] = &[
+    Profile {
+        name: "a100-nvlink",
+        flops: 312e12,
+        link_bytes_per_s: 300e9,
+        latency_s: 3e-6,
+        paper_c_min: Some(1.0e3),
+    },
+    Profile {
+        name: "a100-infiniband",
+        flops: 312e12,
+        link_bytes_per_s: 12.5e9,
+        latency_s: 5e-6,
+        paper_c_min: Some(24.5e3),
+    },
+    Profile {
+        name: "tpu-v3",
+        flops: 123e12,
+        link_bytes_per_s: 112e9,
+        latency_s: 3e-6,
+        paper_c_min: Some(1.1e3),
+    },
+    Profile {
+        name: "tpu-v4",
+        flops: 275e12,
+        link_bytes_per_s: 268e9,
+        latency_s: 3e-6,
+        paper_c_min: Some(1.0e3),
+    },
+    Profile {
+        name: "tpu-v5e",
+        flops: 197e12,
+        link_bytes_per_s: 186e9,
+        latency_s: 3e-6,
+        paper_c_min: Some(1.1e3),
+    },
+    Profile {
+        name: "h100-nvlink",
+        flops: 989e12,
+        link_bytes_per_s: 450e9,
+        latency_s: 3e-6,
+        paper_c_min: None,
+    },
+    Profile {
+        name: "h200-nvlink",
+        flops: 989e12,
+        link_bytes_per_s: 450e9,
+        latency_s: 3e-6,
+        paper_c_min: None,
+    },
+];
+
+pub fn profile(name: &str) -> Option<&'static Profile> {
+    PROFILES.iter().find(|p| p.name == name)
+}
+
+pub fn profile_names() -> String {
+    PROFILES
+        .iter()
+        .map(|p| p.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Profile {
+    /// Minimal block size for compute to hide communication: a block of c tokens costs 4·d·c² FLOPs
+    /// (scores and P·V, per head) against sending K and V, 2·c·d values of 2 bytes: c ≥ F/B.
+    pub fn c_min(&self) -> f64 {
+        self.flops / self.link_bytes_per_s
+    }
+}

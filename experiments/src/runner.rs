@@ -1,0 +1,540 @@
+//! `ringbench run SPEC.toml`: an experiment kind swept over a cartesian product, written as
+//! `results/NAME/{results.csv, results.md, spec.toml, *.svg}`; rows already present are skipped.
+
+use crate::hardware::{Profile, profile, profile_names};
+use crate::plot::{Series, line_chart};
+use crate::simulator::simulate;
+use anyhow::{Context, Result, anyhow, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use strategies::{Partition, causal_pairs, causal_work_per_rank};
+use workbench::Direction;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// Causal load balance of the partition strategies, simulated on a hardware profile.
+    Balance,
+    /// Minimal block size for overlap (c_min = F/B) and exposed communication against block size.
+    Overlap,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    pub kind: Kind,
+    #[serde(default)]
+    pub description: String,
+    pub sweep: Sweep,
+    #[serde(default)]
+    pub model: ModelShape,
+}
+
+/// Every key is a list; a kind uses the keys it needs and ignores none silently (unused keys are
+/// rejected so that a typo cannot look like a sweep).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sweep {
+    pub strategies: Option<Vec<String>>,
+    pub forward: Option<Vec<String>>,
+    pub ranks: Option<Vec<usize>>,
+    /// Tokens per rank (the ring's block size c).
+    pub block_sizes: Option<Vec<usize>>,
+    pub profiles: Option<Vec<String>>,
+}
+
+/// Attention shape of the simulated model (the paper's defaults: head_dim 128, bf16).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelShape {
+    #[serde(default = "default_head_dim")]
+    pub head_dim: usize,
+    #[serde(default = "default_heads")]
+    pub heads: usize,
+    #[serde(default = "default_bytes")]
+    pub bytes_per_value: usize,
+}
+
+fn default_head_dim() -> usize {
+    128
+}
+/// LLaMA-7B's 32 heads of 128: per-step compute large enough that link latency is negligible, as in
+/// the paper's c_min argument.
+fn default_heads() -> usize {
+    32
+}
+fn default_bytes() -> usize {
+    2
+}
+
+impl Default for ModelShape {
+    fn default() -> Self {
+        Self {
+            head_dim: default_head_dim(),
+            heads: default_heads(),
+            bytes_per_value: default_bytes(),
+        }
+    }
+}
+
+/// The line of `key =` in the spec text, for error messages.
+fn line_of(text: &str, key: &str) -> usize {
+    text.lines()
+        .position(|l| l.trim_start().starts_with(key) && l.contains('='))
+        .map_or(0, |i| i + 1)
+}
+
+pub fn load(path: &Path) -> Result<(Spec, String)> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let spec: Spec = toml::from_str(&text).map_err(|e| {
+        anyhow!(
+            "{}: {}",
+            path.display(),
+            e.to_string().trim().replace('\n', " ")
+        )
+    })?;
+    Ok((spec, text))
+}
+
+/// A required, non-empty sweep list.
+fn list<'a, T>(
+    path: &Path,
+    text: &str,
+    key: &str,
+    value: &'a Option<Vec<T>>,
+    kind: Kind,
+) -> Result<&'a [T]> {
+    match value {
+        None => bail!("{}: kind {kind:?} needs sweep.{key}", path.display()),
+        Some(v) if v.is_empty() => bail!(
+            "{}:{}: sweep.{key} is empty",
+            path.display(),
+            line_of(text, key)
+        ),
+        Some(v) => Ok(v),
+    }
+}
+
+fn reject_unused(path: &Path, text: &str, sweep: &Sweep, used: &[&str]) -> Result<()> {
+    let present = [
+        ("strategies", sweep.strategies.is_some()),
+        ("forward", sweep.forward.is_some()),
+        ("ranks", sweep.ranks.is_some()),
+        ("block_sizes", sweep.block_sizes.is_some()),
+        ("profiles", sweep.profiles.is_some()),
+    ];
+    for (key, is_set) in present {
+        if is_set && !used.contains(&key) {
+            bail!(
+                "{}:{}: sweep.{key} is not used by this kind of experiment",
+                path.display(),
+                line_of(text, key)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn profiles(path: &Path, text: &str, names: &[String]) -> Result<Vec<&'static Profile>> {
+    names
+        .iter()
+        .map(|n| {
+            profile(n).ok_or_else(|| {
+                anyhow!(
+                    "{}:{}: unknown profile '{n}' in sweep.profiles; known: {}",
+                    path.display(),
+                    line_of(text, "profiles"),
+                    profile_names()
+                )
+            })
+        })
+        .collect()
+}
+
+fn partitions(path: &Path, text: &str, names: &[String]) -> Result<Vec<&'static dyn Partition>> {
+    names
+        .iter()
+        .map(|n| {
+            strategies::by_name(n).map_err(|e| {
+                anyhow!(
+                    "{}:{}: sweep.strategies: {e}",
+                    path.display(),
+                    line_of(text, "strategies")
+                )
+            })
+        })
+        .collect()
+}
+
+/// One result row: key columns (which identify it for resuming) and value columns.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub keys: Vec<(&'static str, String)>,
+    pub values: Vec<(&'static str, String)>,
+}
+
+impl Row {
+    fn id(&self) -> String {
+        self.keys
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// Simulated forward ring pass of `partition` on `ranks` ranks with `block` tokens each.
+fn balance_row(
+    partition: &dyn Partition,
+    ranks: usize,
+    block: usize,
+    p: &Profile,
+    m: &ModelShape,
+    contiguous_makespan: Option<f64>,
+) -> Result<(Row, f64)> {
+    let layout = partition.layout(ranks * block, ranks)?;
+    let work = causal_work_per_rank(&layout);
+    let mean = work.iter().sum::<u64>() as f64 / ranks as f64;
+    let max = *work.iter().max().unwrap_or(&0) as f64;
+    let flops_per_pair = 4.0 * (m.head_dim * m.heads) as f64;
+    let compute: Vec<Vec<f64>> = (0..ranks)
+        .map(|r| {
+            (0..ranks)
+                .map(|s| {
+                    let owner = Direction::Cw.owner(r, s, ranks);
+                    causal_pairs(&layout.positions[r], &layout.positions[owner]) as f64
+                        * flops_per_pair
+                        / p.flops
+                })
+                .collect()
+        })
+        .collect();
+    let link = p.latency_s
+        + (2 * block * m.head_dim * m.heads * m.bytes_per_value) as f64 / p.link_bytes_per_s;
+    let sim = simulate(&compute, link);
+    let contiguous = contiguous_makespan.unwrap_or(sim.makespan);
+    let contiguous_max = (2 * ranks - 1) as f64 / ranks as f64 * mean;
+    let row = Row {
+        keys: vec![
+            ("strategy", partition.name().to_string()),
+            ("ranks", ranks.to_string()),
+            ("block_size", block.to_string()),
+            ("profile", p.name.to_string()),
+        ],
+        values: vec![
+            ("work_max_over_mean", format!("{:.4}", max / mean)),
+            ("makespan_ms", format!("{:.4}", sim.makespan * 1e3)),
+            (
+                "speedup_over_contiguous",
+                format!("{:.4}", contiguous / sim.makespan),
+            ),
+            (
+                "theoretical_speedup",
+                format!("{:.4}", contiguous_max / max),
+            ),
+            (
+                "contiguous_imbalance_2n_minus_1_over_n",
+                format!("{:.4}", (2 * ranks - 1) as f64 / ranks as f64),
+            ),
+            (
+                "overlap_efficiency",
+                format!("{:.4}", sim.overlap_efficiency),
+            ),
+        ],
+    };
+    Ok((row, sim.makespan))
+}
+
+fn overlap_row(p: &Profile, block: usize, m: &ModelShape) -> Row {
+    // Balanced full tiles (non-causal) isolate the overlap question.
+    let ranks = 8;
+    let tile = 4.0 * (block * block * m.head_dim * m.heads) as f64 / p.flops;
+    let link = p.latency_s
+        + (2 * block * m.head_dim * m.heads * m.bytes_per_value) as f64 / p.link_bytes_per_s;
+    let sim = simulate(&vec![vec![tile; ranks]; ranks], link);
+    Row {
+        keys: vec![
+            ("profile", p.name.to_string()),
+            ("block_size", block.to_string()),
+        ],
+        values: vec![
+            ("tflops", format!("{:.0}", p.flops / 1e12)),
+            ("link_gb_per_s", format!("{:.1}", p.link_bytes_per_s / 1e9)),
+            ("c_min_tokens", format!("{:.0}", p.c_min())),
+            ("s_min_tokens", format!("{:.0}", 6.0 * p.c_min())),
+            (
+                "paper_c_min_tokens",
+                p.paper_c_min.map_or("-".into(), |c| format!("{c:.0}")),
+            ),
+            (
+                "c_min_over_paper",
+                p.paper_c_min
+                    .map_or("-".into(), |c| format!("{:.3}", p.c_min() / c)),
+            ),
+            (
+                "exposed_comm_fraction",
+                format!("{:.4}", sim.exposed_comm / sim.makespan),
+            ),
+        ],
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Experiment spec, e.g. experiments/balance.toml.
+    pub spec: PathBuf,
+    /// Recompute rows already in results.csv.
+    #[arg(long)]
+    pub force: bool,
+    /// Results go to DIR/NAME (NAME is the spec's file stem).
+    #[arg(long, default_value = "results")]
+    pub results: PathBuf,
+}
+
+/// Builds the rows of a spec, skipping ids in `done`.
+fn rows(path: &Path, text: &str, spec: &Spec, done: &HashSet<String>) -> Result<Vec<Row>> {
+    let s = &spec.sweep;
+    let mut out = Vec::new();
+    match spec.kind {
+        Kind::Balance => {
+            reject_unused(
+                path,
+                text,
+                s,
+                &["strategies", "ranks", "block_sizes", "profiles"],
+            )?;
+            let strategies = partitions(
+                path,
+                text,
+                list(path, text, "strategies", &s.strategies, spec.kind)?,
+            )?;
+            let ranks = list(path, text, "ranks", &s.ranks, spec.kind)?;
+            let blocks = list(path, text, "block_sizes", &s.block_sizes, spec.kind)?;
+            let profiles = profiles(
+                path,
+                text,
+                list(path, text, "profiles", &s.profiles, spec.kind)?,
+            )?;
+            let total = (profiles.len() * blocks.len() * ranks.len() * strategies.len()) as u64;
+            let bar = ProgressBar::new(total)
+                .with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")?);
+            for p in &profiles {
+                for &block in blocks {
+                    for &n in ranks {
+                        let (_, contiguous) =
+                            balance_row(&strategies::Contiguous, n, block, p, &spec.model, None)?;
+                        for strategy in &strategies {
+                            bar.set_message(format!(
+                                "{} N={n} c={block} {}",
+                                strategy.name(),
+                                p.name
+                            ));
+                            let (row, _) =
+                                balance_row(*strategy, n, block, p, &spec.model, Some(contiguous))?;
+                            if !done.contains(&row.id()) {
+                                out.push(row);
+                            }
+                            bar.inc(1);
+                        }
+                    }
+                }
+            }
+            bar.finish_and_clear();
+        }
+        Kind::Overlap => {
+            reject_unused(path, text, s, &["block_sizes", "profiles"])?;
+            let blocks = list(path, text, "block_sizes", &s.block_sizes, spec.kind)?;
+            let profiles = profiles(
+                path,
+                text,
+                list(path, text, "profiles", &s.profiles, spec.kind)?,
+            )?;
+            for p in &profiles {
+                for &block in blocks {
+                    let row = overlap_row(p, block, &spec.model);
+                    if !done.contains(&row.id()) {
+                        out.push(row);
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// An earlier results.csv as rows of (column, value) in file order (none if there is no file).
+fn read_existing(csv_path: &Path) -> Result<Vec<Vec<(String, String)>>> {
+    if !csv_path.exists() {
+        return Ok(Vec::new());
+    }
+    let mut reader = csv::Reader::from_path(csv_path)?;
+    let headers = reader.headers()?.clone();
+    reader
+        .records()
+        .map(|r| {
+            Ok(headers
+                .iter()
+                .map(String::from)
+                .zip(r?.iter().map(String::from))
+                .collect())
+        })
+        .collect()
+}
+
+pub fn run(args: &RunArgs) -> Result<PathBuf> {
+    let (spec, text) = load(&args.spec)?;
+    let name = args
+        .spec
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .ok_or_else(|| anyhow!("{}: no file name", args.spec.display()))?;
+    let dir = args.results.join(name);
+    std::fs::create_dir_all(&dir)?;
+    let csv_path = dir.join("results.csv");
+    let mut table = if args.force {
+        Vec::new()
+    } else {
+        read_existing(&csv_path)?
+    };
+    // Rows are identified by their key columns; which columns those are is fixed per kind.
+    let key_names: &[&str] = match spec.kind {
+        Kind::Balance => &["strategy", "ranks", "block_size", "profile"],
+        Kind::Overlap => &["profile", "block_size"],
+    };
+    let done: HashSet<String> = table
+        .iter()
+        .map(|row| {
+            key_names
+                .iter()
+                .map(|k| {
+                    let v = row
+                        .iter()
+                        .find(|(c, _)| c == k)
+                        .map_or("", |(_, v)| v.as_str());
+                    format!("{k}={v}")
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect();
+    let new_rows = rows(&args.spec, &text, &spec, &done)?;
+    let skipped = table.len();
+    table.extend(new_rows.iter().map(|r| {
+        r.keys
+            .iter()
+            .chain(&r.values)
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
+    }));
+    let header: Vec<String> = match new_rows.first() {
+        Some(r) => r
+            .keys
+            .iter()
+            .chain(&r.values)
+            .map(|(k, _)| k.to_string())
+            .collect(),
+        None => table
+            .first()
+            .map(|r| r.iter().map(|(k, _)| k.clone()).collect())
+            .unwrap_or_default(),
+    };
+    let mut w = csv::Writer::from_path(&csv_path)?;
+    w.write_record(&header)?;
+    for row in &table {
+        let lookup: BTreeMap<&str, &str> =
+            row.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        w.write_record(
+            header
+                .iter()
+                .map(|h| lookup.get(h.as_str()).copied().unwrap_or("")),
+        )?;
+    }
+    w.flush()?;
+    let mut md = format!(
+        "# {name}\n\n{}\n\nRegenerate: `ringbench run {}`\n\n| {} |\n|{}|\n",
+        spec.description.trim(),
+        args.spec.display(),
+        header.join(" | "),
+        vec!["---"; header.len()].join("|")
+    );
+    for row in &table {
+        let lookup: BTreeMap<&str, &str> =
+            row.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        md += &format!(
+            "| {} |\n",
+            header
+                .iter()
+                .map(|h| lookup.get(h.as_str()).copied().unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+    }
+    std::fs::write(dir.join("results.md"), &md)?;
+    std::fs::write(dir.join("spec.toml"), &text)?;
+    figure(&spec, &dir, &table)?;
+    println!("{md}");
+    println!(
+        "{}: {} rows computed, {} kept from an earlier run",
+        dir.display(),
+        new_rows.len(),
+        skipped
+    );
+    Ok(dir)
+}
+
+fn figure(spec: &Spec, dir: &Path, table: &[Vec<(String, String)>]) -> Result<()> {
+    let get = |row: &Vec<(String, String)>, k: &str| {
+        row.iter()
+            .find(|(c, _)| c == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let num = |row: &Vec<(String, String)>, k: &str| get(row, k).parse::<f64>().unwrap_or(f64::NAN);
+    let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let (file, title, x, y) = match spec.kind {
+        Kind::Balance => {
+            for row in table {
+                series
+                    .entry(format!(
+                        "{} c={} {}",
+                        get(row, "strategy"),
+                        get(row, "block_size"),
+                        get(row, "profile")
+                    ))
+                    .or_default()
+                    .push((num(row, "ranks"), num(row, "speedup_over_contiguous")));
+            }
+            (
+                "speedup.svg",
+                "Causal ring pass: simulated speedup over contiguous",
+                "ranks N",
+                "speedup",
+            )
+        }
+        Kind::Overlap => {
+            for row in table {
+                series.entry(get(row, "profile")).or_default().push((
+                    num(row, "block_size").log2(),
+                    num(row, "exposed_comm_fraction"),
+                ));
+            }
+            (
+                "exposed_comm.svg",
+                "Exposed communication vs block size (simulated)",
+                "log2(block size c, tokens)",
+                "exposed / makespan",
+            )
+        }
+    };
+    let series: Vec<Series> = series
+        .into_iter()
+        .map(|(name, mut points)| {
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            Series { name, points }
+        })
+        .collect();
+    line_chart(&dir.join(file), title, x, y, &series)
+}

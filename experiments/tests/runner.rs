@@ -1,0 +1,164 @@
+//! The experiment runner: the paper-analog tables' acceptance numbers, resuming, and malformed specs.
+
+use experiments::hardware::PROFILES;
+use experiments::runner::{RunArgs, run};
+use std::path::{Path, PathBuf};
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ringbench-runner-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn rows(dir: &Path) -> Vec<csv::StringRecord> {
+    csv::Reader::from_path(dir.join("results.csv"))
+        .unwrap()
+        .records()
+        .map(Result::unwrap)
+        .collect()
+}
+
+fn column(dir: &Path, name: &str) -> usize {
+    let mut r = csv::Reader::from_path(dir.join("results.csv")).unwrap();
+    r.headers().unwrap().iter().position(|h| h == name).unwrap()
+}
+
+#[test]
+fn balance_table_meets_the_paper_level_speedups() {
+    let root = temp("balance");
+    let spec = root.join("balance.toml");
+    std::fs::write(
+        &spec,
+        "kind = \"balance\"\n[sweep]\nstrategies = [\"contiguous\", \"striped\", \"zigzag\"]\nranks = [8]\nblock_sizes = [8192]\nprofiles = [\"a100-nvlink\"]\n",
+    )
+    .unwrap();
+    let dir = run(&RunArgs {
+        spec: spec.clone(),
+        force: false,
+        results: root.clone(),
+    })
+    .unwrap();
+    let (s, speed, theory) = (
+        column(&dir, "strategy"),
+        column(&dir, "speedup_over_contiguous"),
+        column(&dir, "theoretical_speedup"),
+    );
+    let get = |name: &str, col: usize| -> f64 {
+        rows(&dir).iter().find(|r| &r[s] == name).unwrap()[col]
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        get("zigzag", speed) >= 0.95 * 1.875,
+        "zigzag {}",
+        get("zigzag", speed)
+    );
+    assert!(get("striped", speed) >= 0.9 * get("striped", theory));
+    assert!((get("contiguous", speed) - 1.0).abs() < 1e-9);
+    assert!(
+        dir.join("results.md").exists()
+            && dir.join("speedup.svg").exists()
+            && dir.join("spec.toml").exists()
+    );
+
+    // Resume: a second run keeps every row and computes none.
+    let before = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+    run(&RunArgs {
+        spec,
+        force: false,
+        results: root.clone(),
+    })
+    .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("results.csv")).unwrap(),
+        before
+    );
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+#[test]
+fn overlap_table_matches_the_paper_within_five_percent() {
+    let mut checked = 0;
+    for p in PROFILES {
+        if let Some(paper) = p.paper_c_min {
+            let ratio = p.c_min() / paper;
+            assert!(
+                (ratio - 1.0).abs() <= 0.05,
+                "{}: c_min {:.0} vs paper {paper}",
+                p.name,
+                p.c_min()
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 5, "A100 NVLink, A100 InfiniBand, TPU v3, v4, v5e");
+}
+
+#[test]
+fn exposed_communication_has_its_knee_at_c_min() {
+    let root = temp("overlap");
+    let spec = root.join("overlap.toml");
+    std::fs::write(&spec, "kind = \"overlap\"\n[sweep]\nprofiles = [\"tpu-v4\"]\nblock_sizes = [512, 820, 1230, 2048]\n").unwrap();
+    let dir = run(&RunArgs {
+        spec,
+        force: false,
+        results: root.clone(),
+    })
+    .unwrap();
+    let exposed: Vec<f64> = rows(&dir)
+        .iter()
+        .map(|r| r[column(&dir, "exposed_comm_fraction")].parse().unwrap())
+        .collect();
+    // c_min(v4) ≈ 1026: exposed below it (0.8 c_min), none above it (1.2 c_min).
+    assert!(exposed[0] > 0.3 && exposed[1] > 0.0, "{exposed:?}");
+    assert_eq!(exposed[2], 0.0);
+    assert_eq!(exposed[3], 0.0);
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+#[test]
+fn malformed_specs_name_the_key_and_line() {
+    let root = temp("bad");
+    let cases = [
+        (
+            "kind = \"balance\"\n[sweep]\nstrategies = [\"zigzag\"]\nranks = [2]\nblock_sizes = [64]\nprofiles = [\"a100-nvlink\"]\nseeds = [1]\n",
+            "seeds",
+        ),
+        (
+            "kind = \"balance\"\n[sweep]\nstrategies = [\"spiral\"]\nranks = [2]\nblock_sizes = [64]\nprofiles = [\"a100-nvlink\"]\n",
+            ":3: sweep.strategies: unknown strategy 'spiral'",
+        ),
+        (
+            "kind = \"balance\"\n[sweep]\nstrategies = [\"zigzag\"]\nranks = []\nblock_sizes = [64]\nprofiles = [\"a100-nvlink\"]\n",
+            ":4: sweep.ranks is empty",
+        ),
+        (
+            "kind = \"overlap\"\n[sweep]\nprofiles = [\"tpu-v9\"]\nblock_sizes = [64]\n",
+            ":3: unknown profile 'tpu-v9'",
+        ),
+        (
+            "kind = \"overlap\"\n[sweep]\nprofiles = [\"tpu-v4\"]\nblock_sizes = [64]\nranks = [2]\n",
+            ":5: sweep.ranks is not used",
+        ),
+    ];
+    for (i, (text, message)) in cases.iter().enumerate() {
+        let spec = root.join(format!("bad{i}.toml"));
+        std::fs::write(&spec, text).unwrap();
+        let err = run(&RunArgs {
+            spec,
+            force: false,
+            results: root.clone(),
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(message), "expected '{message}' in: {err}");
+        if i == 0 {
+            assert!(
+                err.contains("line 7") || err.contains(":7"),
+                "the line of the unknown key: {err}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(root).unwrap();
+}
