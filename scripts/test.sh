@@ -11,16 +11,33 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
   rustup component add rustfmt clippy
 fi
 
+# apt packages: fontconfig/freetype and a font for the SVG figures (plotters' ttf feature); Open MPI
+# and clang (bindgen) for the `mpi` feature and its multi-process tests.
+missing=()
+pkg-config --exists fontconfig freetype2 2>/dev/null || missing+=(pkg-config libfontconfig1-dev libfreetype6-dev)
+fc-list 2>/dev/null | grep -q . || missing+=(fonts-dejavu-core)
+command -v mpirun >/dev/null 2>&1 && pkg-config --exists ompi 2>/dev/null || missing+=(libopenmpi-dev openmpi-bin)
+command -v clang >/dev/null 2>&1 && ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || missing+=(clang libclang-dev)
+if [ ${#missing[@]} -gt 0 ]; then
+  step "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}"
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+step "cargo clippy with the mpi feature"
+cargo clippy --workspace --all-targets --features experiments/mpi -- -D warnings
 
 step "cargo check --features cuda (compiles the optional CUDA backend; needs no GPU)"
 cargo check -p experiments --features cuda --target-dir target/cuda-check
 
-step "cargo test --workspace"
-cargo test --workspace 2>&1 | tee target/test.log
+step "cargo test --workspace, with the mpi feature (its tests start 4 processes with mpirun)"
+# As root, mpirun needs --allow-run-as-root; the tests pass it and --oversubscribe (4 ranks, 2 cores).
+cargo test --workspace --features experiments/mpi 2>&1 | tee target/test.log
 # Each test binary prints its own summary; add them up into one closing line.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log

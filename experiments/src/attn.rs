@@ -5,7 +5,7 @@ use anyhow::{Context, Result, bail};
 use burn::backend::{Autodiff, Flex};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use workbench::launch::{AttentionJob, run_attention};
+use workbench::launch::{AttentionJob, AttentionResult, run_attention};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 #[derive(Debug, clap::Args)]
@@ -42,9 +42,52 @@ pub struct AttnArgs {
     pub timeout: f64,
     #[arg(long)]
     pub out: PathBuf,
+    /// Fault injection (tests): this rank fails at its `--fail-step`-th ring exchange.
+    #[arg(long, requires = "fail_step")]
+    pub fail_rank: Option<usize>,
+    #[arg(long, requires = "fail_rank")]
+    pub fail_step: Option<usize>,
 }
 
-pub fn run(args: &AttnArgs) -> Result<()> {
+/// Runs the job on in-process threads, or, under `mpirun`, as this process's rank. Returns the
+/// results on the process that writes them (rank 0 under MPI).
+fn run(job: &AttentionJob, timeout: f64) -> Result<Option<AttentionResult>> {
+    #[cfg(feature = "mpi")]
+    if workbench::transport::launched_by_mpirun() {
+        use mpi::traits::Communicator;
+        use workbench::transport::{Comm, mpi::MpiTransport};
+        let universe = mpi::initialize()
+            .ok_or_else(|| anyhow::anyhow!("MPI was already initialized in this process"))?;
+        let transport = MpiTransport::new(universe.world(), Duration::from_secs_f64(timeout));
+        let comm = Comm::new(Box::new(transport));
+        let rank = comm.rank();
+        return match workbench::launch::run_attention_on::<Autodiff<Flex>>(
+            comm,
+            job,
+            &Default::default(),
+        ) {
+            Ok(result) => Ok((rank == 0).then_some(result)),
+            Err(e) => {
+                // One failed rank ends the whole job now, instead of leaving its peers to time out.
+                eprintln!("error: MPI rank {rank}: {e}");
+                universe.world().abort(1)
+            }
+        };
+    }
+    #[cfg(not(feature = "mpi"))]
+    if workbench::transport::launched_by_mpirun() {
+        bail!(
+            "started by mpirun, but this ringbench was built without the `mpi` feature (cargo build --features mpi)"
+        );
+    }
+    let _ = timeout;
+    Ok(Some(run_attention::<Autodiff<Flex>>(
+        job,
+        &Default::default(),
+    )?))
+}
+
+pub fn run_command(args: &AttnArgs) -> Result<()> {
     let q = npy::read(&args.q)?;
     let k = npy::read(&args.k)?;
     let v = npy::read(&args.v)?;
@@ -67,8 +110,11 @@ pub fn run(args: &AttnArgs) -> Result<()> {
             scale: None,
         },
         timeout: Duration::from_secs_f64(args.timeout),
+        fault: args.fail_rank.zip(args.fail_step),
     };
-    let result = run_attention::<Autodiff<Flex>>(&job, &Default::default())?;
+    let Some(result) = run(&job, args.timeout)? else {
+        return Ok(());
+    };
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let write = |name: &str, t| npy::write(&Path::new(&args.out).join(name), t);

@@ -174,6 +174,7 @@ pub fn run(command: &BenchCommand) -> Result<()> {
                     scale: None,
                 },
                 timeout: Duration::from_secs(3600),
+                fault: None,
             };
             let mut best = Measured {
                 seconds: f64::INFINITY,

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use workbench::RingBackend;
 use workbench::model::{Llama, LlamaConfig};
-use workbench::train::{Example, StepLog, TrainOptions, greedy, train};
+use workbench::train::{Decoding, Example, StepLog, TrainOptions, greedy, train};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 /// One row of `metrics.csv`.
@@ -173,16 +173,50 @@ pub fn load_checkpoint(dir: &Path) -> Result<(Llama<Flex>, LlamaConfig, Tokenize
             config.vocab
         );
     }
-    let model = config
-        .init::<Flex>(&Default::default())
+    let file = dir.join("model.mpk");
+    let fresh = config.init::<Flex>(&Default::default());
+    let expected = param_shapes(&fresh);
+    let model = fresh
         .load_file(dir.join("model"), &recorder(), &Default::default())
         .map_err(|e| {
             anyhow::anyhow!(
                 "{}: checkpoint does not match config.json: {e}",
-                dir.join("model.mpk").display()
+                file.display()
             )
         })?;
+    // Loading replaces parameters whatever their shapes: compare them with what the config builds.
+    let found = param_shapes(&model);
+    if let Some((want, got)) = expected.iter().zip(&found).find(|(a, b)| a != b) {
+        bail!(
+            "{}: checkpoint does not match config.json: a parameter has shape {got:?} where the config gives {want:?}",
+            file.display()
+        );
+    }
+    if expected.len() != found.len() {
+        bail!(
+            "{}: checkpoint does not match config.json: {} parameters, config gives {}",
+            file.display(),
+            found.len(),
+            expected.len()
+        );
+    }
     Ok((model, config, tokenizer))
+}
+
+/// Shapes of every float parameter, in module order.
+fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<Vec<usize>> {
+    struct Shapes(Vec<Vec<usize>>);
+    impl<B: Backend> burn::module::ModuleVisitor<B> for Shapes {
+        fn visit_float<const D: usize>(
+            &mut self,
+            param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
+        ) {
+            self.0.push(param.val().dims().to_vec());
+        }
+    }
+    let mut shapes = Shapes(Vec::new());
+    module.visit(&mut shapes);
+    shapes.0
 }
 
 #[derive(Debug, clap::Args)]
@@ -256,7 +290,8 @@ fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> 
         ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} eta {eta} {msg}")
             .context("template")?,
     );
-    let metrics = std::sync::Mutex::new(csv::Writer::from_path(t.out.join("metrics.csv"))?);
+    // Created by the first step's report, which only rank 0 makes (other MPI ranks must not truncate it).
+    let metrics: std::sync::Mutex<Option<csv::Writer<std::fs::File>>> = std::sync::Mutex::new(None);
     let start = Instant::now();
     let recent = std::sync::Mutex::new(std::collections::VecDeque::new());
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -268,14 +303,19 @@ fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> 
         ));
         bar.inc(1);
         let mut w = metrics.lock().expect("metrics lock");
-        let _ = w.serialize(MetricsRow {
-            step: log.step,
-            loss: log.loss,
-            lr: log.lr,
-            tokens_per_second: tokens_per_s,
-            elapsed_seconds: start.elapsed().as_secs_f64(),
-        });
-        let _ = w.flush();
+        if w.is_none() {
+            *w = csv::Writer::from_path(t.out.join("metrics.csv")).ok();
+        }
+        if let Some(w) = w.as_mut() {
+            let _ = w.serialize(MetricsRow {
+                step: log.step,
+                loss: log.loss,
+                lr: log.lr,
+                tokens_per_second: tokens_per_s,
+                elapsed_seconds: start.elapsed().as_secs_f64(),
+            });
+            let _ = w.flush();
+        }
         let mut r = recent.lock().expect("recent lock");
         r.push_back(log.loss);
         if r.len() > 50 {
@@ -286,14 +326,16 @@ fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> 
         if (t.stop_loss > 0.0 && r.len() == 50 && mean < t.stop_loss) || late {
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
         }
-        if bar.is_hidden() && (log.step % 50 == 0) {
+        if bar.is_hidden() && log.step.is_multiple_of(50) {
             println!(
                 "step {} loss {:.4} lr {:.2e} {:.0} tok/s",
                 log.step, log.loss, log.lr, tokens_per_s
             );
         }
     };
-    let trained = train(model, partition, &options, batch_for, on_step, &stop)?;
+    let Some(trained) = run_training(model, partition, &options, batch_for, on_step, &stop)? else {
+        return Ok(()); // a rank other than 0 under mpirun: rank 0 writes the checkpoint
+    };
     bar.finish();
     save_checkpoint(&t.out, &trained.model, &config, &tokenizer)?;
     println!(
@@ -304,6 +346,53 @@ fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> 
         t.out.display()
     );
     Ok(())
+}
+
+/// Trains on in-process threads, or, under `mpirun`, as this process's rank (then only rank 0 gets
+/// the model back; a failing rank aborts the whole job at once).
+fn run_training<B, F, L>(
+    model: Llama<B>,
+    partition: &dyn strategies::Partition,
+    options: &TrainOptions,
+    batch_for: F,
+    on_step: L,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<Option<workbench::train::Trained<B>>>
+where
+    B: AutodiffBackend + RingBackend,
+    F: Fn(usize) -> Vec<Example> + Sync,
+    L: Fn(&StepLog) + Sync,
+{
+    #[cfg(feature = "mpi")]
+    if workbench::transport::launched_by_mpirun() {
+        use mpi::traits::Communicator;
+        use workbench::transport::{Comm, mpi::MpiTransport};
+        let universe =
+            mpi::initialize().ok_or_else(|| anyhow::anyhow!("MPI was already initialized"))?;
+        let comm = Comm::new(Box::new(MpiTransport::new(
+            universe.world(),
+            options.timeout,
+        )));
+        let rank = comm.rank();
+        return match workbench::train::train_on(
+            comm, model, partition, options, batch_for, on_step, stop,
+        ) {
+            Ok(trained) => Ok(trained),
+            Err(e) => {
+                eprintln!("error: MPI rank {rank}: {e}");
+                universe.world().abort(1)
+            }
+        };
+    }
+    #[cfg(not(feature = "mpi"))]
+    if workbench::transport::launched_by_mpirun() {
+        bail!(
+            "started by mpirun, but this ringbench was built without the `mpi` feature (cargo build --features mpi)"
+        );
+    }
+    Ok(Some(train(
+        model, partition, options, batch_for, on_step, stop,
+    )?))
 }
 
 #[derive(Debug, clap::Args)]
@@ -350,16 +439,15 @@ pub fn run_eval(args: &EvalArgs) -> Result<Vec<AccuracyRow>> {
                     .collect()
             })
             .collect();
-        let replies = greedy(
-            &model,
-            &prompts,
-            8,
-            EOS,
+        let decoding = Decoding {
+            max_new: 8,
+            stop: EOS,
+            pad: EOS,
             partition,
-            args.ranks,
-            EOS,
-            Duration::from_secs(600),
-        )?;
+            ranks: args.ranks,
+            timeout: Duration::from_secs(600),
+        };
+        let replies = greedy(&model, &prompts, &decoding)?;
         for (case, reply) in chunk.iter().zip(replies) {
             let text = tokenizer.decode(&reply)?;
             let entry = tally.entry(case.num_lines).or_default();

@@ -39,7 +39,7 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Attn(args) => attn::run(args),
+        Command::Attn(args) => attn::run_command(args),
         Command::Bench(command) => bench::run(command),
         Command::Train(args) => line_retrieval::run_train(args),
         Command::EvalLines(args) => line_retrieval::run_eval(args).map(|_| ()),

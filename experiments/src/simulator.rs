@@ -23,8 +23,8 @@ pub fn simulate(compute: &[Vec<f64>], link_seconds: f64) -> Simulation {
     let mut start = vec![0.0f64; n];
     let mut end = vec![0.0f64; n];
     for s in 0..steps {
-        for r in 0..n {
-            end[r] = start[r] + compute[r][s];
+        for ((end, start), work) in end.iter_mut().zip(&start).zip(compute) {
+            *end = start + work[s];
         }
         if s + 1 < steps {
             start = (0..n)

@@ -309,3 +309,38 @@ max_minutes = 0.0
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_failing_rank_stops_the_job_naming_it() {
+    let f = |n: &str| fixture(n).to_string_lossy().into_owned();
+    let out = temp_dir("fault");
+    let start = std::time::Instant::now();
+    let output = ringbench(&[
+        "attn",
+        "--q",
+        &f("q.npy"),
+        "--k",
+        &f("k.npy"),
+        "--v",
+        &f("v.npy"),
+        "--do",
+        &f("do.npy"),
+        "--ranks",
+        "4",
+        "--fail-rank",
+        "2",
+        "--fail-step",
+        "1",
+        "--timeout",
+        "20",
+        "--out",
+        &out.to_string_lossy(),
+    ]);
+    assert!(start.elapsed() < std::time::Duration::from_secs(60));
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("rank 2 failed: injected fault at its ring exchange 1"),
+        "{stderr}"
+    );
+}

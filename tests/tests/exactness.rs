@@ -75,6 +75,7 @@ fn run(
         strategy: by_name(strategy).unwrap(),
         config,
         timeout: Duration::from_secs(30),
+        fault: None,
     };
     run_attention::<B>(&job, &Default::default())
 }

@@ -27,6 +27,8 @@ pub enum TransportError {
         expected: usize,
         got: usize,
     },
+    #[error("rank {rank} failed: injected fault at its ring exchange {step}")]
+    Injected { rank: usize, step: usize },
     #[error("rank {rank} failed: {message}")]
     RankFailed { rank: usize, message: String },
 }

@@ -213,6 +213,36 @@ fn mask(s: &mut [f32], pos_q: &[usize], r0: usize, pos_k: &[usize]) {
     }
 }
 
+/// Scores of one sub-tile, `scale · q[r0..r0 + nr] · k[c0..c0 + nc]ᵀ`, into `s` (`nr × nc`), with
+/// invisible pairs set to −∞ when the sub-tile is only partly visible.
+#[allow(clippy::too_many_arguments)]
+fn scores(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    d: usize,
+    (r0, nr): (usize, usize),
+    (c0, nc): (usize, usize),
+    scale: f32,
+    cover: Cover,
+    pos_q: &[usize],
+    pos_kc: &[usize],
+) {
+    matmul(
+        s,
+        &q[r0 * d..],
+        (d, 1),
+        &k[c0 * d..],
+        (1, d),
+        (nr, nc, d),
+        scale,
+        false,
+    );
+    if cover == Cover::Partial {
+        mask(s, pos_q, r0, pos_kc);
+    }
+}
+
 /// Online-softmax accumulator of one rank's queries over the key/value blocks of a ring pass.
 #[derive(Debug, Clone)]
 pub struct OnlineSoftmax {
@@ -276,19 +306,7 @@ impl OnlineSoftmax {
                             continue;
                         }
                         let s = &mut s[..nr * nc];
-                        matmul(
-                            s,
-                            &q[r0 * d..],
-                            (d, 1),
-                            &k[c0 * d..],
-                            (1, d),
-                            (nr, nc, d),
-                            scale,
-                            false,
-                        );
-                        if cover == Cover::Partial {
-                            mask(s, pos_q, r0, pos_kc);
-                        }
+                        scores(s, q, k, d, (r0, nr), (c0, nc), scale, cover, pos_q, pos_kc);
                         for (i, row) in s.chunks_mut(nc).enumerate() {
                             let r = r0 + i;
                             let m_new = m[r].max(row_max(row));
@@ -384,19 +402,18 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                         continue;
                     }
                     let (p, ds) = (&mut p[..nr * nc], &mut ds[..nr * nc]);
-                    matmul(
+                    scores(
                         p,
-                        &q[r0 * d..],
-                        (d, 1),
-                        &k[c0 * d..],
-                        (1, d),
-                        (nr, nc, d),
+                        q,
+                        k,
+                        d,
+                        (r0, nr),
+                        (c0, nc),
                         t.scale,
-                        false,
+                        cover,
+                        t.pos_q,
+                        pos_kc,
                     );
-                    if cover == Cover::Partial {
-                        mask(p, t.pos_q, r0, pos_kc);
-                    }
                     for (i, row) in p.chunks_mut(nc).enumerate() {
                         exp_shift(row, lse[r0 + i]);
                     }

@@ -5,7 +5,7 @@
 use crate::config::{RingConfig, RingContext, StepEvent};
 use crate::error::RingError;
 use crate::ops::{RingBackend, ring_attention};
-use crate::transport::{Traffic, TransportError, run_ranks};
+use crate::transport::{Comm, Traffic, TransportError, run_ranks};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use std::sync::Arc;
@@ -45,6 +45,8 @@ pub struct AttentionJob<'a> {
     pub strategy: &'a dyn Partition,
     pub config: RingConfig,
     pub timeout: Duration,
+    /// Fault injection for tests: `(rank, step)` fails that rank at its `step`-th ring exchange.
+    pub fault: Option<(usize, usize)>,
 }
 
 /// Gradients with respect to q, k, v, in the inputs' layout.
@@ -133,13 +135,111 @@ fn unshard_batched(layout: &Layout, shards: &[Vec<f32>], batch: usize, row: usiz
     global
 }
 
-/// Picks the error that caused the others: a rank's own failure over its peers' "gone away".
-/// `errors` is not empty.
+/// Picks the error that caused the others: a rank's own failure over the timeouts and "gone away"
+/// errors it caused in its peers. `errors` is not empty.
 fn root_cause(mut errors: Vec<RingError>) -> RingError {
-    let is_echo =
-        |e: &RingError| matches!(e, RingError::Transport(TransportError::PeerGone { .. }));
-    let first_cause = errors.iter().position(|e| !is_echo(e)).unwrap_or(0);
-    errors.swap_remove(first_cause)
+    let rank = |e: &RingError| match e {
+        RingError::Transport(TransportError::PeerGone { .. }) => 2,
+        RingError::Transport(TransportError::Timeout { .. }) => 1,
+        _ => 0,
+    };
+    let first = (0..errors.len())
+        .min_by_key(|&i| (rank(&errors[i]), i))
+        .unwrap_or(0);
+    errors.swap_remove(first)
+}
+
+/// The job's inputs split by the layout: per rank `[b, t, h, d]` shards.
+struct Shards {
+    layout: Arc<Layout>,
+    dims: [usize; 4],
+    kv_heads: usize,
+    q: Vec<Vec<f32>>,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    d_out: Option<Vec<Vec<f32>>>,
+}
+
+fn shard_job(job: &AttentionJob) -> Result<Shards, RingError> {
+    let (dims, kv_heads) = check_job(job)?;
+    let [batch, seq, heads, head_dim] = dims;
+    let layout = Arc::new(job.strategy.layout(seq, job.ranks)?);
+    let shards = |t: &HostTensor, h: usize| shard_batched(&layout, &t.data, batch, h * head_dim);
+    Ok(Shards {
+        q: shards(job.q, heads),
+        k: shards(job.k, kv_heads),
+        v: shards(job.v, kv_heads),
+        d_out: job.d_out.map(|t| shards(t, heads)),
+        layout,
+        dims,
+        kv_heads,
+    })
+}
+
+/// One rank's part of the job: forward, and with dO the backward, on this rank's shards.
+fn attend_rank<B>(
+    mut comm: Comm,
+    job: &AttentionJob,
+    s: &Shards,
+    device: &B::Device,
+) -> Result<(RankOutput, Arc<RingContext>), RingError>
+where
+    B: AutodiffBackend + RingBackend,
+{
+    let [batch, _, heads, head_dim] = s.dims;
+    let rank = comm.rank();
+    if let Some((failing, step)) = job.fault
+        && failing == rank
+    {
+        comm.inject_fault(step);
+    }
+    let ctx = Arc::new(RingContext::new(comm, s.layout.clone(), job.config)?);
+    let local = s.layout.shard_len(rank);
+    // [b, t, h, d] → [b, h, t, d]
+    let load = |data: &[f32], h: usize| {
+        Tensor::<B, 4>::from_data(
+            TensorData::new(data.to_vec(), [batch, local, h, head_dim]),
+            device,
+        )
+        .swap_dims(1, 2)
+    };
+    let train = s.d_out.is_some();
+    let track = |t: Tensor<B, 4>| if train { t.require_grad() } else { t };
+    let q = track(load(&s.q[rank], heads));
+    let k = track(load(&s.k[rank], s.kv_heads));
+    let v = track(load(&s.v[rank], s.kv_heads));
+    let (out, lse) = ring_attention(q.clone(), k.clone(), v.clone(), &ctx)?;
+    let host = |t: Tensor<B::InnerBackend, 4>| {
+        t.swap_dims(1, 2)
+            .into_data()
+            .into_vec::<f32>()
+            .expect("f32 backend")
+    };
+    let grads = match &s.d_out {
+        None => None,
+        Some(d_out) => {
+            let loss = (out.clone() * load(&d_out[rank], heads)).sum();
+            let grads = loss.backward();
+            if let Some(error) = ctx.take_backward_error() {
+                return Err(error);
+            }
+            let grad = |t: &Tensor<B, 4>| t.grad(&grads).map(host).unwrap_or_default();
+            Some([grad(&q), grad(&k), grad(&v)])
+        }
+    };
+    let output = RankOutput {
+        out: host(out.inner()),
+        lse: lse
+            .inner()
+            .swap_dims(1, 2)
+            .into_data()
+            .into_vec::<f32>()
+            .expect("f32 backend"),
+        grads,
+        traffic: ctx.take_traffic(),
+        events: ctx.take_events(),
+    };
+    Ok((output, ctx))
 }
 
 /// Runs ring attention (and, with `d_out`, its backward) on `job.ranks` threads.
@@ -150,66 +250,10 @@ pub fn run_attention<B>(
 where
     B: AutodiffBackend + RingBackend,
 {
-    let ([batch, seq, heads, head_dim], kv_heads) = check_job(job)?;
-    let layout = Arc::new(job.strategy.layout(seq, job.ranks)?);
-    let shards = |t: &HostTensor, h: usize| shard_batched(&layout, &t.data, batch, h * head_dim);
-    let (q, k, v) = (
-        shards(job.q, heads),
-        shards(job.k, kv_heads),
-        shards(job.v, kv_heads),
-    );
-    let d_out = job.d_out.map(|t| shards(t, heads));
-
+    let shards = shard_job(job)?;
     let results = run_ranks(job.ranks, job.timeout, |comm| {
-        let rank = comm.rank();
-        let ctx = Arc::new(RingContext::new(comm, layout.clone(), job.config)?);
-        let local = layout.shard_len(rank);
-        // [b, t, h, d] → [b, h, t, d]
-        let load = |data: &[f32], h: usize| {
-            Tensor::<B, 4>::from_data(
-                TensorData::new(data.to_vec(), [batch, local, h, head_dim]),
-                device,
-            )
-            .swap_dims(1, 2)
-        };
-        let train = d_out.is_some();
-        let track = |t: Tensor<B, 4>| if train { t.require_grad() } else { t };
-        let q = track(load(&q[rank], heads));
-        let k = track(load(&k[rank], kv_heads));
-        let v = track(load(&v[rank], kv_heads));
-        let (out, lse) = ring_attention(q.clone(), k.clone(), v.clone(), &ctx)?;
-        let host = |t: Tensor<B::InnerBackend, 4>| {
-            t.swap_dims(1, 2)
-                .into_data()
-                .into_vec::<f32>()
-                .expect("f32 backend")
-        };
-        let grads = match &d_out {
-            None => None,
-            Some(d_out) => {
-                let loss = (out.clone() * load(&d_out[rank], heads)).sum();
-                let grads = loss.backward();
-                if let Some(error) = ctx.take_backward_error() {
-                    return Err(error);
-                }
-                let grad = |t: &Tensor<B, 4>| t.grad(&grads).map(host).unwrap_or_default();
-                Some([grad(&q), grad(&k), grad(&v)])
-            }
-        };
-        Ok(RankOutput {
-            out: host(out.inner()),
-            lse: lse
-                .inner()
-                .swap_dims(1, 2)
-                .into_data()
-                .into_vec::<f32>()
-                .expect("f32 backend"),
-            grads,
-            traffic: ctx.take_traffic(),
-            events: ctx.take_events(),
-        })
+        attend_rank::<B>(comm, job, &shards, device).map(|(output, _)| output)
     });
-
     let mut outputs = Vec::new();
     let mut errors = Vec::new();
     for result in results {
@@ -221,10 +265,78 @@ where
     if !errors.is_empty() {
         return Err(root_cause(errors));
     }
+    Ok(assemble(job, &shards, outputs))
+}
 
+/// Runs this process's rank of the job over `comm` (one process per rank, e.g. under `mpirun`), then
+/// gathers every rank's results so that each process returns the whole job's outputs. Traffic and
+/// events are this rank's only; the other ranks' entries are empty.
+pub fn run_attention_on<B>(
+    comm: Comm,
+    job: &AttentionJob,
+    device: &B::Device,
+) -> Result<AttentionResult, RingError>
+where
+    B: AutodiffBackend + RingBackend,
+{
+    if comm.world() != job.ranks {
+        return Err(RingError::WorldMismatch {
+            world: comm.world(),
+            layout: job.ranks,
+        });
+    }
+    let shards = shard_job(job)?;
+    let rank = comm.rank();
+    let (mine, ctx) = attend_rank::<B>(comm, job, &shards, device)?;
+    // Every output is gathered by a sum over rank-indexed slots (adding zeros is exact).
+    let gather = |part: &[f32]| -> Result<Vec<Vec<f32>>, RingError> {
+        let n = part.len();
+        let mut slots = vec![0.0f32; n * job.ranks];
+        slots[rank * n..(rank + 1) * n].copy_from_slice(part);
+        ctx.with_comm(|c| c.all_reduce_sum(&mut slots))?;
+        Ok(slots.chunks(n.max(1)).map(<[f32]>::to_vec).collect())
+    };
+    let outs = gather(&mine.out)?;
+    let lses = gather(&mine.lse)?;
+    let grads: Option<Vec<[Vec<f32>; 3]>> = match &mine.grads {
+        None => None,
+        Some([dq, dk, dv]) => {
+            let (dq, dk, dv) = (gather(dq)?, gather(dk)?, gather(dv)?);
+            Some(
+                (0..job.ranks)
+                    .map(|r| [dq[r].clone(), dk[r].clone(), dv[r].clone()])
+                    .collect(),
+            )
+        }
+    };
+    let outputs = (0..job.ranks)
+        .map(|r| RankOutput {
+            out: outs[r].clone(),
+            lse: lses[r].clone(),
+            grads: grads.as_ref().map(|g| g[r].clone()),
+            traffic: if r == rank {
+                mine.traffic.clone()
+            } else {
+                Traffic::default()
+            },
+            events: if r == rank {
+                mine.events.clone()
+            } else {
+                Vec::new()
+            },
+        })
+        .collect();
+    Ok(assemble(job, &shards, outputs))
+}
+
+/// Puts the ranks' outputs back into the job's layout.
+fn assemble(job: &AttentionJob, shards: &Shards, outputs: Vec<RankOutput>) -> AttentionResult {
+    let [batch, seq, heads, head_dim] = shards.dims;
+    let kv_heads = shards.kv_heads;
+    let layout = &shards.layout;
     let gather = |pick: &dyn Fn(&RankOutput) -> &Vec<f32>, row: usize| {
         let shards: Vec<Vec<f32>> = outputs.iter().map(|o| pick(o).clone()).collect();
-        unshard_batched(&layout, &shards, batch, row)
+        unshard_batched(layout, &shards, batch, row)
     };
     let out = HostTensor::new(
         vec![batch, seq, heads, head_dim],
@@ -254,11 +366,11 @@ where
             dv: g(2, kv_heads),
         }
     });
-    Ok(AttentionResult {
+    AttentionResult {
         out,
         lse: HostTensor::new(vec![batch, heads, seq], lse),
         grads,
         traffic: outputs.iter().map(|o| o.traffic.clone()).collect(),
         events: outputs.into_iter().map(|o| o.events).collect(),
-    })
+    }
 }

@@ -6,7 +6,7 @@ use crate::config::{RingConfig, RingContext};
 use crate::error::{RingError, TransportError};
 use crate::model::{Llama, LlamaConfig};
 use crate::ops::RingBackend;
-use crate::transport::run_ranks;
+use crate::transport::{Comm, run_ranks};
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::ElementConversion;
@@ -292,102 +292,9 @@ where
     F: Fn(usize) -> Vec<Example> + Sync,
     L: Fn(&StepLog) + Sync,
 {
-    let ring = RingConfig {
-        causal: true,
-        ..options.ring
-    };
-    let results = run_ranks(
-        options.ranks,
-        options.timeout,
-        |comm| -> Result<Option<Trained<B>>, TrainError> {
-            let rank = comm.rank();
-            let first = batch_for(0);
-            let first_len = assemble(&first, partition, options.ranks, options.pad_token).len;
-            let mut ctx = Arc::new(RingContext::new(
-                comm,
-                Arc::new(partition.layout(first_len, options.ranks)?),
-                ring,
-            )?);
-            let mut model = model.clone().fork(&Default::default());
-            let mut optim = AdamWConfig::new()
-                .with_weight_decay(options.weight_decay)
-                .init::<B, Llama<B>>();
-            let mut losses = Vec::with_capacity(options.steps);
-            for step in 0..options.steps {
-                let start = Instant::now();
-                let examples = if step == 0 {
-                    first.clone()
-                } else {
-                    batch_for(step)
-                };
-                if examples.is_empty() {
-                    return Err(TrainError::EmptyBatch { step });
-                }
-                let batch = assemble(&examples, partition, options.ranks, options.pad_token);
-                if batch.len != ctx.layout.seq_len {
-                    ctx = Arc::new(
-                        ctx.with_layout(Arc::new(partition.layout(batch.len, options.ranks)?))?,
-                    );
-                }
-                let loss = local_loss(&model, &batch, &ctx.layout, &ctx)?;
-                let stop_requested = rank == 0 && stop.load(Ordering::Relaxed);
-                let mut reduced = [
-                    loss.clone().into_scalar().elem::<f32>(),
-                    f32::from(u8::from(stop_requested)),
-                ];
-                let grads = loss.backward();
-                if let Some(error) = ctx.take_backward_error() {
-                    return Err(error.into());
-                }
-                let mut params = GradientsParams::from_grads(grads, &model);
-                let mut flatten = Flatten {
-                    grads: &mut params,
-                    flat: Vec::new(),
-                };
-                model.visit(&mut flatten);
-                let mut flat = flatten.flat;
-                ctx.with_comm(|c| c.all_reduce_sum(&mut flat))?;
-                if let Some(max_norm) = options.grad_clip {
-                    clip_global_norm(&mut flat, max_norm);
-                }
-                ctx.with_comm(|c| c.all_reduce_sum(&mut reduced))?;
-                let mut unflatten = Unflatten {
-                    flat: &flat,
-                    offset: 0,
-                    grads: GradientsParams::new(),
-                };
-                model.visit(&mut unflatten);
-                let lr = learning_rate(options, step);
-                model = optim.step(lr, model, unflatten.grads);
-                losses.push(f64::from(reduced[0]));
-                if options.checksum_every > 0 && (step + 1) % options.checksum_every == 0 {
-                    let mine = checksum::<B, _>(&model);
-                    let mut sum = mine;
-                    ctx.with_comm(|c| c.all_reduce_sum(&mut sum))?;
-                    if sum
-                        .iter()
-                        .zip(&mine)
-                        .any(|(s, m)| *s != m * options.ranks as f32)
-                    {
-                        return Err(TrainError::ReplicaMismatch { step, rank });
-                    }
-                }
-                if rank == 0 {
-                    on_step(&StepLog {
-                        step,
-                        loss: f64::from(reduced[0]),
-                        lr,
-                        tokens: batch.batch * batch.len,
-                        seconds: start.elapsed().as_secs_f64(),
-                    });
-                }
-                if reduced[1] > 0.0 {
-                    break;
-                }
-            }
-            Ok((rank == 0).then_some(Trained { model, losses }))
-        },
-    );
+    let results = run_ranks(options.ranks, options.timeout, |comm| {
+        train_rank(comm, &model, partition, options, &batch_for, &on_step, stop)
+    });
     let mut trained = None;
     let mut errors = Vec::new();
     for r in results {
@@ -403,31 +310,179 @@ where
     Ok(trained.expect("rank 0 returns the model"))
 }
 
-/// A rank's own error over its peers' "gone away" echoes.
-fn pick_root(mut errors: Vec<TrainError>) -> Option<TrainError> {
-    let echo = |e: &TrainError| {
-        matches!(
-            e,
-            TrainError::Ring(RingError::Transport(TransportError::PeerGone { .. }))
-        )
+/// This process's rank of a training run over `comm` (one process per rank, e.g. under `mpirun`).
+/// Rank 0 returns the model and losses; the other ranks return `None`.
+pub fn train_on<B, F, L>(
+    comm: Comm,
+    model: Llama<B>,
+    partition: &dyn Partition,
+    options: &TrainOptions,
+    batch_for: F,
+    on_step: L,
+    stop: &AtomicBool,
+) -> Result<Option<Trained<B>>, TrainError>
+where
+    B: AutodiffBackend + RingBackend,
+    F: Fn(usize) -> Vec<Example>,
+    L: Fn(&StepLog),
+{
+    if comm.world() != options.ranks {
+        return Err(RingError::WorldMismatch {
+            world: comm.world(),
+            layout: options.ranks,
+        }
+        .into());
+    }
+    train_rank(comm, &model, partition, options, &batch_for, &on_step, stop)
+}
+
+/// One rank's training loop.
+fn train_rank<B, F, L>(
+    comm: Comm,
+    model: &Llama<B>,
+    partition: &dyn Partition,
+    options: &TrainOptions,
+    batch_for: &F,
+    on_step: &L,
+    stop: &AtomicBool,
+) -> Result<Option<Trained<B>>, TrainError>
+where
+    B: AutodiffBackend + RingBackend,
+    F: Fn(usize) -> Vec<Example>,
+    L: Fn(&StepLog),
+{
+    let ring = RingConfig {
+        causal: true,
+        ..options.ring
     };
-    let i = errors.iter().position(|e| !echo(e)).unwrap_or(0);
-    (!errors.is_empty()).then(|| errors.swap_remove(i))
+    let rank = comm.rank();
+    let first = batch_for(0);
+    let first_len = assemble(&first, partition, options.ranks, options.pad_token).len;
+    let mut ctx = Arc::new(RingContext::new(
+        comm,
+        Arc::new(partition.layout(first_len, options.ranks)?),
+        ring,
+    )?);
+    let mut model = model.clone().fork(&Default::default());
+    let mut optim = AdamWConfig::new()
+        .with_weight_decay(options.weight_decay)
+        .init::<B, Llama<B>>();
+    let mut losses = Vec::with_capacity(options.steps);
+    for step in 0..options.steps {
+        let start = Instant::now();
+        let examples = if step == 0 {
+            first.clone()
+        } else {
+            batch_for(step)
+        };
+        if examples.is_empty() {
+            return Err(TrainError::EmptyBatch { step });
+        }
+        let batch = assemble(&examples, partition, options.ranks, options.pad_token);
+        if batch.len != ctx.layout.seq_len {
+            ctx = Arc::new(ctx.with_layout(Arc::new(partition.layout(batch.len, options.ranks)?))?);
+        }
+        let loss = local_loss(&model, &batch, &ctx.layout, &ctx)?;
+        let stop_requested = rank == 0 && stop.load(Ordering::Relaxed);
+        let mut reduced = [
+            loss.clone().into_scalar().elem::<f32>(),
+            f32::from(u8::from(stop_requested)),
+        ];
+        let grads = loss.backward();
+        if let Some(error) = ctx.take_backward_error() {
+            return Err(error.into());
+        }
+        let mut params = GradientsParams::from_grads(grads, &model);
+        let mut flatten = Flatten {
+            grads: &mut params,
+            flat: Vec::new(),
+        };
+        model.visit(&mut flatten);
+        let mut flat = flatten.flat;
+        ctx.with_comm(|c| c.all_reduce_sum(&mut flat))?;
+        if let Some(max_norm) = options.grad_clip {
+            clip_global_norm(&mut flat, max_norm);
+        }
+        ctx.with_comm(|c| c.all_reduce_sum(&mut reduced))?;
+        let mut unflatten = Unflatten {
+            flat: &flat,
+            offset: 0,
+            grads: GradientsParams::new(),
+        };
+        model.visit(&mut unflatten);
+        let lr = learning_rate(options, step);
+        model = optim.step(lr, model, unflatten.grads);
+        losses.push(f64::from(reduced[0]));
+        if options.checksum_every > 0 && (step + 1) % options.checksum_every == 0 {
+            let mine = checksum::<B, _>(&model);
+            let mut sum = mine;
+            ctx.with_comm(|c| c.all_reduce_sum(&mut sum))?;
+            if sum
+                .iter()
+                .zip(&mine)
+                .any(|(s, m)| *s != m * options.ranks as f32)
+            {
+                return Err(TrainError::ReplicaMismatch { step, rank });
+            }
+        }
+        if rank == 0 {
+            on_step(&StepLog {
+                step,
+                loss: f64::from(reduced[0]),
+                lr,
+                tokens: batch.batch * batch.len,
+                seconds: start.elapsed().as_secs_f64(),
+            });
+        }
+        if reduced[1] > 0.0 {
+            break;
+        }
+    }
+    Ok((rank == 0).then_some(Trained { model, losses }))
+}
+
+/// A rank's own error over the timeouts and "gone away" errors it caused in its peers.
+fn pick_root(mut errors: Vec<TrainError>) -> Option<TrainError> {
+    let rank = |e: &TrainError| match e {
+        TrainError::Ring(RingError::Transport(TransportError::PeerGone { .. })) => 2,
+        TrainError::Ring(RingError::Transport(TransportError::Timeout { .. })) => 1,
+        _ => 0,
+    };
+    let first = (0..errors.len()).min_by_key(|&i| (rank(&errors[i]), i))?;
+    Some(errors.swap_remove(first))
 }
 
 /// Greedy continuation of each prompt (up to `max_new` tokens, stopping at `stop`), on `ranks` ranks.
 ///
+/// See [`Decoding`] for the options.
+///
 /// Each step runs the full sequence through the ring (no KV cache): evaluation, not serving.
+/// How [`greedy`] decodes and where it runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Decoding<'a> {
+    pub max_new: usize,
+    /// Generation of a row ends at this token (not included in the reply).
+    pub stop: u32,
+    /// Pads rows to a length the partition accepts; causal attention keeps it out of real positions.
+    pub pad: u32,
+    pub partition: &'a dyn Partition,
+    pub ranks: usize,
+    pub timeout: Duration,
+}
+
 pub fn greedy<B: RingBackend>(
     model: &Llama<B>,
     prompts: &[Vec<u32>],
-    max_new: usize,
-    stop: u32,
-    partition: &dyn Partition,
-    ranks: usize,
-    pad: u32,
-    timeout: Duration,
+    decoding: &Decoding,
 ) -> Result<Vec<Vec<u32>>, RingError> {
+    let Decoding {
+        max_new,
+        stop,
+        pad,
+        partition,
+        ranks,
+        timeout,
+    } = *decoding;
     let mut seqs: Vec<Vec<u32>> = prompts.to_vec();
     let mut done = vec![false; prompts.len()];
     let mut replies = vec![Vec::new(); prompts.len()];

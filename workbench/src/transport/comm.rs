@@ -44,6 +44,8 @@ pub struct Comm {
     transport: Box<dyn Transport>,
     next_tag: u64,
     traffic: Traffic,
+    exchanges: usize,
+    fail_at: Option<usize>,
 }
 
 impl Comm {
@@ -52,7 +54,14 @@ impl Comm {
             transport,
             next_tag: 0,
             traffic: Traffic::default(),
+            exchanges: 0,
+            fail_at: None,
         }
+    }
+
+    /// Fault injection for tests: this rank fails at its `step`-th ring exchange (counting from 0).
+    pub fn inject_fault(&mut self, step: usize) {
+        self.fail_at = Some(step);
     }
 
     pub fn rank(&self) -> usize {
@@ -85,6 +94,13 @@ impl Comm {
         from: usize,
         payload: Payload,
     ) -> Result<Pending, TransportError> {
+        if self.fail_at == Some(self.exchanges) {
+            return Err(TransportError::Injected {
+                rank: self.rank(),
+                step: self.exchanges,
+            });
+        }
+        self.exchanges += 1;
         let tag = self.tag();
         self.traffic
             .sends
@@ -94,13 +110,24 @@ impl Comm {
                 cargo: block.cargo,
                 bytes: block.bytes(),
             }));
-        let pending = self.transport.send_recv(to, from, tag, payload)?;
-        self.transport.commit()?;
+        let posted = self.transport.send_recv(to, from, tag, payload);
+        let pending = self.failed(posted)?;
+        let committed = self.transport.commit();
+        self.failed(committed)?;
         Ok(pending)
     }
 
+    /// Passes `result` through; an error first aborts the transport so that peers learn of it now.
+    fn failed<T>(&mut self, result: Result<T, TransportError>) -> Result<T, TransportError> {
+        if result.is_err() {
+            self.transport.abort();
+        }
+        result
+    }
+
     pub fn wait(&mut self, pending: Pending) -> Result<Payload, TransportError> {
-        self.transport.wait(pending)
+        let received = self.transport.wait(pending);
+        self.failed(received)
     }
 
     pub fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), TransportError> {
@@ -112,11 +139,13 @@ impl Comm {
             cargo: crate::block::Cargo::Reduce,
             bytes: (world.saturating_sub(1)) * (data.len() * 4) as u64,
         });
-        self.transport.all_reduce_sum(tag, data)
+        let reduced = self.transport.all_reduce_sum(tag, data);
+        self.failed(reduced)
     }
 
     pub fn barrier(&mut self) -> Result<(), TransportError> {
         let tag = self.tag();
-        self.transport.barrier(tag)
+        let done = self.transport.barrier(tag);
+        self.failed(done)
     }
 }

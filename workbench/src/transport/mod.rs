@@ -3,6 +3,8 @@
 //! Transports move blocks; [`Comm`] wraps any transport and counts traffic once for all of them.
 
 mod comm;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod threads;
 
 pub use comm::{Comm, Phase, SendRecord, Traffic};
@@ -14,6 +16,14 @@ use std::sync::Arc;
 
 /// Blocks shared between sender and receiver without copying (in-process) or serialized (MPI).
 pub type Payload = Vec<Arc<Block>>;
+
+/// Whether an MPI launcher (Open MPI, MPICH, PMIx) started this process with more than one rank.
+pub fn launched_by_mpirun() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .any(|n| n.parse::<usize>().is_ok_and(|n| n > 1))
+}
 
 /// A posted receive, redeemed with [`Transport::wait`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,4 +53,7 @@ pub trait Transport: Send + std::fmt::Debug {
     fn barrier(&mut self, tag: u64) -> Result<(), TransportError> {
         self.all_reduce_sum(tag, &mut [])
     }
+    /// Called once this rank has failed: make the failure visible to the peers now (they may be
+    /// blocked waiting for this rank) rather than when the rank's thread or process ends.
+    fn abort(&mut self) {}
 }

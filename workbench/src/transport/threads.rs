@@ -53,12 +53,12 @@ pub fn thread_ring(world: usize, timeout: Duration) -> Vec<ThreadTransport> {
 
 impl ThreadTransport {
     fn post(&self, to: usize, tag: u64, payload: Payload) -> Result<(), TransportError> {
-        self.to[to]
-            .send(Envelope { tag, payload })
-            .map_err(|_| TransportError::PeerGone {
-                rank: self.rank,
-                peer: to,
-            })
+        let gone = || TransportError::PeerGone {
+            rank: self.rank,
+            peer: to,
+        };
+        let sender = self.to.get(to).ok_or_else(gone)?;
+        sender.send(Envelope { tag, payload }).map_err(|_| gone())
     }
 
     fn receive(&mut self, from: usize, tag: u64) -> Result<Payload, TransportError> {
@@ -101,7 +101,7 @@ impl Transport for ThreadTransport {
     }
 
     fn world(&self) -> usize {
-        self.to.len()
+        self.from.len()
     }
 
     fn send_recv(
@@ -121,6 +121,11 @@ impl Transport for ThreadTransport {
 
     fn wait(&mut self, pending: Pending) -> Result<Payload, TransportError> {
         self.receive(pending.from, pending.tag)
+    }
+
+    /// Closes this rank's sending ends: every peer waiting on it sees `PeerGone` at once.
+    fn abort(&mut self) {
+        self.to.clear();
     }
 
     fn all_reduce_sum(&mut self, tag: u64, data: &mut [f32]) -> Result<(), TransportError> {

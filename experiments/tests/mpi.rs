@@ -1,0 +1,184 @@
+//! Multi-process ranks under `mpirun` give the same results as in-process threads (feature `mpi`).
+#![cfg(feature = "mpi")]
+
+use experiments::npy;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/attn_gqa")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ringbench-mpi-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn threads(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ringbench"))
+        .args(args)
+        .output()
+        .expect("running ringbench")
+}
+
+fn mpirun(ranks: usize, args: &[&str]) -> Output {
+    Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-n",
+            &ranks.to_string(),
+            env!("CARGO_BIN_EXE_ringbench"),
+        ])
+        .args(args)
+        .output()
+        .expect("running mpirun (apt-get install openmpi-bin)")
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).fold(0.0, |m, (x, y)| m.max((x - y).abs()))
+}
+
+#[test]
+fn attention_over_four_processes_matches_threads() {
+    let dir = temp_dir("attn");
+    for (strategy, bwd) in [("zigzag", "kv"), ("striped", "q")] {
+        let run = |out: &Path, mpi: bool| {
+            let o = out.to_string_lossy();
+            let args = [
+                "attn",
+                "--q",
+                &fixture("q.npy"),
+                "--k",
+                &fixture("k.npy"),
+                "--v",
+                &fixture("v.npy"),
+                "--do",
+                &fixture("do.npy"),
+                "--ranks",
+                "4",
+                "--strategy",
+                strategy,
+                "--bwd",
+                bwd,
+                "--causal",
+                "--out",
+                &o,
+            ];
+            let output = if mpi {
+                mpirun(4, &args)
+            } else {
+                threads(&args)
+            };
+            assert!(
+                output.status.success(),
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        };
+        let (a, b) = (
+            dir.join(format!("{strategy}-threads")),
+            dir.join(format!("{strategy}-mpi")),
+        );
+        run(&a, false);
+        run(&b, true);
+        for name in ["out.npy", "lse.npy", "dq.npy", "dk.npy", "dv.npy"] {
+            let (x, y) = (
+                npy::read(&a.join(name)).unwrap(),
+                npy::read(&b.join(name)).unwrap(),
+            );
+            let diff = max_abs(&x.data, &y.data);
+            assert!(
+                diff <= 1e-6,
+                "{strategy} {name}: threads vs MPI differ by {diff:e}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn training_over_four_processes_matches_threads() {
+    let dir = temp_dir("train");
+    let spec = |out: &Path| {
+        format!(
+            "[model]\nd_model = 32\nlayers = 1\nheads = 2\nkv_heads = 1\nffn_multiple_of = 16\nrope_theta = 10000.0\nffn_chunk = 64\n\n\
+             [ring]\nranks = 4\nstrategy = \"zigzag\"\nforward = \"cw\"\nbackward = \"kv\"\nkernel = \"fused\"\n\n\
+             [train]\nsteps = 10\nbatch = 2\nlr = 1e-3\nwarmup_steps = 2\nmin_lr_ratio = 0.1\nweight_decay = 0.01\ngrad_clip = 1.0\n\
+             seed = 3\nlm_weight = 0.1\nmin_lines = 1\nnum_lines = 3\nchecksum_every = 5\nout = \"{}\"\nstop_loss = 0.0\nmax_minutes = 0.0\n",
+            out.display()
+        )
+    };
+    let losses = |mpi: bool| -> Vec<f64> {
+        let out = dir.join(if mpi { "mpi" } else { "threads" });
+        let path = dir.join(if mpi { "mpi.toml" } else { "threads.toml" });
+        std::fs::write(&path, spec(&out)).unwrap();
+        let p = path.to_string_lossy();
+        let args = ["train", "--config", &p];
+        let output = if mpi {
+            mpirun(4, &args)
+        } else {
+            threads(&args)
+        };
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let mut reader = csv::Reader::from_path(out.join("metrics.csv")).unwrap();
+        reader
+            .records()
+            .map(|r| r.unwrap()[1].parse().unwrap())
+            .collect()
+    };
+    let (a, b) = (losses(false), losses(true));
+    assert_eq!(a.len(), 10);
+    assert_eq!(b.len(), 10);
+    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!((x - y).abs() <= 1e-6, "step {step}: threads {x} vs MPI {y}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_failing_process_ends_the_job_naming_its_rank() {
+    let dir = temp_dir("fault");
+    let o = dir.to_string_lossy();
+    let start = Instant::now();
+    let output = mpirun(
+        4,
+        &[
+            "attn",
+            "--q",
+            &fixture("q.npy"),
+            "--k",
+            &fixture("k.npy"),
+            "--v",
+            &fixture("v.npy"),
+            "--ranks",
+            "4",
+            "--fail-rank",
+            "2",
+            "--fail-step",
+            "1",
+            "--out",
+            &o,
+        ],
+    );
+    assert!(start.elapsed() < Duration::from_secs(60), "no hang");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("MPI rank 2: rank 2 failed: injected fault"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
