@@ -30,14 +30,16 @@ cargo fmt --all -- --check
 
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
-step "cargo clippy with the mpi feature"
-cargo clippy --workspace --all-targets --features experiments/mpi -- -D warnings
+step "cargo clippy with the mpi and nccl features"
+cargo clippy --workspace --all-targets --features experiments/mpi,experiments/nccl -- -D warnings
 
-step "cargo check --features cuda (compiles the optional CUDA backend; needs no GPU)"
+step "cargo check --features cuda and --features nccl (need no GPU: CUDA libraries load at run time)"
 cargo check -p experiments --features cuda --target-dir target/cuda-check
+cargo check -p experiments --features nccl
 
-step "cargo test --workspace, with the mpi feature (its tests start 4 processes with mpirun)"
+step "cargo test --workspace with the mpi and nccl features (MPI tests start 4 processes with mpirun;
+the NCCL test checks that a machine without CUDA gets an error, not a panic)"
 # As root, mpirun needs --allow-run-as-root; the tests pass it and --oversubscribe (4 ranks, 2 cores).
-cargo test --workspace --features experiments/mpi 2>&1 | tee target/test.log
+cargo test --workspace --features experiments/mpi,experiments/nccl 2>&1 | tee target/test.log
 # Each test binary prints its own summary; add them up into one closing line.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log

@@ -42,6 +42,10 @@ pub struct AttnArgs {
     pub timeout: f64,
     #[arg(long)]
     pub out: PathBuf,
+    /// GPU ranks over NCCL (feature `nccl`): NCCL's id is exchanged through this file (rank 0 writes
+    /// it). Rank, world size and GPU come from RANK / WORLD_SIZE / LOCAL_RANK or Open MPI's variables.
+    #[arg(long)]
+    pub nccl_id_file: Option<PathBuf>,
     /// Fault injection (tests): this rank fails at its `--fail-step`-th ring exchange.
     #[arg(long, requires = "fail_step")]
     pub fail_rank: Option<usize>,
@@ -87,6 +91,48 @@ fn run(job: &AttentionJob, timeout: f64) -> Result<Option<AttentionResult>> {
     )?))
 }
 
+/// A variable of the launcher's environment: PyTorch-style or Open MPI's.
+#[cfg(feature = "nccl")]
+fn launcher_var(names: &[&str]) -> Result<usize> {
+    names
+        .iter()
+        .find_map(|n| std::env::var(n).ok())
+        .ok_or_else(|| anyhow::anyhow!("--nccl-id-file needs one of {names:?} in the environment"))?
+        .parse()
+        .map_err(|e| anyhow::anyhow!("{names:?}: {e}"))
+}
+
+#[cfg(feature = "nccl")]
+fn run_nccl(job: &AttentionJob, id_file: &Path, args: &AttnArgs) -> Result<()> {
+    use workbench::transport::{Comm, nccl::NcclTransport};
+    let rank = launcher_var(&["RANK", "OMPI_COMM_WORLD_RANK"])?;
+    let world = launcher_var(&["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"])?;
+    let device = launcher_var(&["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"]).unwrap_or(0);
+    let transport = NcclTransport::from_id_file(
+        rank,
+        world,
+        device,
+        id_file,
+        Duration::from_secs_f64(args.timeout),
+    )?;
+    let result = workbench::launch::run_attention_on::<Autodiff<Flex>>(
+        Comm::new(Box::new(transport)),
+        job,
+        &Default::default(),
+    )?;
+    if rank == 0 {
+        write_outputs(args, &result)?;
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "nccl"))]
+fn run_nccl(_: &AttentionJob, _: &Path, _: &AttnArgs) -> Result<()> {
+    bail!(
+        "--nccl-id-file needs a ringbench built with the `nccl` feature (cargo build --features nccl)"
+    )
+}
+
 pub fn run_command(args: &AttnArgs) -> Result<()> {
     let q = npy::read(&args.q)?;
     let k = npy::read(&args.k)?;
@@ -112,9 +158,17 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
         timeout: Duration::from_secs_f64(args.timeout),
         fault: args.fail_rank.zip(args.fail_step),
     };
+    if let Some(id_file) = &args.nccl_id_file {
+        return run_nccl(&job, id_file, args);
+    }
     let Some(result) = run(&job, args.timeout)? else {
         return Ok(());
     };
+    write_outputs(args, &result)
+}
+
+/// Writes out.npy, lse.npy and, with gradients, dq/dk/dv.npy into `--out`.
+fn write_outputs(args: &AttnArgs, result: &AttentionResult) -> Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let write = |name: &str, t| npy::write(&Path::new(&args.out).join(name), t);
@@ -127,9 +181,10 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
         write("dv.npy", &g.dv)?;
         written.extend(["dq.npy", "dk.npy", "dv.npy"]);
     }
+    // Under MPI or NCCL only this process's rank is counted.
     let bytes: u64 = result.traffic.iter().map(|t| t.total_bytes()).sum();
     println!(
-        "wrote {} to {} ({} ranks, {}, {} bytes sent in total)",
+        "wrote {} to {} ({} ranks, {}, {} bytes sent by the ranks of this process)",
         written.join(", "),
         args.out.display(),
         args.ranks,

@@ -27,6 +27,12 @@ pub enum TransportError {
         expected: usize,
         got: usize,
     },
+    #[error("rank {rank}: {what} is not available: {why}")]
+    Unavailable {
+        rank: usize,
+        what: &'static str,
+        why: String,
+    },
     #[error("rank {rank} failed: injected fault at its ring exchange {step}")]
     Injected { rank: usize, step: usize },
     #[error("rank {rank} failed: {message}")]

@@ -5,7 +5,11 @@
 mod comm;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 mod threads;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+mod wire;
 
 pub use comm::{Comm, Phase, SendRecord, Traffic};
 pub use threads::{ThreadTransport, run_ranks, thread_ring};

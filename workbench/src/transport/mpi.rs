@@ -4,14 +4,13 @@
 //! waits, tests the sends in flight so that MPI makes progress on them. A peer silent past the timeout
 //! is an error; a peer that exits makes `mpirun` end the job and name it.
 
+use super::wire::{decode, encode};
 use super::{Payload, Pending, Transport};
-use crate::block::{Block, Cargo};
 use crate::error::TransportError;
 use mpi::point_to_point::MatchedReceiveVec;
 use mpi::request::{Request, StaticScope};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A send in flight and the buffer it reads; the buffer is freed once the request has completed.
@@ -42,67 +41,6 @@ impl std::fmt::Debug for MpiTransport {
             self.sends.len()
         )
     }
-}
-
-const CARGOS: [Cargo; 10] = [
-    Cargo::K,
-    Cargo::V,
-    Cargo::Q,
-    Cargo::DOut,
-    Cargo::Lse,
-    Cargo::Delta,
-    Cargo::DK,
-    Cargo::DV,
-    Cargo::DQ,
-    Cargo::Reduce,
-];
-
-/// One message: `[blocks, (cargo, ndim, dims…)…, data…]`, every count exact in f32 below 2^24.
-fn encode(payload: &Payload) -> Vec<f32> {
-    let mut header = vec![payload.len() as f32];
-    for b in payload {
-        header.push(CARGOS.iter().position(|c| *c == b.cargo).unwrap_or(0) as f32);
-        header.push(b.shape.len() as f32);
-        header.extend(b.shape.iter().map(|&d| d as f32));
-    }
-    let data_len: usize = payload.iter().map(|b| b.data.len()).sum();
-    let mut out = Vec::with_capacity(header.len() + data_len);
-    out.extend(header);
-    for b in payload {
-        out.extend_from_slice(&b.data);
-    }
-    out
-}
-
-fn decode(message: &[f32], rank: usize, peer: usize) -> Result<Payload, TransportError> {
-    let bad = || TransportError::RankFailed {
-        rank: peer,
-        message: format!("malformed message received by rank {rank}"),
-    };
-    let mut at = 0;
-    let mut next = || -> Result<usize, TransportError> {
-        let x = *message.get(at).ok_or_else(bad)?;
-        at += 1;
-        Ok(x as usize)
-    };
-    let blocks = next()?;
-    let mut heads = Vec::with_capacity(blocks);
-    for _ in 0..blocks {
-        let cargo = *CARGOS.get(next()?).ok_or_else(bad)?;
-        let ndim = next()?;
-        let shape = (0..ndim).map(|_| next()).collect::<Result<Vec<_>, _>>()?;
-        heads.push((cargo, shape));
-    }
-    let mut offset = at;
-    heads
-        .into_iter()
-        .map(|(cargo, shape)| {
-            let len: usize = shape.iter().product();
-            let data = message.get(offset..offset + len).ok_or_else(bad)?.to_vec();
-            offset += len;
-            Ok(Arc::new(Block { cargo, shape, data }))
-        })
-        .collect()
 }
 
 /// MPI tags need only reach 32767; our tags only have to tell apart messages in flight together.

@@ -1,0 +1,245 @@
+//! Transport over NCCL (cudarc's bindings, loaded at run time): one GPU and one process per rank.
+//!
+//! UNTESTED ON A GPU: no machine with CUDA was available when this was written. CI compiles it
+//! (`cargo check --features nccl` needs no CUDA thanks to dynamic loading) and checks that a machine
+//! without CUDA gets [`TransportError::Unavailable`] instead of a panic.
+//!
+//! A ring exchange is one NCCL group (send to `to`, receive from `from`) queued on the rank's stream,
+//! so it runs while the host computes; `wait` synchronizes the stream and copies the block to the
+//! host. Both sides of an exchange move the same shapes (equal shards), so the receive size is the
+//! send size. Ranks meet through a file holding NCCL's unique id, written by rank 0.
+
+use super::wire::{decode, encode};
+use super::{Payload, Pending, Transport};
+use crate::error::TransportError;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::nccl::safe::{Comm, Id, ReduceOp};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub struct NcclTransport {
+    comm: Comm,
+    stream: Arc<CudaStream>,
+    rank: usize,
+    size: usize,
+    /// Receives queued on the stream, by tag, with the device buffers they fill.
+    incoming: HashMap<u64, CudaSlice<f32>>,
+    /// Send buffers that must live until the stream has run their sends.
+    outgoing: Vec<CudaSlice<f32>>,
+}
+
+impl std::fmt::Debug for NcclTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "NcclTransport {{ rank: {}, size: {} }}",
+            self.rank, self.size
+        )
+    }
+}
+
+// SAFETY: the communicator and stream are used by one thread at a time (the rank's `Comm` sits
+// behind a mutex); NCCL and CUDA allow that handoff between threads.
+unsafe impl Send for NcclTransport {}
+
+fn unavailable(rank: usize, what: &'static str, why: impl ToString) -> TransportError {
+    TransportError::Unavailable {
+        rank,
+        what,
+        why: why.to_string(),
+    }
+}
+
+impl NcclTransport {
+    /// Joins an NCCL communicator of `size` ranks on GPU `device`. Rank 0 writes NCCL's unique id to
+    /// `id_file`; the others wait for it (up to `timeout`).
+    pub fn from_id_file(
+        rank: usize,
+        size: usize,
+        device: usize,
+        id_file: &Path,
+        timeout: Duration,
+    ) -> Result<Self, TransportError> {
+        // SAFETY: these only try to open the shared libraries.
+        let (cuda, nccl) = unsafe {
+            (
+                cudarc::driver::sys::is_culib_present(),
+                cudarc::nccl::sys::is_culib_present(),
+            )
+        };
+        if !cuda {
+            return Err(unavailable(
+                rank,
+                "CUDA",
+                "libcuda was not found (no NVIDIA driver on this machine)",
+            ));
+        }
+        if !nccl {
+            return Err(unavailable(rank, "NCCL", "libnccl was not found"));
+        }
+        let id = if rank == 0 {
+            let id = Id::new().map_err(|e| unavailable(rank, "NCCL", format!("{e:?}")))?;
+            let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
+            std::fs::write(id_file, bytes).map_err(|e| {
+                unavailable(rank, "NCCL id file", format!("{}: {e}", id_file.display()))
+            })?;
+            id
+        } else {
+            let deadline = Instant::now() + timeout;
+            loop {
+                match std::fs::read(id_file) {
+                    Ok(bytes) if bytes.len() == 128 => {
+                        let mut internal = [0 as std::ffi::c_char; 128];
+                        for (dst, src) in internal.iter_mut().zip(bytes) {
+                            *dst = src as std::ffi::c_char;
+                        }
+                        break Id::uninit(internal);
+                    }
+                    _ if Instant::now() > deadline => {
+                        return Err(TransportError::Timeout {
+                            rank,
+                            peer: 0,
+                            seconds: timeout.as_secs_f64(),
+                        });
+                    }
+                    _ => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        };
+        let context = CudaContext::new(device)
+            .map_err(|e| unavailable(rank, "CUDA device", format!("{e:?}")))?;
+        let stream = context.default_stream();
+        let comm = Comm::from_rank(stream.clone(), rank, size, id)
+            .map_err(|e| unavailable(rank, "NCCL", format!("{e:?}")))?;
+        Ok(Self {
+            comm,
+            stream,
+            rank,
+            size,
+            incoming: HashMap::new(),
+            outgoing: Vec::new(),
+        })
+    }
+
+    fn failed(&self, what: &'static str, e: impl std::fmt::Debug) -> TransportError {
+        TransportError::RankFailed {
+            rank: self.rank,
+            message: format!("{what}: {e:?}"),
+        }
+    }
+}
+
+impl Transport for NcclTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.size
+    }
+
+    fn send_recv(
+        &mut self,
+        to: usize,
+        from: usize,
+        tag: u64,
+        payload: Payload,
+    ) -> Result<Pending, TransportError> {
+        let message = encode(&payload);
+        let send = self
+            .stream
+            .clone_htod(&message)
+            .map_err(|e| self.failed("copy to device", e))?;
+        let mut recv = self
+            .stream
+            .alloc_zeros::<f32>(message.len())
+            .map_err(|e| self.failed("alloc", e))?;
+        {
+            let mut group = self.comm.group();
+            group
+                .send(send.as_view(), to as i32)
+                .map_err(|e| self.failed("ncclSend", e))?;
+            group
+                .recv(recv.as_view_mut(), from as i32)
+                .map_err(|e| self.failed("ncclRecv", e))?;
+        }
+        self.outgoing.push(send);
+        self.incoming.insert(tag, recv);
+        Ok(Pending { from, tag })
+    }
+
+    fn commit(&mut self) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    fn wait(&mut self, pending: Pending) -> Result<Payload, TransportError> {
+        let buffer = self
+            .incoming
+            .remove(&pending.tag)
+            .ok_or(TransportError::Protocol {
+                rank: self.rank,
+                peer: pending.from,
+                expected: pending.tag,
+                got: 0,
+            })?;
+        let message = self
+            .stream
+            .clone_dtoh(&buffer)
+            .map_err(|e| self.failed("copy to host", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.failed("synchronize", e))?;
+        self.outgoing.clear();
+        decode(&message, self.rank, pending.from)
+    }
+
+    fn all_reduce_sum(&mut self, _tag: u64, data: &mut [f32]) -> Result<(), TransportError> {
+        if data.is_empty() || self.size == 1 {
+            return Ok(());
+        }
+        // NCCL's ring all-reduce reduces each chunk once and forwards the result, so every rank gets
+        // the same bits.
+        let mut buffer = self
+            .stream
+            .clone_htod(data)
+            .map_err(|e| self.failed("copy to device", e))?;
+        self.comm
+            .all_reduce_in_place(&mut buffer, &ReduceOp::Sum)
+            .map_err(|e| self.failed("ncclAllReduce", e))?;
+        let reduced = self
+            .stream
+            .clone_dtoh(&buffer)
+            .map_err(|e| self.failed("copy to host", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.failed("synchronize", e))?;
+        data.copy_from_slice(&reduced);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_cuda_joining_is_an_error_not_a_panic() {
+        // SAFETY: only tries to open the library.
+        if unsafe { cudarc::driver::sys::is_culib_present() } {
+            println!(
+                "skip: this machine has CUDA; the GPU path is exercised on the device machine"
+            );
+            return;
+        }
+        let file = std::env::temp_dir().join(format!("ringbench-nccl-id-{}", std::process::id()));
+        let err =
+            NcclTransport::from_id_file(0, 2, 0, &file, Duration::from_millis(10)).unwrap_err();
+        assert!(
+            matches!(err, TransportError::Unavailable { what: "CUDA", .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("CUDA is not available"), "{err}");
+    }
+}
