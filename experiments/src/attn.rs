@@ -56,35 +56,13 @@ pub struct AttnArgs {
 /// Runs the job on in-process threads, or, under `mpirun`, as this process's rank. Returns the
 /// results on the process that writes them (rank 0 under MPI).
 fn run(job: &AttentionJob, timeout: f64) -> Result<Option<AttentionResult>> {
-    #[cfg(feature = "mpi")]
-    if workbench::transport::launched_by_mpirun() {
-        use mpi::traits::Communicator;
-        use workbench::transport::{Comm, mpi::MpiTransport};
-        let universe = mpi::initialize()
-            .ok_or_else(|| anyhow::anyhow!("MPI was already initialized in this process"))?;
-        let transport = MpiTransport::new(universe.world(), Duration::from_secs_f64(timeout));
-        let comm = Comm::new(Box::new(transport));
-        let rank = comm.rank();
-        return match workbench::launch::run_attention_on::<Autodiff<Flex>>(
-            comm,
-            job,
-            &Default::default(),
-        ) {
-            Ok(result) => Ok((rank == 0).then_some(result)),
-            Err(e) => {
-                // One failed rank ends the whole job now, instead of leaving its peers to time out.
-                eprintln!("error: MPI rank {rank}: {e}");
-                universe.world().abort(1)
-            }
-        };
+    let timeout = Duration::from_secs_f64(timeout);
+    let ranked = crate::launcher::as_mpi_rank(timeout, |comm| {
+        workbench::launch::run_attention_on::<Autodiff<Flex>>(comm, job, &Default::default())
+    })?;
+    if let Some((rank, result)) = ranked {
+        return Ok((rank == 0).then_some(result));
     }
-    #[cfg(not(feature = "mpi"))]
-    if workbench::transport::launched_by_mpirun() {
-        bail!(
-            "started by mpirun, but this ringbench was built without the `mpi` feature (cargo build --features mpi)"
-        );
-    }
-    let _ = timeout;
     Ok(Some(run_attention::<Autodiff<Flex>>(
         job,
         &Default::default(),

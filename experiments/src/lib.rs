@@ -4,6 +4,7 @@ pub mod alloc;
 pub mod attn;
 pub mod bench;
 pub mod hardware;
+pub mod launcher;
 pub mod line_retrieval;
 pub mod npy;
 pub mod plot;

@@ -363,32 +363,12 @@ where
     F: Fn(usize) -> Vec<Example> + Sync,
     L: Fn(&StepLog) + Sync,
 {
-    #[cfg(feature = "mpi")]
-    if workbench::transport::launched_by_mpirun() {
-        use mpi::traits::Communicator;
-        use workbench::transport::{Comm, mpi::MpiTransport};
-        let universe =
-            mpi::initialize().ok_or_else(|| anyhow::anyhow!("MPI was already initialized"))?;
-        let comm = Comm::new(Box::new(MpiTransport::new(
-            universe.world(),
-            options.timeout,
-        )));
-        let rank = comm.rank();
-        return match workbench::train::train_on(
-            comm, model, partition, options, batch_for, on_step, stop,
-        ) {
-            Ok(trained) => Ok(trained),
-            Err(e) => {
-                eprintln!("error: MPI rank {rank}: {e}");
-                universe.world().abort(1)
-            }
-        };
-    }
-    #[cfg(not(feature = "mpi"))]
-    if workbench::transport::launched_by_mpirun() {
-        bail!(
-            "started by mpirun, but this ringbench was built without the `mpi` feature (cargo build --features mpi)"
-        );
+    let ranked = crate::launcher::as_mpi_rank(options.timeout, |comm| {
+        let model = model.clone();
+        workbench::train::train_on(comm, model, partition, options, &batch_for, &on_step, stop)
+    })?;
+    if let Some((_, trained)) = ranked {
+        return Ok(trained);
     }
     Ok(Some(train(
         model, partition, options, batch_for, on_step, stop,

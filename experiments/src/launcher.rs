@@ -1,0 +1,42 @@
+//! Where a command's ranks run: in-process threads, or one process per rank under `mpirun`.
+
+use anyhow::Result;
+#[cfg(not(feature = "mpi"))]
+use anyhow::bail;
+use std::time::Duration;
+use workbench::transport::Comm;
+
+/// Under `mpirun` (with the `mpi` feature), runs `body` as this process's rank and returns
+/// `Some((rank, output))`; otherwise `None`, and the caller runs its threads. A rank whose `body`
+/// fails prints its error and aborts the whole MPI job at once, so its peers do not wait for a
+/// timeout.
+pub fn as_mpi_rank<T, E: std::fmt::Display>(
+    timeout: Duration,
+    body: impl FnOnce(Comm) -> Result<T, E>,
+) -> Result<Option<(usize, T)>> {
+    #[cfg(feature = "mpi")]
+    if workbench::transport::launched_by_mpirun() {
+        use mpi::traits::Communicator;
+        use workbench::transport::mpi::MpiTransport;
+        let universe = mpi::initialize()
+            .ok_or_else(|| anyhow::anyhow!("MPI was already initialized in this process"))?;
+        let comm = Comm::new(Box::new(MpiTransport::new(universe.world(), timeout)));
+        let rank = comm.rank();
+        return match body(comm) {
+            Ok(output) => Ok(Some((rank, output))),
+            Err(e) => {
+                eprintln!("error: MPI rank {rank}: {e}");
+                universe.world().abort(1)
+            }
+        };
+    }
+    #[cfg(not(feature = "mpi"))]
+    if workbench::transport::launched_by_mpirun() {
+        let _ = (timeout, body);
+        bail!(
+            "started by mpirun, but this ringbench was built without the `mpi` feature \
+             (cargo build --features mpi)"
+        );
+    }
+    Ok(None)
+}
