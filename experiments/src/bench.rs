@@ -232,7 +232,11 @@ pub fn run(command: &BenchCommand) -> Result<()> {
             peak_mib_per_rank: counting.then(|| fwd_bwd.peak as f64 / ranks as f64 / MIB),
             working_set_mib_per_rank: (12.0 * block + 4.0 * (b * h * t * 4) as f64) / MIB,
         };
-        bar.println(format_row(&row));
+        if bar.is_hidden() {
+            println!("{}", format_row(&row));
+        } else {
+            bar.println(format_row(&row));
+        }
         rows.push(row);
         bar.inc(1);
     }

@@ -51,6 +51,10 @@ pub enum RingError {
         expected: Vec<usize>,
         got: Vec<usize>,
     },
+    #[error("{what}: expected 4 dimensions, got shape {got:?}")]
+    Rank { what: &'static str, got: Vec<usize> },
+    #[error("d_model {d_model} does not split into {heads} heads of an even head_dim")]
+    ModelWidth { d_model: usize, heads: usize },
     #[error("query heads {heads} are not a multiple of key/value heads {kv_heads}")]
     Heads { heads: usize, kv_heads: usize },
     #[error("transport has {world} ranks but the layout has {layout}")]

@@ -14,9 +14,9 @@ use multiversion::multiversion;
 use rayon::prelude::*;
 
 /// Query rows per sub-tile.
-const ROWS: usize = 256;
+const ROWS: usize = 128;
 /// Keys per sub-tile.
-const COLS: usize = 256;
+const COLS: usize = 128;
 
 /// Sizes of one rank's tile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,9 +26,8 @@ impl HostTensor {
     }
 
     fn dims4(&self, what: &'static str) -> Result<[usize; 4], RingError> {
-        <[usize; 4]>::try_from(self.shape.as_slice()).map_err(|_| RingError::Shape {
+        <[usize; 4]>::try_from(self.shape.as_slice()).map_err(|_| RingError::Rank {
             what,
-            expected: vec![0; 4],
             got: self.shape.clone(),
         })
     }

@@ -54,10 +54,9 @@ impl LlamaConfig {
             });
         }
         if !self.d_model.is_multiple_of(self.heads) || !self.head_dim().is_multiple_of(2) {
-            return Err(RingError::Shape {
-                what: "d_model must split into heads of even head_dim",
-                expected: vec![self.heads, 2],
-                got: vec![self.d_model],
+            return Err(RingError::ModelWidth {
+                d_model: self.d_model,
+                heads: self.heads,
             });
         }
         Ok(())
