@@ -66,3 +66,21 @@ pub enum RingError {
         expected: &'static str,
     },
 }
+
+impl RingError {
+    /// How directly this error reports a failure: 0 for a rank's own failure, 1 for a timeout and 2 for
+    /// "peer gone", which are what one rank's failure causes in the others.
+    pub fn echo_level(&self) -> u8 {
+        match self {
+            RingError::Transport(TransportError::PeerGone { .. }) => 2,
+            RingError::Transport(TransportError::Timeout { .. }) => 1,
+            _ => 0,
+        }
+    }
+}
+
+/// The error that caused the others among the ranks' errors: the first with the lowest `echo_level`.
+pub fn root_cause<E>(mut errors: Vec<E>, echo_level: impl Fn(&E) -> u8) -> Option<E> {
+    let first = (0..errors.len()).min_by_key(|&i| (echo_level(&errors[i]), i))?;
+    Some(errors.swap_remove(first))
+}

@@ -3,9 +3,9 @@
 //! This is what `ringbench attn` and the exactness test table run.
 
 use crate::config::{RingConfig, RingContext, StepEvent};
-use crate::error::RingError;
+use crate::error::{RingError, root_cause};
 use crate::ops::{RingBackend, ring_attention};
-use crate::transport::{Comm, Traffic, TransportError, run_ranks};
+use crate::transport::{Comm, Traffic, run_ranks};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use std::sync::Arc;
@@ -134,20 +134,6 @@ fn unshard_batched(layout: &Layout, shards: &[Vec<f32>], batch: usize, row: usiz
     global
 }
 
-/// Picks the error that caused the others: a rank's own failure over the timeouts and "gone away"
-/// errors it caused in its peers. `errors` is not empty.
-fn root_cause(mut errors: Vec<RingError>) -> RingError {
-    let rank = |e: &RingError| match e {
-        RingError::Transport(TransportError::PeerGone { .. }) => 2,
-        RingError::Transport(TransportError::Timeout { .. }) => 1,
-        _ => 0,
-    };
-    let first = (0..errors.len())
-        .min_by_key(|&i| (rank(&errors[i]), i))
-        .unwrap_or(0);
-    errors.swap_remove(first)
-}
-
 /// The job's inputs split by the layout: per rank `[b, t, h, d]` shards.
 struct Shards {
     layout: Arc<Layout>,
@@ -261,8 +247,8 @@ where
             Err(e) => errors.push(e),
         }
     }
-    if !errors.is_empty() {
-        return Err(root_cause(errors));
+    if let Some(cause) = root_cause(errors, RingError::echo_level) {
+        return Err(cause);
     }
     Ok(assemble(job, &shards, outputs))
 }

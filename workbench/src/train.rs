@@ -3,7 +3,7 @@
 //! stay identical (checked by a checksum every few steps).
 
 use crate::config::{RingConfig, RingContext};
-use crate::error::{RingError, TransportError};
+use crate::error::{RingError, TransportError, root_cause};
 use crate::model::{Llama, LlamaConfig};
 use crate::ops::RingBackend;
 use crate::transport::{Comm, run_ranks};
@@ -304,8 +304,12 @@ where
             Err(e) => errors.push(e),
         }
     }
-    if let Some(first) = pick_root(errors) {
-        return Err(first);
+    let echo_level = |e: &TrainError| match e {
+        TrainError::Ring(e) => e.echo_level(),
+        _ => 0,
+    };
+    if let Some(cause) = root_cause(errors, echo_level) {
+        return Err(cause);
     }
     Ok(trained.expect("rank 0 returns the model"))
 }
@@ -439,17 +443,6 @@ where
         }
     }
     Ok((rank == 0).then_some(Trained { model, losses }))
-}
-
-/// A rank's own error over the timeouts and "gone away" errors it caused in its peers.
-fn pick_root(mut errors: Vec<TrainError>) -> Option<TrainError> {
-    let rank = |e: &TrainError| match e {
-        TrainError::Ring(RingError::Transport(TransportError::PeerGone { .. })) => 2,
-        TrainError::Ring(RingError::Transport(TransportError::Timeout { .. })) => 1,
-        _ => 0,
-    };
-    let first = (0..errors.len()).min_by_key(|&i| (rank(&errors[i]), i))?;
-    Some(errors.swap_remove(first))
 }
 
 /// Greedy continuation of each prompt (up to `max_new` tokens, stopping at `stop`), on `ranks` ranks.
