@@ -123,6 +123,18 @@ impl NcclTransport {
         })
     }
 
+    /// Copies a device buffer to the host once the stream has run everything queued before.
+    fn download(&self, buffer: &CudaSlice<f32>) -> Result<Vec<f32>, TransportError> {
+        let host = self
+            .stream
+            .clone_dtoh(buffer)
+            .map_err(|e| self.failed("copy to host", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.failed("synchronize", e))?;
+        Ok(host)
+    }
+
     fn failed(&self, what: &'static str, e: impl std::fmt::Debug) -> TransportError {
         TransportError::RankFailed {
             rank: self.rank,
@@ -184,13 +196,7 @@ impl Transport for NcclTransport {
                 expected: pending.tag,
                 got: 0,
             })?;
-        let message = self
-            .stream
-            .clone_dtoh(&buffer)
-            .map_err(|e| self.failed("copy to host", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| self.failed("synchronize", e))?;
+        let message = self.download(&buffer)?;
         self.outgoing.clear();
         decode(&message, self.rank, pending.from)
     }
@@ -208,14 +214,7 @@ impl Transport for NcclTransport {
         self.comm
             .all_reduce_in_place(&mut buffer, &ReduceOp::Sum)
             .map_err(|e| self.failed("ncclAllReduce", e))?;
-        let reduced = self
-            .stream
-            .clone_dtoh(&buffer)
-            .map_err(|e| self.failed("copy to host", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| self.failed("synchronize", e))?;
-        data.copy_from_slice(&reduced);
+        data.copy_from_slice(&self.download(&buffer)?);
         Ok(())
     }
 }
