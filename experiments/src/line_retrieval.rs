@@ -338,6 +338,24 @@ fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> 
     };
     bar.finish();
     save_checkpoint(&t.out, &trained.model, &config, &tokenizer)?;
+    // Mean loss over windows of up to 50 steps, so that the curve is readable at thousands of steps.
+    let window = trained.losses.len().div_ceil(200).clamp(1, 50);
+    let curve = trained
+        .losses
+        .chunks(window)
+        .enumerate()
+        .map(|(i, c)| ((i * window) as f64, c.iter().sum::<f64>() / c.len() as f64))
+        .collect();
+    crate::plot::line_chart(
+        &t.out.join("loss.svg"),
+        "Training loss (weighted next-token cross-entropy)",
+        "step",
+        "loss",
+        &[crate::plot::Series {
+            name: format!("mean over {window} steps"),
+            points: curve,
+        }],
+    )?;
     println!(
         "trained {} steps in {:.1} min; final loss {:.4}; checkpoint in {}",
         trained.losses.len(),

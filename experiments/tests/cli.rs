@@ -225,6 +225,7 @@ max_minutes = 0.0
     );
     let metrics = std::fs::read_to_string(ckpt.join("metrics.csv")).unwrap();
     assert_eq!(metrics.lines().count(), 4, "header and 3 steps: {metrics}");
+    assert!(ckpt.join("loss.svg").exists());
 
     let cases = dir.join("cases.jsonl");
     let out = ringbench(&[
