@@ -1,27 +1,10 @@
 //! `ringbench attn` end to end: NumPy-written float64 inputs, NumPy float64 reference, bad input.
 
+mod common;
+
+use common::{attn_on_fixture, fixture, ringbench, temp_dir};
 use experiments::npy;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/attn_gqa")
-        .join(name)
-}
-
-fn ringbench(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_ringbench"))
-        .args(args)
-        .output()
-        .expect("running ringbench")
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ringbench-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
+use std::path::Path;
 
 /// max |got − want| / max |want|.
 fn rel_err(got: &[f32], want: &[f32]) -> f64 {
@@ -34,35 +17,29 @@ fn rel_err(got: &[f32], want: &[f32]) -> f64 {
 
 #[test]
 fn attn_matches_numpy_reference_for_every_strategy() {
-    let f = |n: &str| fixture(n).to_string_lossy().into_owned();
     for (strategy, ranks, fwd, bwd) in [
         ("zigzag", "4", "cw", "kv"),
         ("striped", "3", "ccw", "q"),
         ("contiguous", "2", "cw", "kv-reverse"),
     ] {
         let out = temp_dir(strategy);
-        let status = ringbench(&[
-            "attn",
-            "--q",
-            &f("q.npy"),
-            "--k",
-            &f("k.npy"),
-            "--v",
-            &f("v.npy"),
-            "--do",
-            &f("do.npy"),
-            "--ranks",
-            ranks,
-            "--strategy",
-            strategy,
-            "--causal",
-            "--fwd-dir",
-            fwd,
-            "--bwd",
-            bwd,
-            "--out",
-            &out.to_string_lossy(),
-        ]);
+        let o = out.to_string_lossy();
+        let status = ringbench(&attn_on_fixture(
+            true,
+            &[
+                "--ranks",
+                ranks,
+                "--strategy",
+                strategy,
+                "--causal",
+                "--fwd-dir",
+                fwd,
+                "--bwd",
+                bwd,
+                "--out",
+                &o,
+            ],
+        ));
         assert!(
             status.status.success(),
             "{}",
@@ -313,30 +290,24 @@ max_minutes = 0.0
 
 #[test]
 fn a_failing_rank_stops_the_job_naming_it() {
-    let f = |n: &str| fixture(n).to_string_lossy().into_owned();
     let out = temp_dir("fault");
     let start = std::time::Instant::now();
-    let output = ringbench(&[
-        "attn",
-        "--q",
-        &f("q.npy"),
-        "--k",
-        &f("k.npy"),
-        "--v",
-        &f("v.npy"),
-        "--do",
-        &f("do.npy"),
-        "--ranks",
-        "4",
-        "--fail-rank",
-        "2",
-        "--fail-step",
-        "1",
-        "--timeout",
-        "20",
-        "--out",
-        &out.to_string_lossy(),
-    ]);
+    let o = out.to_string_lossy();
+    let output = ringbench(&attn_on_fixture(
+        true,
+        &[
+            "--ranks",
+            "4",
+            "--fail-rank",
+            "2",
+            "--fail-step",
+            "1",
+            "--timeout",
+            "20",
+            "--out",
+            &o,
+        ],
+    ));
     assert!(start.elapsed() < std::time::Duration::from_secs(60));
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);

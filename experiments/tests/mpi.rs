@@ -1,34 +1,15 @@
 //! Multi-process ranks under `mpirun` give the same results as in-process threads (feature `mpi`).
 #![cfg(feature = "mpi")]
 
+mod common;
+
+use common::{attn_on_fixture, ringbench, temp_dir};
 use experiments::npy;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/attn_gqa")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ringbench-mpi-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn threads(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ringbench"))
-        .args(args)
-        .output()
-        .expect("running ringbench")
-}
-
-fn mpirun(ranks: usize, args: &[&str]) -> Output {
+fn mpirun<S: AsRef<std::ffi::OsStr>>(ranks: usize, args: &[S]) -> Output {
     Command::new("mpirun")
         .args([
             "--allow-run-as-root",
@@ -53,30 +34,24 @@ fn attention_over_four_processes_matches_threads() {
     for (strategy, bwd) in [("zigzag", "kv"), ("striped", "q")] {
         let run = |out: &Path, mpi: bool| {
             let o = out.to_string_lossy();
-            let args = [
-                "attn",
-                "--q",
-                &fixture("q.npy"),
-                "--k",
-                &fixture("k.npy"),
-                "--v",
-                &fixture("v.npy"),
-                "--do",
-                &fixture("do.npy"),
-                "--ranks",
-                "4",
-                "--strategy",
-                strategy,
-                "--bwd",
-                bwd,
-                "--causal",
-                "--out",
-                &o,
-            ];
+            let args = attn_on_fixture(
+                true,
+                &[
+                    "--ranks",
+                    "4",
+                    "--strategy",
+                    strategy,
+                    "--bwd",
+                    bwd,
+                    "--causal",
+                    "--out",
+                    &o,
+                ],
+            );
             let output = if mpi {
                 mpirun(4, &args)
             } else {
-                threads(&args)
+                ringbench(&args)
             };
             assert!(
                 output.status.success(),
@@ -126,7 +101,7 @@ fn training_over_four_processes_matches_threads() {
         let output = if mpi {
             mpirun(4, &args)
         } else {
-            threads(&args)
+            ringbench(&args)
         };
         assert!(
             output.status.success(),
@@ -155,23 +130,19 @@ fn a_failing_process_ends_the_job_naming_its_rank() {
     let start = Instant::now();
     let output = mpirun(
         4,
-        &[
-            "attn",
-            "--q",
-            &fixture("q.npy"),
-            "--k",
-            &fixture("k.npy"),
-            "--v",
-            &fixture("v.npy"),
-            "--ranks",
-            "4",
-            "--fail-rank",
-            "2",
-            "--fail-step",
-            "1",
-            "--out",
-            &o,
-        ],
+        &attn_on_fixture(
+            false,
+            &[
+                "--ranks",
+                "4",
+                "--fail-rank",
+                "2",
+                "--fail-step",
+                "1",
+                "--out",
+                &o,
+            ],
+        ),
     );
     assert!(start.elapsed() < Duration::from_secs(60), "no hang");
     assert!(!output.status.success());
