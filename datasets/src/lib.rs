@@ -1,5 +1,7 @@
-//! Data for ringbench: the LongChat line-retrieval task (generator, JSONL reader, tokenizer, scoring).
+//! Data for ringbench: the LongChat line-retrieval task (generator, JSONL reader, tokenizer, scoring)
+//! and ExoRL-style offline RL (environments, collection, episodes in ExoRL's npz layout).
 
+pub mod exorl;
 pub mod line_retrieval;
 pub mod rng;
 pub mod tokenizer;
