@@ -62,10 +62,11 @@ impl LlamaConfig {
         Ok(())
     }
 
-    pub fn init<B: Backend>(&self, device: &B::Device) -> Llama<B> {
+    /// The decoder blocks (attention + SwiGLU), shared by every model built on this trunk.
+    pub fn init_blocks<B: Backend>(&self, device: &B::Device) -> Vec<Block<B>> {
         let linear = |i, o| LinearConfig::new(i, o).with_bias(false).init(device);
         let hd = self.head_dim();
-        let blocks = (0..self.layers)
+        (0..self.layers)
             .map(|_| Block {
                 attn_norm: RmsNormConfig::new(self.d_model).init(device),
                 wq: linear(self.d_model, self.heads * hd),
@@ -77,7 +78,10 @@ impl LlamaConfig {
                 w3: linear(self.d_model, self.ffn_hidden()),
                 w2: linear(self.ffn_hidden(), self.d_model),
             })
-            .collect();
+            .collect()
+    }
+
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Llama<B> {
         let model = Llama {
             embed: EmbeddingConfig::new(self.vocab, self.d_model)
                 .with_initializer(burn::nn::Initializer::Normal {
@@ -85,9 +89,11 @@ impl LlamaConfig {
                     std: 0.02,
                 })
                 .init(device),
-            blocks,
+            blocks: self.init_blocks(device),
             norm: RmsNormConfig::new(self.d_model).init(device),
-            head: linear(self.d_model, self.vocab),
+            head: LinearConfig::new(self.d_model, self.vocab)
+                .with_bias(false)
+                .init(device),
             heads: self.heads,
             kv_heads: self.kv_heads,
             rope_theta: self.rope_theta,
@@ -101,7 +107,7 @@ impl LlamaConfig {
 /// Runs every parameter's lazy initializer now. Burn initializes parameters on first use, and a
 /// clone made before that gets its own initializer: replicas forked for the ranks would then hold
 /// different random weights.
-fn materialize<B: Backend, M: Module<B>>(module: &M) {
+pub(crate) fn materialize<B: Backend, M: Module<B>>(module: &M) {
     struct Touch;
     impl<B: Backend> ModuleVisitor<B> for Touch {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -171,6 +177,55 @@ fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> 
     )
 }
 
+/// The trunk's hyper-parameters that `forward` needs (plain fields of the modules built on it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Trunk {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub rope_theta: f64,
+    pub ffn_chunk: usize,
+}
+
+/// Runs the decoder blocks over this rank's hidden states `x: [b, t, d]` at global `positions`.
+pub(crate) fn decode<B: RingBackend>(
+    blocks: &[Block<B>],
+    mut x: Tensor<B, 3>,
+    positions: &[usize],
+    trunk: Trunk,
+    ctx: &Arc<RingContext>,
+) -> Result<Tensor<B, 3>, RingError> {
+    let [b, t, d] = x.dims();
+    let hd = d / trunk.heads;
+    let (cos, sin) = rope_tables::<B>(positions, hd, trunk.rope_theta, &x.device());
+    for block in blocks {
+        let h = block.attn_norm.forward(x.clone());
+        // [b, t, heads · hd] → [b, heads, t, hd]
+        let split = |y: Tensor<B, 3>, heads: usize| y.reshape([b, t, heads, hd]).swap_dims(1, 2);
+        let q = rope(split(block.wq.forward(h.clone()), trunk.heads), &cos, &sin);
+        let k = rope(
+            split(block.wk.forward(h.clone()), trunk.kv_heads),
+            &cos,
+            &sin,
+        );
+        let v = split(block.wv.forward(h), trunk.kv_heads);
+        let (attn, _) = ring_attention(q, k, v, ctx)?;
+        x = x + block.wo.forward(attn.swap_dims(1, 2).reshape([b, t, d]));
+        let h = block.ffn_norm.forward(x.clone());
+        let chunk = trunk.ffn_chunk.max(1);
+        let chunks = (0..t)
+            .step_by(chunk)
+            .map(|s| {
+                let c = h.clone().slice([0..b, s..(s + chunk).min(t), 0..d]);
+                block
+                    .w2
+                    .forward(silu(block.w1.forward(c.clone())) * block.w3.forward(c))
+            })
+            .collect();
+        x = x + Tensor::cat(chunks, 1);
+    }
+    Ok(x)
+}
+
 impl<B: RingBackend> Llama<B> {
     /// Logits `[b, t, vocab]` for this rank's tokens `[b, t]` at global `positions`.
     pub fn forward(
@@ -179,39 +234,13 @@ impl<B: RingBackend> Llama<B> {
         positions: &[usize],
         ctx: &Arc<RingContext>,
     ) -> Result<Tensor<B, 3>, RingError> {
-        let device = tokens.device();
-        let mut x = self.embed.forward(tokens);
-        let [b, t, d] = x.dims();
-        let hd = d / self.heads;
-        let (cos, sin) = rope_tables::<B>(positions, hd, self.rope_theta, &device);
-        for block in &self.blocks {
-            let h = block.attn_norm.forward(x.clone());
-            // [b, t, heads · hd] → [b, heads, t, hd]
-            let split =
-                |y: Tensor<B, 3>, heads: usize| y.reshape([b, t, heads, hd]).swap_dims(1, 2);
-            let q = rope(split(block.wq.forward(h.clone()), self.heads), &cos, &sin);
-            let k = rope(
-                split(block.wk.forward(h.clone()), self.kv_heads),
-                &cos,
-                &sin,
-            );
-            let v = split(block.wv.forward(h), self.kv_heads);
-            let (attn, _) = ring_attention(q, k, v, ctx)?;
-            x = x + block.wo.forward(attn.swap_dims(1, 2).reshape([b, t, d]));
-            let h = block.ffn_norm.forward(x.clone());
-            let chunks = (0..t)
-                .step_by(self.ffn_chunk.max(1))
-                .map(|s| {
-                    let c = h
-                        .clone()
-                        .slice([0..b, s..(s + self.ffn_chunk).min(t), 0..d]);
-                    block
-                        .w2
-                        .forward(silu(block.w1.forward(c.clone())) * block.w3.forward(c))
-                })
-                .collect();
-            x = x + Tensor::cat(chunks, 1);
-        }
+        let trunk = Trunk {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            rope_theta: self.rope_theta,
+            ffn_chunk: self.ffn_chunk,
+        };
+        let x = decode(&self.blocks, self.embed.forward(tokens), positions, trunk, ctx)?;
         Ok(self.head.forward(self.norm.forward(x)))
     }
 }

@@ -83,9 +83,54 @@ pub struct StepLog {
     pub seconds: f64,
 }
 
-pub struct Trained<B: AutodiffBackend> {
-    pub model: Llama<B>,
+/// Rank 0's model after training, and the global loss of every step.
+pub struct Trained<M> {
+    pub model: M,
     pub losses: Vec<f64>,
+}
+
+/// What SPMD training optimizes: the model, the batch one step sees (the same on every rank), and
+/// this rank's share of the global loss. Next-token prediction and the Agentic Transformer are two
+/// objectives of the one training loop below.
+pub trait Objective<B: AutodiffBackend + RingBackend>: Sync {
+    type Model: AutodiffModule<B> + Sync;
+    type Batch;
+    /// The batch's global sequence length (one the partition accepts for the run's rank count).
+    fn seq_len(&self, batch: &Self::Batch) -> usize;
+    /// Sequences × positions, for tokens/s; 0 means the batch is empty.
+    fn tokens(&self, batch: &Self::Batch) -> usize;
+    /// This rank's part of the global loss: summed over ranks it is the loss of the whole batch.
+    fn local_loss(
+        &self,
+        model: &Self::Model,
+        batch: &Self::Batch,
+        ctx: &Arc<RingContext>,
+    ) -> Result<Tensor<B, 1>, RingError>;
+}
+
+/// Next-token cross-entropy on token sequences (the language-model objective).
+struct NextToken;
+
+impl<B: AutodiffBackend + RingBackend> Objective<B> for NextToken {
+    type Model = Llama<B>;
+    type Batch = Batch;
+
+    fn seq_len(&self, batch: &Batch) -> usize {
+        batch.len
+    }
+
+    fn tokens(&self, batch: &Batch) -> usize {
+        batch.batch * batch.len
+    }
+
+    fn local_loss(
+        &self,
+        model: &Llama<B>,
+        batch: &Batch,
+        ctx: &Arc<RingContext>,
+    ) -> Result<Tensor<B, 1>, RingError> {
+        local_loss(model, batch, &ctx.layout, ctx)
+    }
 }
 
 /// A batch laid out for one step: `[batch, len]` inputs, targets and weights, in global order.
@@ -135,7 +180,7 @@ fn assemble(examples: &[Example], partition: &dyn Partition, ranks: usize, pad: 
 }
 
 /// Rows `[batch, t]` of this rank's positions.
-fn local<T: Copy + Default>(global: &[T], batch: usize, layout: &Layout, rank: usize) -> Vec<T> {
+pub(crate) fn local<T: Copy + Default>(global: &[T], batch: usize, layout: &Layout, rank: usize) -> Vec<T> {
     let len = layout.seq_len;
     (0..batch)
         .flat_map(|b| {
@@ -286,14 +331,35 @@ pub fn train<B, F, L>(
     batch_for: F,
     on_step: L,
     stop: &AtomicBool,
-) -> Result<Trained<B>, TrainError>
+) -> Result<Trained<Llama<B>>, TrainError>
 where
     B: AutodiffBackend + RingBackend,
     F: Fn(usize) -> Vec<Example> + Sync,
     L: Fn(&StepLog) + Sync,
 {
+    let batch_for =
+        |step| assemble(&batch_for(step), partition, options.ranks, options.pad_token);
+    train_objective(&NextToken, model, partition, options, batch_for, on_step, stop)
+}
+
+/// [`train`] for any [`Objective`].
+pub fn train_objective<B, O, F, L>(
+    objective: &O,
+    model: O::Model,
+    partition: &dyn Partition,
+    options: &TrainOptions,
+    batch_for: F,
+    on_step: L,
+    stop: &AtomicBool,
+) -> Result<Trained<O::Model>, TrainError>
+where
+    B: AutodiffBackend + RingBackend,
+    O: Objective<B>,
+    F: Fn(usize) -> O::Batch + Sync,
+    L: Fn(&StepLog) + Sync,
+{
     let results = run_ranks(options.ranks, options.timeout, |comm| {
-        train_rank(comm, &model, partition, options, &batch_for, &on_step, stop)
+        train_rank(comm, objective, &model, partition, options, &batch_for, &on_step, stop)
     });
     let mut trained = None;
     let mut errors = Vec::new();
@@ -324,7 +390,7 @@ pub fn train_on<B, F, L>(
     batch_for: F,
     on_step: L,
     stop: &AtomicBool,
-) -> Result<Option<Trained<B>>, TrainError>
+) -> Result<Option<Trained<Llama<B>>>, TrainError>
 where
     B: AutodiffBackend + RingBackend,
     F: Fn(usize) -> Vec<Example>,
@@ -337,22 +403,27 @@ where
         }
         .into());
     }
-    train_rank(comm, &model, partition, options, &batch_for, &on_step, stop)
+    let batch_for =
+        |step| assemble(&batch_for(step), partition, options.ranks, options.pad_token);
+    train_rank(comm, &NextToken, &model, partition, options, &batch_for, &on_step, stop)
 }
 
 /// One rank's training loop.
-fn train_rank<B, F, L>(
+#[allow(clippy::too_many_arguments)]
+fn train_rank<B, O, F, L>(
     comm: Comm,
-    model: &Llama<B>,
+    objective: &O,
+    model: &O::Model,
     partition: &dyn Partition,
     options: &TrainOptions,
     batch_for: &F,
     on_step: &L,
     stop: &AtomicBool,
-) -> Result<Option<Trained<B>>, TrainError>
+) -> Result<Option<Trained<O::Model>>, TrainError>
 where
     B: AutodiffBackend + RingBackend,
-    F: Fn(usize) -> Vec<Example>,
+    O: Objective<B>,
+    F: Fn(usize) -> O::Batch,
     L: Fn(&StepLog),
 {
     let ring = RingConfig {
@@ -360,8 +431,8 @@ where
         ..options.ring
     };
     let rank = comm.rank();
-    let first = batch_for(0);
-    let first_len = assemble(&first, partition, options.ranks, options.pad_token).len;
+    let mut next = Some(batch_for(0));
+    let first_len = objective.seq_len(next.as_ref().expect("just set"));
     let mut ctx = Arc::new(RingContext::new(
         comm,
         Arc::new(partition.layout(first_len, options.ranks)?),
@@ -370,23 +441,20 @@ where
     let mut model = model.clone().fork(&Default::default());
     let mut optim = AdamWConfig::new()
         .with_weight_decay(options.weight_decay)
-        .init::<B, Llama<B>>();
+        .init::<B, O::Model>();
     let mut losses = Vec::with_capacity(options.steps);
     for step in 0..options.steps {
         let start = Instant::now();
-        let examples = if step == 0 {
-            first.clone()
-        } else {
-            batch_for(step)
-        };
-        if examples.is_empty() {
+        let batch = next.take().unwrap_or_else(|| batch_for(step));
+        let tokens = objective.tokens(&batch);
+        if tokens == 0 {
             return Err(TrainError::EmptyBatch { step });
         }
-        let batch = assemble(&examples, partition, options.ranks, options.pad_token);
-        if batch.len != ctx.layout.seq_len {
-            ctx = Arc::new(ctx.with_layout(Arc::new(partition.layout(batch.len, options.ranks)?))?);
+        let len = objective.seq_len(&batch);
+        if len != ctx.layout.seq_len {
+            ctx = Arc::new(ctx.with_layout(Arc::new(partition.layout(len, options.ranks)?))?);
         }
-        let loss = local_loss(&model, &batch, &ctx.layout, &ctx)?;
+        let loss = objective.local_loss(&model, &batch, &ctx)?;
         let stop_requested = rank == 0 && stop.load(Ordering::Relaxed);
         let mut reduced = [
             loss.clone().into_scalar().elem::<f32>(),
@@ -434,7 +502,7 @@ where
                 step,
                 loss: f64::from(reduced[0]),
                 lr,
-                tokens: batch.batch * batch.len,
+                tokens,
                 seconds: start.elapsed().as_secs_f64(),
             });
         }
