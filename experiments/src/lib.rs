@@ -3,9 +3,11 @@
 pub mod alloc;
 pub mod attn;
 pub mod bench;
+pub mod exorl;
 pub mod hardware;
 pub mod launcher;
 pub mod line_retrieval;
+pub mod markdown;
 pub mod npy;
 pub mod plot;
 pub mod reproduce;

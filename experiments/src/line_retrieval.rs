@@ -375,7 +375,7 @@ fn run_training<B, F, L>(
     batch_for: F,
     on_step: L,
     stop: &std::sync::atomic::AtomicBool,
-) -> Result<Option<workbench::train::Trained<B>>>
+) -> Result<Option<workbench::train::Trained<workbench::model::Llama<B>>>>
 where
     B: AutodiffBackend + RingBackend,
     F: Fn(usize) -> Vec<Example> + Sync,

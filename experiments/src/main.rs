@@ -1,7 +1,7 @@
 //! `ringbench`: the workbench's command line.
 
 use clap::{Parser, Subcommand};
-use experiments::{alloc, attn, bench, line_retrieval, reproduce, runner};
+use experiments::{alloc, attn, bench, exorl, line_retrieval, reproduce, runner};
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
@@ -32,6 +32,9 @@ enum Command {
     GenLines(line_retrieval::GenArgs),
     /// Run an experiment spec (TOML) into results/NAME/: CSV, Markdown, spec copy, SVG.
     Run(runner::RunArgs),
+    /// ExoRL-layout offline RL: collect episodes, print their stats, build the Table 5 analog.
+    #[command(subcommand)]
+    Exorl(exorl::ExorlCommand),
     /// Regenerate the paper-analog tables: `quick` (minutes on a laptop CPU) or `full`.
     Reproduce(reproduce::ReproduceArgs),
 }
@@ -45,6 +48,7 @@ fn main() {
         Command::EvalLines(args) => line_retrieval::run_eval(args).map(|_| ()),
         Command::GenLines(args) => line_retrieval::run_gen(args),
         Command::Run(args) => runner::run(args).map(|_| ()),
+        Command::Exorl(command) => exorl::run(command),
         Command::Reproduce(args) => reproduce::run(args),
     };
     if let Err(error) = result {

@@ -4,6 +4,7 @@
 //! Context". Which tokens a rank owns is decided by a [`strategies::Partition`]; nothing here depends
 //! on which one.
 
+pub mod agentic;
 pub mod block;
 pub mod config;
 pub mod engine;

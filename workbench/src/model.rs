@@ -240,7 +240,13 @@ impl<B: RingBackend> Llama<B> {
             rope_theta: self.rope_theta,
             ffn_chunk: self.ffn_chunk,
         };
-        let x = decode(&self.blocks, self.embed.forward(tokens), positions, trunk, ctx)?;
+        let x = decode(
+            &self.blocks,
+            self.embed.forward(tokens),
+            positions,
+            trunk,
+            ctx,
+        )?;
         Ok(self.head.forward(self.norm.forward(x)))
     }
 }

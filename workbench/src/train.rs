@@ -180,7 +180,12 @@ fn assemble(examples: &[Example], partition: &dyn Partition, ranks: usize, pad: 
 }
 
 /// Rows `[batch, t]` of this rank's positions.
-pub(crate) fn local<T: Copy + Default>(global: &[T], batch: usize, layout: &Layout, rank: usize) -> Vec<T> {
+pub(crate) fn local<T: Copy + Default>(
+    global: &[T],
+    batch: usize,
+    layout: &Layout,
+    rank: usize,
+) -> Vec<T> {
     let len = layout.seq_len;
     (0..batch)
         .flat_map(|b| {
@@ -337,9 +342,17 @@ where
     F: Fn(usize) -> Vec<Example> + Sync,
     L: Fn(&StepLog) + Sync,
 {
-    let batch_for =
-        |step| assemble(&batch_for(step), partition, options.ranks, options.pad_token);
-    train_objective(&NextToken, model, partition, options, batch_for, on_step, stop)
+    let batch_for = |step| {
+        assemble(
+            &batch_for(step),
+            partition,
+            options.ranks,
+            options.pad_token,
+        )
+    };
+    train_objective(
+        &NextToken, model, partition, options, batch_for, on_step, stop,
+    )
 }
 
 /// [`train`] for any [`Objective`].
@@ -359,7 +372,9 @@ where
     L: Fn(&StepLog) + Sync,
 {
     let results = run_ranks(options.ranks, options.timeout, |comm| {
-        train_rank(comm, objective, &model, partition, options, &batch_for, &on_step, stop)
+        train_rank(
+            comm, objective, &model, partition, options, &batch_for, &on_step, stop,
+        )
     });
     let mut trained = None;
     let mut errors = Vec::new();
@@ -403,9 +418,17 @@ where
         }
         .into());
     }
-    let batch_for =
-        |step| assemble(&batch_for(step), partition, options.ranks, options.pad_token);
-    train_rank(comm, &NextToken, &model, partition, options, &batch_for, &on_step, stop)
+    let batch_for = |step| {
+        assemble(
+            &batch_for(step),
+            partition,
+            options.ranks,
+            options.pad_token,
+        )
+    };
+    train_rank(
+        comm, &NextToken, &model, partition, options, &batch_for, &on_step, stop,
+    )
 }
 
 /// One rank's training loop.

@@ -1,0 +1,246 @@
+//! The Agentic Transformer (Liu & Abbeel 2023), the model of the Ring Attention paper's §5.3 /
+//! Table 5: a chain of trajectories sorted by return ascending, every step four tokens (target return,
+//! state, action, reward) embedded by linear maps into the LLaMA-style trunk, trained to predict each
+//! step's action from its state token, causally, with ring attention across the ranks.
+//!
+//! Every token is one feature row `[kind one-hot (4) | target | state | action | reward]` in which
+//! only its kind's slot is filled, so one linear map acts as four per-kind maps plus a kind embedding,
+//! and each rank embeds only the rows it owns.
+
+use crate::config::{RingConfig, RingContext};
+use crate::error::RingError;
+use crate::model::{Block, LlamaConfig, Trunk, decode, materialize};
+use crate::ops::RingBackend;
+use crate::train::Objective;
+use crate::transport::run_ranks;
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+use std::sync::Arc;
+use std::time::Duration;
+use strategies::{Contiguous, Layout, Partition};
+
+/// The four tokens of a step, in sequence order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    Target = 0,
+    State = 1,
+    Action = 2,
+    Reward = 3,
+}
+
+pub const TOKENS_PER_STEP: usize = 4;
+
+#[derive(Config, Debug, PartialEq)]
+pub struct AgenticConfig {
+    pub obs_dim: usize,
+    pub act_dim: usize,
+    #[config(default = 64)]
+    pub d_model: usize,
+    #[config(default = 2)]
+    pub layers: usize,
+    #[config(default = 4)]
+    pub heads: usize,
+    #[config(default = 2)]
+    pub kv_heads: usize,
+    #[config(default = 10000.0)]
+    pub rope_theta: f64,
+    #[config(default = 256)]
+    pub ffn_chunk: usize,
+}
+
+impl AgenticConfig {
+    /// Width of a token's feature row.
+    pub fn feature_dim(&self) -> usize {
+        TOKENS_PER_STEP + 1 + self.obs_dim + self.act_dim + 1
+    }
+
+    fn trunk(&self) -> LlamaConfig {
+        LlamaConfig::new(0)
+            .with_d_model(self.d_model)
+            .with_layers(self.layers)
+            .with_heads(self.heads)
+            .with_kv_heads(self.kv_heads)
+            .with_rope_theta(self.rope_theta)
+            .with_ffn_chunk(self.ffn_chunk)
+    }
+
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Result<AgenticTransformer<B>, RingError> {
+        let trunk = self.trunk();
+        trunk.validate()?;
+        let model = AgenticTransformer {
+            embed: LinearConfig::new(self.feature_dim(), self.d_model).init(device),
+            blocks: trunk.init_blocks(device),
+            norm: RmsNormConfig::new(self.d_model).init(device),
+            action_head: LinearConfig::new(self.d_model, self.act_dim).init(device),
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            rope_theta: self.rope_theta,
+            ffn_chunk: self.ffn_chunk,
+        };
+        materialize(&model);
+        Ok(model)
+    }
+
+    /// The feature row of one token; `value` fills its kind's slot (length 1, obs_dim, act_dim, 1).
+    pub fn token(&self, kind: TokenKind, value: &[f32]) -> Vec<f32> {
+        let mut row = vec![0.0; self.feature_dim()];
+        row[kind as usize] = 1.0;
+        let start = TOKENS_PER_STEP
+            + match kind {
+                TokenKind::Target => 0,
+                TokenKind::State => 1,
+                TokenKind::Action => 1 + self.obs_dim,
+                TokenKind::Reward => 1 + self.obs_dim + self.act_dim,
+            };
+        row[start..start + value.len()].copy_from_slice(value);
+        row
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct AgenticTransformer<B: Backend> {
+    embed: Linear<B>,
+    blocks: Vec<Block<B>>,
+    norm: RmsNorm<B>,
+    action_head: Linear<B>,
+    heads: usize,
+    kv_heads: usize,
+    rope_theta: f64,
+    ffn_chunk: usize,
+}
+
+impl<B: RingBackend> AgenticTransformer<B> {
+    /// Predicted actions `[b, t, act_dim]` in `(-1, 1)` for this rank's feature rows `[b, t, F]`.
+    pub fn forward(
+        &self,
+        features: Tensor<B, 3>,
+        positions: &[usize],
+        ctx: &Arc<RingContext>,
+    ) -> Result<Tensor<B, 3>, RingError> {
+        let trunk = Trunk {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            rope_theta: self.rope_theta,
+            ffn_chunk: self.ffn_chunk,
+        };
+        let x = decode(
+            &self.blocks,
+            self.embed.forward(features),
+            positions,
+            trunk,
+            ctx,
+        )?;
+        Ok(self.action_head.forward(self.norm.forward(x)).tanh())
+    }
+}
+
+/// A step's chains laid out in global order: `features [batch, len, F]`, action `targets
+/// [batch, len, act_dim]` and `weights [batch, len]` (1 on the state tokens whose action is learned).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChainBatch {
+    pub batch: usize,
+    pub len: usize,
+    pub feature_dim: usize,
+    pub act_dim: usize,
+    pub features: Vec<f32>,
+    pub targets: Vec<f32>,
+    pub weights: Vec<f32>,
+}
+
+/// Rows `[batch, t, width]` of this rank's positions out of `[batch, len, width]`.
+fn local_rows(
+    global: &[f32],
+    batch: usize,
+    width: usize,
+    layout: &Layout,
+    rank: usize,
+) -> Vec<f32> {
+    let len = layout.seq_len;
+    let mut out = Vec::with_capacity(batch * layout.shard_len(rank) * width);
+    for b in 0..batch {
+        for &p in &layout.positions[rank] {
+            let row = (b * len + p) * width;
+            out.extend_from_slice(&global[row..row + width]);
+        }
+    }
+    out
+}
+
+/// Mean squared error of the predicted actions at the weighted tokens (the AT's action loss).
+pub struct ActionPrediction;
+
+impl<B: AutodiffBackend + RingBackend> Objective<B> for ActionPrediction {
+    type Model = AgenticTransformer<B>;
+    type Batch = ChainBatch;
+
+    fn seq_len(&self, batch: &ChainBatch) -> usize {
+        batch.len
+    }
+
+    fn tokens(&self, batch: &ChainBatch) -> usize {
+        batch.batch * batch.len
+    }
+
+    fn local_loss(
+        &self,
+        model: &AgenticTransformer<B>,
+        batch: &ChainBatch,
+        ctx: &Arc<RingContext>,
+    ) -> Result<Tensor<B, 1>, RingError> {
+        let (layout, rank) = (&ctx.layout, ctx.rank());
+        let (b, t) = (batch.batch, layout.shard_len(rank));
+        let device = Default::default();
+        let tensor = |global: &[f32], width: usize| {
+            Tensor::<B, 3>::from_data(
+                TensorData::new(local_rows(global, b, width, layout, rank), [b, t, width]),
+                &device,
+            )
+        };
+        let features = tensor(&batch.features, batch.feature_dim);
+        let targets = tensor(&batch.targets, batch.act_dim);
+        let weights = tensor(&batch.weights, 1);
+        let total = batch.weights.iter().sum::<f32>() * batch.act_dim as f32;
+        let predicted = model.forward(features, &layout.positions[rank], ctx)?;
+        let error = (predicted - targets).powi_scalar(2) * weights;
+        Ok(error.sum() / total.max(f32::MIN_POSITIVE))
+    }
+}
+
+/// The action predicted at position `at` of one chain given as feature rows `[len, F]` (positions
+/// after `at` do not influence it: attention is causal). Runs on one rank.
+pub fn predict_action<B: RingBackend>(
+    model: &AgenticTransformer<B>,
+    features: &[f32],
+    feature_dim: usize,
+    at: usize,
+    timeout: Duration,
+) -> Result<Vec<f32>, RingError> {
+    let len = features.len() / feature_dim;
+    let layout = Arc::new(Contiguous.layout(len, 1)?);
+    let mut out = run_ranks(1, timeout, |comm| -> Result<Vec<f32>, RingError> {
+        let ctx = Arc::new(RingContext::new(
+            comm,
+            layout.clone(),
+            RingConfig {
+                causal: true,
+                ..Default::default()
+            },
+        )?);
+        let x = Tensor::<B, 3>::from_data(
+            TensorData::new(features.to_vec(), [1, len, feature_dim]),
+            &Default::default(),
+        );
+        let actions = model.forward(x, &layout.positions[0], &ctx)?;
+        let act_dim = actions.dims()[2];
+        Ok(actions
+            .slice([0..1, at..at + 1, 0..act_dim])
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .expect("f32"))
+    });
+    out.remove(0)
+}
