@@ -135,6 +135,7 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
         },
         timeout: Duration::from_secs_f64(args.timeout),
         fault: args.fail_rank.zip(args.fail_step),
+        link: None,
     };
     if let Some(id_file) = &args.nccl_id_file {
         return run_nccl(&job, id_file, args);

@@ -175,6 +175,7 @@ pub fn run(command: &BenchCommand) -> Result<()> {
                 },
                 timeout: Duration::from_secs(3600),
                 fault: None,
+                link: None,
             };
             let mut best = Measured {
                 seconds: f64::INFINITY,

@@ -8,6 +8,7 @@ pub mod hardware;
 pub mod launcher;
 pub mod line_retrieval;
 pub mod markdown;
+pub mod measured;
 pub mod npy;
 pub mod plot;
 pub mod reproduce;

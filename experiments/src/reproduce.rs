@@ -23,6 +23,9 @@ pub struct ReproduceArgs {
 const TABLES: &[(&str, &str)] = &[
     ("experiments/balance_quick.toml", "experiments/balance.toml"),
     ("experiments/overlap.toml", "experiments/overlap.toml"),
+    ("experiments/knee.toml", "experiments/knee.toml"),
+    ("experiments/memory_quick.toml", "experiments/memory.toml"),
+    ("experiments/mfu_quick.toml", "experiments/mfu.toml"),
 ];
 
 pub fn run(args: &ReproduceArgs) -> Result<()> {

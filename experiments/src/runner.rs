@@ -2,6 +2,7 @@
 //! `results/NAME/{results.csv, results.md, spec.toml, *.svg}`; rows already present are skipped.
 
 use crate::hardware::{Profile, profile, profile_names};
+use crate::measured::{Method, SmallModel, knee_rows, max_context, mfu_row, mib, peak_per_rank};
 use crate::plot::{Series, line_chart};
 use crate::simulator::simulate;
 use anyhow::{Context, Result, anyhow, bail};
@@ -19,6 +20,21 @@ pub enum Kind {
     Balance,
     /// Minimal block size for overlap (c_min = F/B) and exposed communication against block size.
     Overlap,
+    /// Measured: exposed communication of a thread ring whose link is rate-limited to put F/B at
+    /// `measure.set_knee_tokens`.
+    Knee,
+    /// Measured: per-rank peak memory of a training step and maximum context under a budget.
+    Memory,
+    /// Measured: model FLOPs utilization of training steps against the machine's matmul rate.
+    Mfu,
+}
+
+impl Kind {
+    /// Kinds measured on this machine are computed as a whole (their rows depend on each other);
+    /// an existing results.csv is kept unless `--force`.
+    fn measured(self) -> bool {
+        matches!(self, Kind::Knee | Kind::Memory | Kind::Mfu)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -30,6 +46,42 @@ pub struct Spec {
     pub sweep: Sweep,
     #[serde(default)]
     pub model: ModelShape,
+    #[serde(default)]
+    pub measure: Measure,
+}
+
+/// Settings of the measured kinds.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Measure {
+    /// Knee: the block size at which the link is set to take as long as the compute.
+    pub set_knee_tokens: Option<usize>,
+    /// Timing repeats (median).
+    pub repeats: Option<usize>,
+    /// Memory: per-rank budget for the maximum-context search.
+    pub budget_mib: Option<f64>,
+    /// Memory: methods to measure (vanilla, memory-efficient, blockwise-attn+ffn, ring).
+    pub methods: Option<Vec<String>>,
+    /// Memory: the doubling search stops here.
+    pub max_seq: Option<usize>,
+    /// MFU: timed training steps (after one warm-up step).
+    pub steps: Option<usize>,
+    /// The small model of the memory and MFU kinds.
+    pub d_model: Option<usize>,
+    pub layers: Option<usize>,
+    pub heads: Option<usize>,
+    pub vocab: Option<usize>,
+}
+
+impl Measure {
+    fn small_model(&self) -> SmallModel {
+        SmallModel {
+            d_model: self.d_model.unwrap_or(128),
+            layers: self.layers.unwrap_or(2),
+            heads: self.heads.unwrap_or(4),
+            vocab: self.vocab.unwrap_or(256),
+        }
+    }
 }
 
 /// Every key is a list; a kind uses the keys it needs and ignores none silently (unused keys are
@@ -298,7 +350,157 @@ pub struct RunArgs {
 fn rows(path: &Path, text: &str, spec: &Spec, done: &HashSet<String>) -> Result<Vec<Row>> {
     let s = &spec.sweep;
     let mut out = Vec::new();
+    if spec.kind.measured() && !done.is_empty() {
+        return Ok(out);
+    }
+    let m = &spec.measure;
+    let required = |key: &str, value: Option<usize>| {
+        value.ok_or_else(|| {
+            anyhow!(
+                "{}: kind {:?} needs measure.{key}",
+                path.display(),
+                spec.kind
+            )
+        })
+    };
     match spec.kind {
+        Kind::Knee => {
+            reject_unused(path, text, s, &["ranks", "block_sizes"])?;
+            let ranks = list(path, text, "ranks", &s.ranks, spec.kind)?;
+            let blocks = list(path, text, "block_sizes", &s.block_sizes, spec.kind)?;
+            let set = required("set_knee_tokens", m.set_knee_tokens)?;
+            let bar = ProgressBar::new((ranks.len() * blocks.len()) as u64)
+                .with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")?);
+            for &n in ranks {
+                out.extend(knee_rows(
+                    n,
+                    blocks,
+                    set,
+                    spec.model.heads,
+                    spec.model.head_dim,
+                    m.repeats.unwrap_or(3),
+                    &bar,
+                )?);
+            }
+            bar.finish_and_clear();
+        }
+        Kind::Memory => {
+            reject_unused(path, text, s, &["ranks", "block_sizes"])?;
+            let ranks = list(path, text, "ranks", &s.ranks, spec.kind)?;
+            let blocks = list(path, text, "block_sizes", &s.block_sizes, spec.kind)?;
+            let budget = m.budget_mib.ok_or_else(|| {
+                anyhow!("{}: kind memory needs measure.budget_mib", path.display())
+            })? * 1024.0
+                * 1024.0;
+            let max_seq = required("max_seq", m.max_seq)?;
+            let methods: Vec<Method> = m
+                .methods
+                .clone()
+                .unwrap_or_else(|| vec!["vanilla".into(), "memory-efficient".into(), "blockwise-attn+ffn".into(), "ring".into()])
+                .iter()
+                .map(|name| {
+                    Method::parse(name).ok_or_else(|| {
+                        anyhow!(
+                            "{}:{}: unknown method '{name}' in measure.methods; known: vanilla, memory-efficient, blockwise-attn+ffn, ring",
+                            path.display(),
+                            line_of(text, "methods")
+                        )
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let small = m.small_model();
+            let bar = ProgressBar::new_spinner();
+            let row =
+                |kind: &str, method: Method, n: usize, seq: String, values: [String; 3]| Row {
+                    keys: vec![
+                        ("row_type", kind.to_string()),
+                        ("method", method.name().to_string()),
+                        ("ranks", n.to_string()),
+                        ("seq_len", seq),
+                    ],
+                    values: vec![
+                        ("peak_mib_per_rank", values[0].clone()),
+                        ("budget_mib", mib(budget)),
+                        ("max_context_tokens", values[1].clone()),
+                        ("max_context_over_one_rank_blockwise", values[2].clone()),
+                    ],
+                };
+            for &c in blocks {
+                for &method in &methods {
+                    for &n in ranks {
+                        let (ranks_used, seq) = (if method == Method::Ring { n } else { 1 }, n * c);
+                        bar.set_message(format!("peak {} N={ranks_used} S={seq}", method.name()));
+                        let peak = peak_per_rank(&small, method, ranks_used, seq, c)?;
+                        out.push(row(
+                            "peak",
+                            method,
+                            ranks_used,
+                            seq.to_string(),
+                            [mib(peak), "-".into(), "-".into()],
+                        ));
+                    }
+                }
+            }
+            let block_cap = blocks[0];
+            let blockwise = max_context(
+                &small,
+                Method::Blockwise,
+                1,
+                block_cap,
+                budget,
+                256,
+                max_seq,
+            )?;
+            for &method in &methods {
+                let rank_counts: Vec<usize> = if method == Method::Ring {
+                    ranks.to_vec()
+                } else {
+                    vec![1]
+                };
+                for n in rank_counts {
+                    bar.set_message(format!("max context {} N={n}", method.name()));
+                    let cap = if method == Method::Ring {
+                        usize::MAX
+                    } else {
+                        block_cap
+                    };
+                    let best = if method == Method::Blockwise {
+                        blockwise
+                    } else {
+                        max_context(&small, method, n, cap, budget, 256, max_seq)?
+                    };
+                    let ratio = match (best, blockwise) {
+                        (Some(b), Some(base)) => format!("{:.3}", b as f64 / base as f64),
+                        _ => "-".into(),
+                    };
+                    let shown = best.map_or("<256".into(), |b| b.to_string());
+                    out.push(row(
+                        "max_context",
+                        method,
+                        n,
+                        "-".into(),
+                        ["-".into(), shown, ratio],
+                    ));
+                }
+            }
+            bar.finish_and_clear();
+        }
+        Kind::Mfu => {
+            reject_unused(path, text, s, &["ranks", "block_sizes"])?;
+            let ranks = list(path, text, "ranks", &s.ranks, spec.kind)?;
+            let blocks = list(path, text, "block_sizes", &s.block_sizes, spec.kind)?;
+            let small = m.small_model();
+            let bar = ProgressBar::new((ranks.len() * blocks.len()) as u64)
+                .with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")?);
+            for &c in blocks {
+                for &n in ranks {
+                    bar.set_message(format!("mfu N={n} S={}", n * c));
+                    out.push(mfu_row(&small, n, n * c, m.steps.unwrap_or(2))?);
+                    bar.inc(1);
+                }
+            }
+            bar.finish_and_clear();
+        }
         Kind::Balance => {
             reject_unused(
                 path,
@@ -403,6 +605,9 @@ pub fn run(args: &RunArgs) -> Result<PathBuf> {
     let key_names: &[&str] = match spec.kind {
         Kind::Balance => &["strategy", "ranks", "block_size", "profile"],
         Kind::Overlap => &["profile", "block_size"],
+        Kind::Knee => &["ranks", "block_size"],
+        Kind::Memory => &["row_type", "method", "ranks", "seq_len"],
+        Kind::Mfu => &["ranks", "seq_len"],
     };
     let done: HashSet<String> = table
         .iter()
@@ -512,6 +717,61 @@ fn figure(spec: &Spec, dir: &Path, table: &[Vec<(String, String)>]) -> Result<()
                 "Causal ring pass: simulated speedup over contiguous",
                 "ranks N",
                 "speedup",
+            )
+        }
+        Kind::Knee => {
+            for row in table {
+                for (name, column) in [
+                    ("measured", "exposed_comm_fraction"),
+                    ("theory", "theory_exposed_fraction"),
+                ] {
+                    series
+                        .entry(format!("{name} N={}", get(row, "ranks")))
+                        .or_default()
+                        .push((num(row, "block_size"), num(row, column)));
+                }
+            }
+            (
+                "knee.svg",
+                "Rate-limited thread ring: exposed communication vs block size",
+                "block size c (tokens per rank)",
+                "exposed / ring time",
+            )
+        }
+        Kind::Memory => {
+            for row in table.iter().filter(|r| get(r, "row_type") == "peak") {
+                series
+                    .entry(format!(
+                        "{} (N = {})",
+                        get(row, "method"),
+                        if get(row, "method") == "ring" {
+                            "S/c"
+                        } else {
+                            "1"
+                        }
+                    ))
+                    .or_default()
+                    .push((num(row, "seq_len"), num(row, "peak_mib_per_rank")));
+            }
+            (
+                "memory.svg",
+                "Per-rank peak memory of a training step",
+                "sequence length S",
+                "MiB per rank",
+            )
+        }
+        Kind::Mfu => {
+            for row in table {
+                series
+                    .entry(format!("N = {}", get(row, "ranks")))
+                    .or_default()
+                    .push((num(row, "seq_len"), num(row, "mfu")));
+            }
+            (
+                "mfu.svg",
+                "Model FLOPs utilization of training steps",
+                "sequence length S",
+                "MFU (vs measured matmul rate)",
             )
         }
         Kind::Overlap => {

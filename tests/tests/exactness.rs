@@ -76,6 +76,7 @@ fn run(
         config,
         timeout: Duration::from_secs(30),
         fault: None,
+        link: None,
     };
     run_attention::<B>(&job, &Default::default())
 }

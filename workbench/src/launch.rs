@@ -5,7 +5,7 @@
 use crate::config::{RingConfig, RingContext, StepEvent};
 use crate::error::{RingError, root_cause};
 use crate::ops::{RingBackend, ring_attention};
-use crate::transport::{Comm, Traffic, run_ranks};
+use crate::transport::{Comm, Link, Traffic, run_ranks_with};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use std::sync::Arc;
@@ -46,6 +46,8 @@ pub struct AttentionJob<'a> {
     pub timeout: Duration,
     /// Fault injection for tests: `(rank, step)` fails that rank at its `step`-th ring exchange.
     pub fault: Option<(usize, usize)>,
+    /// Rate-limits the in-process links (overlap experiments); `None`: channels at memory speed.
+    pub link: Option<Link>,
 }
 
 /// Gradients with respect to q, k, v, in the inputs' layout.
@@ -236,7 +238,7 @@ where
     B: AutodiffBackend + RingBackend,
 {
     let shards = shard_job(job)?;
-    let results = run_ranks(job.ranks, job.timeout, |comm| {
+    let results = run_ranks_with(job.ranks, job.timeout, job.link, |comm| {
         attend_rank::<B>(comm, job, &shards, device).map(|(output, _)| output)
     });
     let mut outputs = Vec::new();

@@ -155,3 +155,44 @@ fn bad_shapes_are_typed_errors() {
         })
     );
 }
+
+#[test]
+fn a_rate_limited_link_delays_delivery_but_not_the_sender() {
+    use workbench::block::{Block, Cargo};
+    use workbench::transport::{Link, Phase, run_ranks_with};
+    // 400 kB at 4 MB/s: 0.1 s on the wire, plus 20 ms latency.
+    let link = Link {
+        bytes_per_s: 4e6,
+        latency: Duration::from_millis(20),
+    };
+    let results = run_ranks_with(
+        2,
+        TIMEOUT,
+        Some(link),
+        |mut comm| -> Result<(f64, f64, f64), RingError> {
+            let (rank, peer) = (comm.rank(), 1 - comm.rank());
+            comm.barrier()?;
+            let start = Instant::now();
+            let block = Arc::new(Block {
+                cargo: Cargo::K,
+                shape: vec![100_000],
+                data: vec![rank as f32; 100_000],
+            });
+            let pending = comm.exchange(Phase::Forward, 0, peer, peer, vec![block])?;
+            let posted = start.elapsed().as_secs_f64();
+            let got = comm.wait(pending)?;
+            assert_eq!(got[0].data[0], peer as f32);
+            Ok((
+                posted,
+                start.elapsed().as_secs_f64(),
+                comm.take_traffic().wait_seconds,
+            ))
+        },
+    );
+    for r in results {
+        let (posted, arrived, waited) = r.unwrap();
+        assert!(posted < 0.01, "sending blocked for {posted} s");
+        assert!((0.115..0.5).contains(&arrived), "arrived after {arrived} s");
+        assert!(waited >= 0.11, "wait counted {waited} s");
+    }
+}

@@ -22,6 +22,8 @@ pub struct SendRecord {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Traffic {
     pub sends: Vec<SendRecord>,
+    /// Seconds this rank spent blocked waiting for ring blocks (communication it could not hide).
+    pub wait_seconds: f64,
 }
 
 impl Traffic {
@@ -126,7 +128,9 @@ impl Comm {
     }
 
     pub fn wait(&mut self, pending: Pending) -> Result<Payload, TransportError> {
+        let start = std::time::Instant::now();
         let received = self.transport.wait(pending);
+        self.traffic.wait_seconds += start.elapsed().as_secs_f64();
         self.failed(received)
     }
 

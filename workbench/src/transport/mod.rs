@@ -12,7 +12,9 @@ mod threads;
 mod wire;
 
 pub use comm::{Comm, Phase, SendRecord, Traffic};
-pub use threads::{ThreadTransport, run_ranks, thread_ring};
+pub use threads::{
+    Link, ThreadTransport, run_ranks, run_ranks_with, thread_ring, thread_ring_with,
+};
 
 use crate::block::Block;
 pub use crate::error::TransportError;

@@ -6,12 +6,23 @@ use crate::error::TransportError;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Debug)]
 struct Envelope {
     tag: u64,
     payload: Payload,
+    /// When a rate-limited link delivers it (`None`: at once).
+    arrives: Option<Instant>,
+}
+
+/// A modelled link for measuring overlap: a message of n bytes arrives `latency + n / bytes_per_s`
+/// after its link is free (messages to one peer queue behind each other). Senders never block, like
+/// a NIC's DMA; the receiver's wait ends when the message has arrived.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Link {
+    pub bytes_per_s: f64,
+    pub latency: Duration,
 }
 
 /// One rank's end of a full mesh of channels.
@@ -21,12 +32,24 @@ pub struct ThreadTransport {
     to: Vec<Sender<Envelope>>,
     from: Vec<Receiver<Envelope>>,
     /// Messages that arrived before the receive that wants them.
-    early: HashMap<(usize, u64), Payload>,
+    early: HashMap<(usize, u64), Envelope>,
     timeout: Duration,
+    link: Option<Link>,
+    /// Per destination: when its link finishes the last message queued on it.
+    link_free: Vec<Instant>,
 }
 
 /// Builds the transports of an N-rank in-process ring; a peer silent for `timeout` is an error.
 pub fn thread_ring(world: usize, timeout: Duration) -> Vec<ThreadTransport> {
+    thread_ring_with(world, timeout, None)
+}
+
+/// [`thread_ring`] whose links are rate-limited by `link`.
+pub fn thread_ring_with(
+    world: usize,
+    timeout: Duration,
+    link: Option<Link>,
+) -> Vec<ThreadTransport> {
     let mut senders: Vec<Vec<Sender<Envelope>>> = (0..world).map(|_| Vec::new()).collect();
     let mut receivers: Vec<Vec<Receiver<Envelope>>> = (0..world).map(|_| Vec::new()).collect();
     for sender_rank in senders.iter_mut() {
@@ -47,23 +70,49 @@ pub fn thread_ring(world: usize, timeout: Duration) -> Vec<ThreadTransport> {
             from,
             early: HashMap::new(),
             timeout,
+            link,
+            link_free: vec![Instant::now(); world],
         })
         .collect()
 }
 
 impl ThreadTransport {
-    fn post(&self, to: usize, tag: u64, payload: Payload) -> Result<(), TransportError> {
+    fn post(&mut self, to: usize, tag: u64, payload: Payload) -> Result<(), TransportError> {
         let gone = || TransportError::PeerGone {
             rank: self.rank,
             peer: to,
         };
+        let arrives = match self.link {
+            Some(link) if to != self.rank => {
+                let bytes: usize = payload.iter().map(|b| 4 * b.data.len()).sum();
+                let wire = Duration::from_secs_f64(bytes as f64 / link.bytes_per_s);
+                let done = self.link_free[to].max(Instant::now()) + wire;
+                self.link_free[to] = done;
+                Some(done + link.latency)
+            }
+            _ => None,
+        };
         let sender = self.to.get(to).ok_or_else(gone)?;
-        sender.send(Envelope { tag, payload }).map_err(|_| gone())
+        sender
+            .send(Envelope {
+                tag,
+                payload,
+                arrives,
+            })
+            .map_err(|_| gone())
     }
 
     fn receive(&mut self, from: usize, tag: u64) -> Result<Payload, TransportError> {
-        if let Some(payload) = self.early.remove(&(from, tag)) {
-            return Ok(payload);
+        let envelope = self.next_envelope(from, tag)?;
+        if let Some(at) = envelope.arrives {
+            std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        }
+        Ok(envelope.payload)
+    }
+
+    fn next_envelope(&mut self, from: usize, tag: u64) -> Result<Envelope, TransportError> {
+        if let Some(envelope) = self.early.remove(&(from, tag)) {
+            return Ok(envelope);
         }
         loop {
             let envelope = self.from[from]
@@ -80,7 +129,7 @@ impl ThreadTransport {
                     },
                 })?;
             if envelope.tag == tag {
-                return Ok(envelope.payload);
+                return Ok(envelope);
             }
             if envelope.tag < tag {
                 return Err(TransportError::Protocol {
@@ -90,7 +139,7 @@ impl ThreadTransport {
                     got: envelope.tag,
                 });
             }
-            self.early.insert((from, envelope.tag), envelope.payload);
+            self.early.insert((from, envelope.tag), envelope);
         }
     }
 }
@@ -138,7 +187,8 @@ impl Transport for ThreadTransport {
             shape: vec![data.len()],
             data: data.to_vec(),
         });
-        for peer in (0..world).filter(|&p| p != self.rank) {
+        let me = self.rank;
+        for peer in (0..world).filter(|&p| p != me) {
             self.post(peer, tag, vec![mine.clone()])?;
         }
         // Sum in rank order on every rank so that all replicas get identical bits.
@@ -174,9 +224,24 @@ where
     E: Send + From<TransportError>,
     F: Fn(Comm) -> Result<T, E> + Sync,
 {
+    run_ranks_with(world, timeout, None, body)
+}
+
+/// [`run_ranks`] over links rate-limited by `link`.
+pub fn run_ranks_with<T, E, F>(
+    world: usize,
+    timeout: Duration,
+    link: Option<Link>,
+    body: F,
+) -> Vec<Result<T, E>>
+where
+    T: Send,
+    E: Send + From<TransportError>,
+    F: Fn(Comm) -> Result<T, E> + Sync,
+{
     let body = &body;
     std::thread::scope(|scope| {
-        let handles: Vec<_> = thread_ring(world, timeout)
+        let handles: Vec<_> = thread_ring_with(world, timeout, link)
             .into_iter()
             .map(|transport| {
                 let rank = transport.rank;
