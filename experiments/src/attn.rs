@@ -132,6 +132,7 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
             backward: args.bwd,
             kernel: args.kernel,
             scale: None,
+            lockstep: false,
         },
         timeout: Duration::from_secs_f64(args.timeout),
         fault: args.fail_rank.zip(args.fail_step),

@@ -172,6 +172,7 @@ pub fn run(command: &BenchCommand) -> Result<()> {
                     backward: BackwardScheme::Kv,
                     kernel,
                     scale: None,
+                    lockstep: false,
                 },
                 timeout: Duration::from_secs(3600),
                 fault: None,

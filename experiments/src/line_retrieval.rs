@@ -98,6 +98,7 @@ impl RingSpec {
             backward: self.backward.parse::<BackwardScheme>()?,
             kernel: self.kernel.parse::<Kernel>()?,
             scale: None,
+            lockstep: false,
         })
     }
 }

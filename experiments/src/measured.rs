@@ -179,6 +179,50 @@ fn measured_knee(points: &[(usize, f64, f64)]) -> Option<f64> {
     (slope < 0.0).then(|| mx - my / slope)
 }
 
+/// Tile compute seconds `[rank][step]` of a causal forward ring pass, measured in lockstep (one rank
+/// computes at a time, so the thread ranks do not contend for the cores).
+pub fn lockstep_tile_seconds(
+    partition: &dyn strategies::Partition,
+    ranks: usize,
+    block: usize,
+    heads: usize,
+    head_dim: usize,
+) -> Result<Vec<Vec<f64>>> {
+    let seq = ranks * block;
+    let q = random(vec![1, seq, heads, head_dim], 1);
+    let k = random(vec![1, seq, heads, head_dim], 2);
+    let v = random(vec![1, seq, heads, head_dim], 3);
+    let job = AttentionJob {
+        q: &q,
+        k: &k,
+        v: &v,
+        d_out: None,
+        ranks,
+        strategy: partition,
+        config: RingConfig {
+            causal: true,
+            kernel: Kernel::Fused,
+            lockstep: true,
+            ..Default::default()
+        },
+        timeout: TIMEOUT,
+        fault: None,
+        link: None,
+    };
+    // A warm-up pass, then the best of three per tile.
+    run_attention::<Train>(&job, &Default::default())?;
+    let mut best = vec![vec![f64::INFINITY; ranks]; ranks];
+    for _ in 0..3 {
+        let result = run_attention::<Train>(&job, &Default::default())?;
+        for (r, events) in result.events.iter().enumerate() {
+            for e in events {
+                best[r][e.step] = best[r][e.step].min(e.compute_seconds);
+            }
+        }
+    }
+    Ok(best)
+}
+
 /// How a memory row runs one training step of the small model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {

@@ -107,6 +107,33 @@ pub struct ModelShape {
     pub heads: usize,
     #[serde(default = "default_bytes")]
     pub bytes_per_value: usize,
+    /// Balance: where tile costs come from.
+    #[serde(default)]
+    pub tile_costs: TileCosts,
+    /// Balance with measured tile costs: the (smaller) attention shape timed on this machine; times
+    /// are scaled by the FLOP ratio of the two shapes and by this machine's matmul rate over the
+    /// profile's peak.
+    #[serde(default = "default_measured_heads")]
+    pub measured_heads: usize,
+    #[serde(default = "default_measured_head_dim")]
+    pub measured_head_dim: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TileCosts {
+    /// Visible pairs × FLOPs per pair ÷ the profile's peak FLOP/s.
+    #[default]
+    Flops,
+    /// Each tile timed on this machine in lockstep, scaled to the profile.
+    Measured,
+}
+
+fn default_measured_heads() -> usize {
+    4
+}
+fn default_measured_head_dim() -> usize {
+    64
 }
 
 fn default_head_dim() -> usize {
@@ -127,6 +154,9 @@ impl Default for ModelShape {
             head_dim: default_head_dim(),
             heads: default_heads(),
             bytes_per_value: default_bytes(),
+            tile_costs: TileCosts::default(),
+            measured_heads: default_measured_heads(),
+            measured_head_dim: default_measured_head_dim(),
         }
     }
 }
@@ -238,6 +268,34 @@ impl Row {
     }
 }
 
+/// Tile costs measured on this machine: lockstep seconds per (rank, step) and the matmul rate.
+struct MachineTiles {
+    seconds: Vec<Vec<f64>>,
+    matmul_flops: f64,
+}
+
+fn machine_tiles(
+    partition: &dyn Partition,
+    ranks: usize,
+    block: usize,
+    m: &ModelShape,
+) -> Result<Option<MachineTiles>> {
+    if m.tile_costs != TileCosts::Measured {
+        return Ok(None);
+    }
+    let seconds = crate::measured::lockstep_tile_seconds(
+        partition,
+        ranks,
+        block,
+        m.measured_heads,
+        m.measured_head_dim,
+    )?;
+    Ok(Some(MachineTiles {
+        seconds,
+        matmul_flops: crate::bench::matmul_gflops(1024) * 1e9,
+    }))
+}
+
 /// Simulated forward ring pass of `partition` on `ranks` ranks with `block` tokens each.
 fn balance_row(
     partition: &dyn Partition,
@@ -247,6 +305,7 @@ fn balance_row(
     m: &ModelShape,
     contiguous_makespan: Option<f64>,
 ) -> Result<(Row, f64)> {
+    let measured = machine_tiles(partition, ranks, block, m)?;
     let layout = partition.layout(ranks * block, ranks)?;
     let work = causal_work_per_rank(&layout);
     let mean = work.iter().sum::<u64>() as f64 / ranks as f64;
@@ -256,6 +315,12 @@ fn balance_row(
         .map(|r| {
             (0..ranks)
                 .map(|s| {
+                    if let Some(t) = &measured {
+                        // Time on this machine → FLOPs at the model's shape → time on the profile.
+                        let shape_ratio = (m.heads * m.head_dim) as f64
+                            / (m.measured_heads * m.measured_head_dim) as f64;
+                        return t.seconds[r][s] * t.matmul_flops * shape_ratio / p.flops;
+                    }
                     let owner = Direction::Cw.owner(r, s, ranks);
                     causal_pairs(&layout.positions[r], &layout.positions[owner]) as f64
                         * flops_per_pair
@@ -277,6 +342,7 @@ fn balance_row(
             ("profile", p.name.to_string()),
         ],
         values: vec![
+            ("tile_costs", format!("{:?}", m.tile_costs).to_lowercase()),
             ("work_max_over_mean", format!("{:.4}", max / mean)),
             ("makespan_ms", format!("{:.4}", sim.makespan * 1e3)),
             (
@@ -409,6 +475,8 @@ fn rows(path: &Path, text: &str, spec: &Spec, done: &HashSet<String>) -> Result<
                 })
                 .collect::<Result<_>>()?;
             let small = m.small_model();
+            // The first step of a process allocates once-only state (thread pools, caches): warm up.
+            peak_per_rank(&small, Method::Blockwise, 1, blocks[0], blocks[0])?;
             let bar = ProgressBar::new_spinner();
             let row =
                 |kind: &str, method: Method, n: usize, seq: String, values: [String; 3]| Row {
@@ -526,7 +594,7 @@ fn rows(path: &Path, text: &str, spec: &Spec, done: &HashSet<String>) -> Result<
             for p in &profiles {
                 for &block in blocks {
                     for &n in ranks {
-                        let (_, contiguous) =
+                        let (contiguous_row, contiguous) =
                             balance_row(&strategies::Contiguous, n, block, p, &spec.model, None)?;
                         for strategy in &strategies {
                             bar.set_message(format!(
@@ -534,8 +602,13 @@ fn rows(path: &Path, text: &str, spec: &Spec, done: &HashSet<String>) -> Result<
                                 strategy.name(),
                                 p.name
                             ));
-                            let (row, _) =
-                                balance_row(*strategy, n, block, p, &spec.model, Some(contiguous))?;
+                            // Contiguous is its own baseline: reuse it (measured tiles are noisy).
+                            let row = if strategy.name() == strategies::Contiguous.name() {
+                                contiguous_row.clone()
+                            } else {
+                                balance_row(*strategy, n, block, p, &spec.model, Some(contiguous))?
+                                    .0
+                            };
                             if !done.contains(&row.id()) {
                                 out.push(row);
                             }

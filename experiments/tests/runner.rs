@@ -162,3 +162,75 @@ fn malformed_specs_name_the_key_and_line() {
     }
     std::fs::remove_dir_all(root).unwrap();
 }
+
+/// Runs the `ringbench` binary (whose counting allocator the memory kind needs) on `spec`.
+fn run_binary(root: &Path, name: &str, spec: &str) -> PathBuf {
+    let path = root.join(format!("{name}.toml"));
+    std::fs::write(&path, spec).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringbench"))
+        .arg("run")
+        .arg(&path)
+        .arg("--results")
+        .arg(root)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    root.join(name)
+}
+
+#[test]
+fn ring_memory_per_rank_is_flat_and_max_context_grows_with_ranks() {
+    let root = temp("memory");
+    let dir = run_binary(
+        &root,
+        "memory",
+        "kind = \"memory\"\n[sweep]\nranks = [1, 2, 4, 8]\nblock_sizes = [128]\n[measure]\nbudget_mib = 8.0\nmax_seq = 8192\nd_model = 64\nlayers = 1\nheads = 2\nvocab = 64\nmethods = [\"blockwise-attn+ffn\", \"ring\"]\n",
+    );
+    let (kind, method, ranks, seq, peak, max) = (
+        column(&dir, "row_type"),
+        column(&dir, "method"),
+        column(&dir, "ranks"),
+        column(&dir, "seq_len"),
+        column(&dir, "peak_mib_per_rank"),
+        column(&dir, "max_context_tokens"),
+    );
+    let all = rows(&dir);
+    let find = |t: &str, m: &str, n: &str, s: &str| {
+        all.iter()
+            .find(|r| &r[kind] == t && &r[method] == m && &r[ranks] == n && &r[seq] == s)
+            .unwrap_or_else(|| panic!("no row {t} {m} {n} {s}"))
+            .clone()
+    };
+    let ring: Vec<f64> = [("1", "128"), ("2", "256"), ("4", "512"), ("8", "1024")]
+        .iter()
+        .map(|(n, s)| find("peak", "ring", n, s)[peak].parse().unwrap())
+        .collect();
+    let (lo, hi) = ring
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
+    assert!(hi <= 1.1 * lo, "ring per-rank peaks vary: {ring:?}");
+    let single: Vec<f64> = ["128", "256", "512", "1024"]
+        .iter()
+        .map(|s| {
+            find("peak", "blockwise-attn+ffn", "1", s)[peak]
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert!(
+        single[3] > 2.0 * single[0],
+        "blockwise peak does not grow: {single:?}"
+    );
+    let max_ctx = |n: &str| -> f64 { find("max_context", "ring", n, "-")[max].parse().unwrap() };
+    for n in [2.0, 4.0, 8.0] {
+        let ratio = max_ctx(&format!("{n}")) / max_ctx("1");
+        assert!(
+            (ratio / n - 1.0).abs() <= 0.1,
+            "N = {n}: max context ratio {ratio}"
+        );
+    }
+}

@@ -106,6 +106,7 @@ fn exactness_table() {
                                     backward,
                                     kernel,
                                     scale: None,
+                                    lockstep: false,
                                 };
                                 let result = match run(&c, strategy, ranks, config) {
                                     Err(RingError::Partition(e)) => {

@@ -119,6 +119,10 @@ pub struct RingConfig {
     /// Softmax scale; `None` means 1/sqrt(head_dim).
     pub scale: Option<f32>,
     pub kernel: Kernel,
+    /// Measurement mode: ranks compute their tiles one at a time (a process-wide lock), so that N
+    /// thread ranks sharing a few cores do not slow each other's tile timings. Communication is not
+    /// serialized.
+    pub lockstep: bool,
 }
 
 /// Work done by one rank in one ring step, for measurement and simulation.

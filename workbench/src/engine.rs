@@ -71,6 +71,13 @@ pub(crate) fn ring_pass(
     Ok(accumulator)
 }
 
+/// The process-wide turn of [`RingConfig::lockstep`](crate::RingConfig::lockstep) tile computation.
+fn lockstep_turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn scale_of(ctx: &RingContext, head_dim: usize) -> f32 {
     ctx.config
         .scale
@@ -138,6 +145,7 @@ pub fn forward<B: Backend>(
         cargo,
         None,
         |step, owner, held| {
+            let _turn = ctx.config.lockstep.then(lockstep_turn);
             let start = Instant::now();
             let pos_k = ctx.positions(owner);
             let visibility = Visibility::of(pos_q, pos_k, causal);
@@ -238,6 +246,7 @@ pub fn backward<B: Backend>(
         cargo,
         Some(accumulator),
         |step, owner, held| {
+            let _turn = ctx.config.lockstep.then(lockstep_turn);
             let start = Instant::now();
             let (q_rank, k_rank) = if travelling_q {
                 (owner, rank)
