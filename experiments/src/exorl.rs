@@ -177,14 +177,29 @@ struct Dataset {
     std: Vec<f32>,
     best: f64,
     interval: usize,
+    /// Decisions in the longest trajectory.
+    decisions: usize,
 }
 
 impl Dataset {
     fn load(dir: &Path, interval: usize) -> Result<Self> {
         let trajectories: Vec<Trajectory> = episode_files(dir)?
             .iter()
-            .map(|p| Ok(trajectory(&read_episode(p)?, interval)))
+            .map(|p| {
+                let t = trajectory(&read_episode(p)?, interval);
+                ensure!(
+                    !t.states.is_empty(),
+                    "{}: shorter than one decision of {interval} steps",
+                    p.display()
+                );
+                Ok(t)
+            })
             .collect::<Result<_>>()?;
+        let decisions = trajectories
+            .iter()
+            .map(|t| t.states.len())
+            .max()
+            .unwrap_or(0);
         let dim = trajectories[0].states[0].len();
         let states = trajectories.iter().flat_map(|t| t.states.iter());
         let n = trajectories.iter().map(|t| t.states.len()).sum::<usize>() as f64;
@@ -208,6 +223,7 @@ impl Dataset {
             std,
             best,
             interval,
+            decisions,
         })
     }
 
@@ -396,10 +412,9 @@ fn train_policy(
         chains,
     } = size;
     let partition = strategies::by_name(&spec.train.strategy)?;
-    let decisions = EPISODE_STEPS / data.interval;
     let len = padded_len(
         partition,
-        config.k.min(data.trajectories.len()) * decisions * TOKENS_PER_STEP,
+        config.k.min(data.trajectories.len()) * data.decisions * TOKENS_PER_STEP,
         ranks,
     );
     <Train as Backend>::seed(&Default::default(), seed);
@@ -552,7 +567,7 @@ fn table(spec_path: &Path) -> Result<()> {
             .with_kv_heads(spec.model.kv_heads);
         for config in &spec.configs {
             ensure!(config.k > 0, "config `{}`: k must be positive", config.name);
-            let tokens = config.k * EPISODE_STEPS / task.interval * TOKENS_PER_STEP;
+            let tokens = config.k * data.decisions * TOKENS_PER_STEP;
             // Memory of one chain's forward + backward, on one rank and per rank of the ring.
             let probe = |ranks| {
                 let size = RunSize {

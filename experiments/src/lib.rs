@@ -9,6 +9,7 @@ pub mod launcher;
 pub mod line_retrieval;
 pub mod markdown;
 pub mod measured;
+pub mod memory_model;
 pub mod npy;
 pub mod plot;
 pub mod reproduce;

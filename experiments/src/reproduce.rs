@@ -26,6 +26,10 @@ const TABLES: &[(&str, &str)] = &[
     ("experiments/knee.toml", "experiments/knee.toml"),
     ("experiments/memory_quick.toml", "experiments/memory.toml"),
     ("experiments/mfu_quick.toml", "experiments/mfu.toml"),
+    (
+        "experiments/memory_model.toml",
+        "experiments/memory_model.toml",
+    ),
 ];
 
 pub fn run(args: &ReproduceArgs) -> Result<()> {

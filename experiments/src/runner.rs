@@ -27,6 +27,8 @@ pub enum Kind {
     Memory,
     /// Measured: model FLOPs utilization of training steps against the machine's matmul rate.
     Mfu,
+    /// Analytic: per-device memory and maximum context at the paper's scale beside its Table 3.
+    MemoryModel,
 }
 
 impl Kind {
@@ -553,6 +555,39 @@ fn rows(path: &Path, text: &str, spec: &Spec, done: &HashSet<String>) -> Result<
             }
             bar.finish_and_clear();
         }
+        Kind::MemoryModel => {
+            reject_unused(path, text, s, &[])?;
+            use crate::memory_model::{METHODS, PAPER_TABLE_3, SIZES, max_context_k};
+            for (pool, model, paper) in PAPER_TABLE_3 {
+                let size = SIZES
+                    .iter()
+                    .find(|m| m.name == model)
+                    .expect("every paper row names a known size");
+                for (method, paper_k) in METHODS.iter().zip(paper) {
+                    let ours = max_context_k(size, &pool, method);
+                    out.push(Row {
+                        keys: vec![
+                            ("hardware", pool.name.to_string()),
+                            ("model", model.to_string()),
+                            ("method", method.to_string()),
+                        ],
+                        values: vec![
+                            ("devices", pool.devices.to_string()),
+                            ("memory_gb_per_device", format!("{}", pool.memory_gb)),
+                            (
+                                "model_max_context_k",
+                                ours.map_or("<1".into(), |k| format!("{k}")),
+                            ),
+                            ("paper_max_context_k", format!("{paper_k}")),
+                            (
+                                "model_over_paper",
+                                ours.map_or("-".into(), |k| format!("{:.2}", k / paper_k)),
+                            ),
+                        ],
+                    });
+                }
+            }
+        }
         Kind::Mfu => {
             reject_unused(path, text, s, &["ranks", "block_sizes"])?;
             let ranks = list(path, text, "ranks", &s.ranks, spec.kind)?;
@@ -681,6 +716,7 @@ pub fn run(args: &RunArgs) -> Result<PathBuf> {
         Kind::Knee => &["ranks", "block_size"],
         Kind::Memory => &["row_type", "method", "ranks", "seq_len"],
         Kind::Mfu => &["ranks", "seq_len"],
+        Kind::MemoryModel => &["hardware", "model", "method"],
     };
     let done: HashSet<String> = table
         .iter()
@@ -763,6 +799,13 @@ pub fn run(args: &RunArgs) -> Result<PathBuf> {
     Ok(dir)
 }
 
+fn model_index(name: &str) -> f64 {
+    ["3B", "7B", "13B", "30B"]
+        .iter()
+        .position(|m| *m == name)
+        .map_or(f64::NAN, |i| i as f64)
+}
+
 fn figure(spec: &Spec, dir: &Path, table: &[Vec<(String, String)>]) -> Result<()> {
     let get = |row: &Vec<(String, String)>, k: &str| {
         row.iter()
@@ -831,6 +874,28 @@ fn figure(spec: &Spec, dir: &Path, table: &[Vec<(String, String)>]) -> Result<()
                 "Per-rank peak memory of a training step",
                 "sequence length S",
                 "MiB per rank",
+            )
+        }
+        Kind::MemoryModel => {
+            for row in table
+                .iter()
+                .filter(|r| get(r, "hardware") == "8x A100 NVLink")
+            {
+                for (who, column) in [
+                    ("model", "model_max_context_k"),
+                    ("paper", "paper_max_context_k"),
+                ] {
+                    series
+                        .entry(format!("{} {who}", get(row, "method")))
+                        .or_default()
+                        .push((model_index(&get(row, "model")), num(row, column).log2()));
+                }
+            }
+            (
+                "memory_model.svg",
+                "8x A100: maximum context, analytic model vs paper (log2 K tokens)",
+                "model (0 = 3B, 1 = 7B, 2 = 13B)",
+                "log2(max context / 1K tokens)",
             )
         }
         Kind::Mfu => {
