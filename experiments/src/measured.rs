@@ -85,69 +85,80 @@ pub fn knee_rows(
     bar: &ProgressBar,
 ) -> Result<Vec<Row>> {
     let block_bytes = |c: usize| (2 * c * heads * head_dim * 4) as f64;
-    let at_set = time_ring(ranks, set_tokens, heads, head_dim, None, repeats)?;
+    let mut free = Vec::new();
+    for &c in blocks {
+        bar.set_message(format!("knee c={c}, free link"));
+        free.push(time_ring(ranks, c, heads, head_dim, None, repeats)?);
+    }
+    let at_set = match blocks.iter().position(|&c| c == set_tokens) {
+        Some(i) => free[i],
+        None => time_ring(ranks, set_tokens, heads, head_dim, None, repeats)?,
+    };
     let bytes_per_s = block_bytes(set_tokens) / at_set.compute_per_step;
     let link = Link {
         bytes_per_s,
         latency: Duration::ZERO,
     };
-    let mut measured: Vec<(usize, RingTiming, RingTiming)> = Vec::new();
-    for &c in blocks {
-        bar.set_message(format!("knee c={c}"));
-        let free = time_ring(ranks, c, heads, head_dim, None, repeats)?;
-        let limited = time_ring(ranks, c, heads, head_dim, Some(link), repeats)?;
-        measured.push((c, free, limited));
+    let mut points = Vec::new();
+    let mut limited = Vec::new();
+    for (&c, f) in blocks.iter().zip(&free) {
+        bar.set_message(format!("knee c={c}, limited link"));
+        let l = time_ring(ranks, c, heads, head_dim, Some(link), repeats)?;
+        points.push(KneePoint {
+            block: c,
+            exposed: (l.wait_per_pass - f.wait_per_pass).max(0.0),
+            compute: f.compute_per_step,
+        });
+        limited.push(l);
         bar.inc(1);
     }
-    // Theory: each of the N − 1 transfers exposes max(0, T_comm − T_comp).
-    let exposed = |free: &RingTiming, limited: &RingTiming| {
-        (limited.wait_per_pass - free.wait_per_pass).max(0.0)
-    };
-    let points: Vec<(usize, f64, f64)> = measured
+    let knee = measured_knee(&points, ranks);
+    Ok(points
         .iter()
-        .map(|(c, free, limited)| {
-            let pass = ranks as f64 * limited.compute_per_step;
-            (*c, exposed(free, limited), pass)
-        })
-        .collect();
-    let knee = measured_knee(&points);
-    Ok(measured
-        .iter()
-        .zip(&points)
-        .map(|((c, free, limited), &(_, exposed_s, compute_s))| {
-            let t_comp = free.compute_per_step;
-            let t_comm = block_bytes(*c) / bytes_per_s;
-            let theory = (ranks - 1) as f64 * (t_comm - t_comp).max(0.0);
+        .zip(free.iter().zip(&limited))
+        .map(|(p, (f, l))| {
+            let t_comm = block_bytes(p.block) / bytes_per_s;
+            // Theory: each of the N − 1 transfers exposes max(0, T_comm − T_comp).
+            let theory = (ranks - 1) as f64 * (t_comm - p.compute).max(0.0);
+            let pass = ranks as f64 * p.compute;
             Row {
-                keys: vec![("ranks", ranks.to_string()), ("block_size", c.to_string())],
+                keys: vec![
+                    ("ranks", ranks.to_string()),
+                    ("block_size", p.block.to_string()),
+                ],
                 values: vec![
                     ("set_knee_tokens", set_tokens.to_string()),
                     ("link_mb_per_s", format!("{:.1}", bytes_per_s / 1e6)),
-                    ("compute_ms_per_step", format!("{:.3}", t_comp * 1e3)),
+                    ("compute_ms_per_step", format!("{:.3}", p.compute * 1e3)),
                     ("comm_ms_per_step", format!("{:.3}", t_comm * 1e3)),
-                    (
-                        "wait_ms_free_link",
-                        format!("{:.3}", free.wait_per_pass * 1e3),
-                    ),
+                    ("wait_ms_free_link", format!("{:.3}", f.wait_per_pass * 1e3)),
                     (
                         "wait_ms_limited_link",
-                        format!("{:.3}", limited.wait_per_pass * 1e3),
+                        format!("{:.3}", l.wait_per_pass * 1e3),
                     ),
                     (
                         "exposed_comm_fraction",
-                        format!("{:.4}", exposed_s / (exposed_s + compute_s)),
+                        format!("{:.4}", p.exposed / (p.exposed + pass)),
                     ),
                     (
                         "theory_exposed_fraction",
-                        format!("{:.4}", theory / (theory + ranks as f64 * t_comp)),
+                        format!("{:.4}", theory / (theory + pass)),
+                    ),
+                    (
+                        "measured_link_mb_per_s",
+                        knee.map_or("-".into(), |k| {
+                            format!("{:.1}", k.link_bytes_per_s(heads, head_dim) / 1e6)
+                        }),
                     ),
                     (
                         "measured_knee_tokens",
-                        knee.map_or("-".into(), |k| format!("{k:.0}")),
+                        knee.map_or("-".into(), |k| format!("{:.0}", k.tokens)),
                     ),
                     (
                         "measured_over_set",
-                        knee.map_or("-".into(), |k| format!("{:.3}", k / set_tokens as f64)),
+                        knee.map_or("-".into(), |k| {
+                            format!("{:.3}", k.tokens / set_tokens as f64)
+                        }),
                     ),
                 ],
             }
@@ -155,28 +166,58 @@ pub fn knee_rows(
         .collect())
 }
 
-/// Where the exposed communication reaches zero. Per transfer it is `T_comm − T_comp = βc − γc²`
-/// below the knee, so `exposed / c` falls on a line in c that crosses zero at the knee `β / γ`:
-/// fit that line (least squares) through the link-bound block sizes — those from the smallest up to
-/// the first whose exposed share is within noise (≤ 5%) — and return its zero.
-/// `points` are (block size, exposed seconds per pass, compute seconds per pass).
-fn measured_knee(points: &[(usize, f64, f64)]) -> Option<f64> {
-    let bound: Vec<(f64, f64)> = points
+/// One block size of the knee sweep: exposed seconds per pass (limited minus free wait) and the
+/// tile compute seconds per step.
+#[derive(Debug, Clone, Copy)]
+struct KneePoint {
+    block: usize,
+    exposed: f64,
+    compute: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Knee {
+    tokens: f64,
+    /// Seconds per token of a block on the link, as the ranks saw it.
+    seconds_per_token: f64,
+}
+
+impl Knee {
+    fn link_bytes_per_s(&self, heads: usize, head_dim: usize) -> f64 {
+        (2 * heads * head_dim * 4) as f64 / self.seconds_per_token
+    }
+}
+
+/// The knee from the measurements alone. Below it a rank waits `T_comm − T_comp` per transfer, so
+/// on the link-bound block sizes (from the smallest up to the first whose exposed share is within
+/// noise, ≤ 5%) `exposed / (N − 1) + T_comp` is the link time of a block: fit it as `β·c` (least
+/// squares through the origin), then find where the measured compute time per step `T_comp(c)`
+/// overtakes `β·c` (linear interpolation between block sizes).
+fn measured_knee(points: &[KneePoint], ranks: usize) -> Option<Knee> {
+    let transfers = ranks.saturating_sub(1).max(1) as f64;
+    let bound: Vec<&KneePoint> = points
         .iter()
-        .take_while(|&&(_, exposed, compute)| exposed / (exposed + compute) > 0.05)
-        .map(|&(c, exposed, _)| (c as f64, exposed / c as f64))
+        .take_while(|p| p.exposed / (p.exposed + ranks as f64 * p.compute) > 0.05)
         .collect();
-    if bound.len() < 2 {
+    if bound.is_empty() {
         return None;
     }
-    let n = bound.len() as f64;
-    let (mx, my) = bound
-        .iter()
-        .fold((0.0, 0.0), |(x, y), &(c, e)| (x + c / n, y + e / n));
-    let sxy: f64 = bound.iter().map(|&(c, e)| (c - mx) * (e - my)).sum();
-    let sxx: f64 = bound.iter().map(|&(c, _)| (c - mx) * (c - mx)).sum();
-    let slope = sxy / sxx;
-    (slope < 0.0).then(|| mx - my / slope)
+    let (sxy, sxx) = bound.iter().fold((0.0, 0.0), |(xy, xx), p| {
+        let c = p.block as f64;
+        (xy + c * (p.exposed / transfers + p.compute), xx + c * c)
+    });
+    let beta = sxy / sxx;
+    let gap = |p: &KneePoint| p.compute - beta * p.block as f64;
+    points.windows(2).find_map(|w| {
+        let (g0, g1) = (gap(&w[0]), gap(&w[1]));
+        (g0 < 0.0 && g1 >= 0.0).then(|| {
+            let (c0, c1) = (w[0].block as f64, w[1].block as f64);
+            Knee {
+                tokens: c0 + (c1 - c0) * (-g0) / (g1 - g0),
+                seconds_per_token: beta,
+            }
+        })
+    })
 }
 
 /// Tile compute seconds `[rank][step]` of a causal forward ring pass, measured in lockstep (one rank
@@ -429,21 +470,23 @@ mod tests {
 
     #[test]
     fn the_knee_estimate_recovers_the_crossing_of_the_model() {
-        // exposed = βc − γc² below c* = β/γ = 500, zero above; compute = 2 T_comp = 2γc².
+        // Two ranks; a block takes βc on the link and γc² to compute: the knee is β/γ = 500.
         let (beta, gamma) = (1e-5, 2e-8);
-        let points: Vec<(usize, f64, f64)> = [100, 200, 300, 400, 450, 500, 600, 800]
+        let points: Vec<KneePoint> = [100, 200, 300, 400, 450, 550, 600, 800]
             .iter()
             .map(|&c| {
                 let c_f = c as f64;
-                (
-                    c,
-                    (beta * c_f - gamma * c_f * c_f).max(0.0),
-                    2.0 * gamma * c_f * c_f,
-                )
+                KneePoint {
+                    block: c,
+                    exposed: (beta * c_f - gamma * c_f * c_f).max(0.0),
+                    compute: gamma * c_f * c_f,
+                }
             })
             .collect();
-        let knee = measured_knee(&points).unwrap();
-        assert!((knee - 500.0).abs() < 1e-6, "{knee}");
-        assert_eq!(measured_knee(&points[5..]), None);
+        let knee = measured_knee(&points, 2).unwrap();
+        assert!((knee.seconds_per_token - beta).abs() < 1e-12);
+        // Linear interpolation of γc² − βc between 450 and 550.
+        assert!((knee.tokens - 500.0).abs() < 5.0, "{knee:?}");
+        assert_eq!(measured_knee(&points[5..], 2), None);
     }
 }
