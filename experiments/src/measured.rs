@@ -10,7 +10,7 @@ use datasets::SplitMix64;
 use indicatif::ProgressBar;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
-use workbench::launch::{AttentionJob, run_attention};
+use workbench::launch::{AttentionJob, HostTensor, run_attention};
 use workbench::model::LlamaConfig;
 use workbench::train::{Example, TrainOptions, train};
 use workbench::transport::Link;
@@ -19,6 +19,34 @@ use workbench::{Kernel, RingConfig};
 type Train = Autodiff<Flex>;
 const TIMEOUT: Duration = Duration::from_secs(3600);
 const MIB: f64 = 1024.0 * 1024.0;
+
+/// Seeded random q, k, v of `[1, ranks · block, heads, head_dim]`.
+fn random_qkv(ranks: usize, block: usize, heads: usize, head_dim: usize) -> [HostTensor; 3] {
+    let shape = vec![1, ranks * block, heads, head_dim];
+    [1, 2, 3].map(|seed| random(shape.clone(), seed))
+}
+
+/// A forward-only ring job over `qkv`.
+fn forward_job<'a>(
+    qkv: &'a [HostTensor; 3],
+    ranks: usize,
+    strategy: &'a dyn strategies::Partition,
+    config: RingConfig,
+    link: Option<Link>,
+) -> AttentionJob<'a> {
+    AttentionJob {
+        q: &qkv[0],
+        k: &qkv[1],
+        v: &qkv[2],
+        d_out: None,
+        ranks,
+        strategy,
+        config,
+        timeout: TIMEOUT,
+        fault: None,
+        link,
+    }
+}
 
 /// One timed configuration of the knee experiment.
 #[derive(Debug, Clone, Copy)]
@@ -38,26 +66,13 @@ fn time_ring(
     link: Option<Link>,
     repeats: usize,
 ) -> Result<RingTiming> {
-    let seq = ranks * block;
-    let q = random(vec![1, seq, heads, head_dim], 1);
-    let k = random(vec![1, seq, heads, head_dim], 2);
-    let v = random(vec![1, seq, heads, head_dim], 3);
-    let job = AttentionJob {
-        q: &q,
-        k: &k,
-        v: &v,
-        d_out: None,
-        ranks,
-        strategy: &strategies::Contiguous,
-        config: RingConfig {
-            causal: false,
-            kernel: Kernel::Fused,
-            ..Default::default()
-        },
-        timeout: TIMEOUT,
-        fault: None,
-        link,
+    let qkv = random_qkv(ranks, block, heads, head_dim);
+    let config = RingConfig {
+        causal: false,
+        kernel: Kernel::Fused,
+        ..Default::default()
     };
+    let job = forward_job(&qkv, ranks, &strategies::Contiguous, config, link);
     let mut waits = Vec::new();
     let mut compute = Vec::new();
     for _ in 0..repeats.max(1) {
@@ -229,27 +244,14 @@ pub fn lockstep_tile_seconds(
     heads: usize,
     head_dim: usize,
 ) -> Result<Vec<Vec<f64>>> {
-    let seq = ranks * block;
-    let q = random(vec![1, seq, heads, head_dim], 1);
-    let k = random(vec![1, seq, heads, head_dim], 2);
-    let v = random(vec![1, seq, heads, head_dim], 3);
-    let job = AttentionJob {
-        q: &q,
-        k: &k,
-        v: &v,
-        d_out: None,
-        ranks,
-        strategy: partition,
-        config: RingConfig {
-            causal: true,
-            kernel: Kernel::Fused,
-            lockstep: true,
-            ..Default::default()
-        },
-        timeout: TIMEOUT,
-        fault: None,
-        link: None,
+    let qkv = random_qkv(ranks, block, heads, head_dim);
+    let config = RingConfig {
+        causal: true,
+        kernel: Kernel::Fused,
+        lockstep: true,
+        ..Default::default()
     };
+    let job = forward_job(&qkv, ranks, partition, config, None);
     // A warm-up pass, then the best of three per tile.
     run_attention::<Train>(&job, &Default::default())?;
     let mut best = vec![vec![f64::INFINITY; ranks]; ranks];

@@ -11,7 +11,7 @@ use crate::config::{RingConfig, RingContext};
 use crate::error::RingError;
 use crate::model::{Block, LlamaConfig, Trunk, decode, materialize};
 use crate::ops::RingBackend;
-use crate::train::Objective;
+use crate::train::{Objective, local_rows};
 use crate::transport::run_ranks;
 use burn::config::Config;
 use burn::module::Module;
@@ -20,7 +20,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use std::sync::Arc;
 use std::time::Duration;
-use strategies::{Contiguous, Layout, Partition};
+use strategies::{Contiguous, Partition};
 
 /// The four tokens of a step, in sequence order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,25 +148,6 @@ pub struct ChainBatch {
     pub features: Vec<f32>,
     pub targets: Vec<f32>,
     pub weights: Vec<f32>,
-}
-
-/// Rows `[batch, t, width]` of this rank's positions out of `[batch, len, width]`.
-fn local_rows(
-    global: &[f32],
-    batch: usize,
-    width: usize,
-    layout: &Layout,
-    rank: usize,
-) -> Vec<f32> {
-    let len = layout.seq_len;
-    let mut out = Vec::with_capacity(batch * layout.shard_len(rank) * width);
-    for b in 0..batch {
-        for &p in &layout.positions[rank] {
-            let row = (b * len + p) * width;
-            out.extend_from_slice(&global[row..row + width]);
-        }
-    }
-    out
 }
 
 /// Mean squared error of the predicted actions at the weighted tokens (the AT's action loss).

@@ -180,20 +180,27 @@ fn assemble(examples: &[Example], partition: &dyn Partition, ranks: usize, pad: 
 }
 
 /// Rows `[batch, t]` of this rank's positions.
-pub(crate) fn local<T: Copy + Default>(
+pub(crate) fn local<T: Copy>(global: &[T], batch: usize, layout: &Layout, rank: usize) -> Vec<T> {
+    local_rows(global, batch, 1, layout, rank)
+}
+
+/// Rows `[batch, t, width]` of this rank's positions out of `[batch, len, width]`.
+pub(crate) fn local_rows<T: Copy>(
     global: &[T],
     batch: usize,
+    width: usize,
     layout: &Layout,
     rank: usize,
 ) -> Vec<T> {
     let len = layout.seq_len;
-    (0..batch)
-        .flat_map(|b| {
-            layout.positions[rank]
-                .iter()
-                .map(move |&p| global[b * len + p])
-        })
-        .collect()
+    let mut out = Vec::with_capacity(batch * layout.shard_len(rank) * width);
+    for b in 0..batch {
+        for &p in &layout.positions[rank] {
+            let row = (b * len + p) * width;
+            out.extend_from_slice(&global[row..row + width]);
+        }
+    }
+    out
 }
 
 /// Masked next-token cross-entropy of this rank's tokens, divided by the global weight.
