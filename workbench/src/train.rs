@@ -179,6 +179,22 @@ fn assemble(examples: &[Example], partition: &dyn Partition, ranks: usize, pad: 
     batch
 }
 
+/// Each step's examples laid out for the partition (the next-token objective's batches).
+fn assembled<'a, F: Fn(usize) -> Vec<Example>>(
+    batch_for: &'a F,
+    partition: &'a dyn Partition,
+    options: &'a TrainOptions,
+) -> impl Fn(usize) -> Batch + 'a {
+    move |step| {
+        assemble(
+            &batch_for(step),
+            partition,
+            options.ranks,
+            options.pad_token,
+        )
+    }
+}
+
 /// Rows `[batch, t]` of this rank's positions.
 pub(crate) fn local<T: Copy>(global: &[T], batch: usize, layout: &Layout, rank: usize) -> Vec<T> {
     local_rows(global, batch, 1, layout, rank)
@@ -349,14 +365,7 @@ where
     F: Fn(usize) -> Vec<Example> + Sync,
     L: Fn(&StepLog) + Sync,
 {
-    let batch_for = |step| {
-        assemble(
-            &batch_for(step),
-            partition,
-            options.ranks,
-            options.pad_token,
-        )
-    };
+    let batch_for = assembled(&batch_for, partition, options);
     train_objective(
         &NextToken, model, partition, options, batch_for, on_step, stop,
     )
@@ -425,14 +434,7 @@ where
         }
         .into());
     }
-    let batch_for = |step| {
-        assemble(
-            &batch_for(step),
-            partition,
-            options.ranks,
-            options.pad_token,
-        )
-    };
+    let batch_for = assembled(&batch_for, partition, options);
     train_rank(
         comm, &NextToken, &model, partition, options, &batch_for, &on_step, stop,
     )
