@@ -92,13 +92,18 @@ fn matmul(
 }
 
 /// exp(x) to about 2 ulp, branch-free so that it vectorizes; exp(−∞) = 0 exactly.
+///
+/// The integer part of x·log₂e is rounded by adding 1.5·2²³, which leaves it in the low mantissa
+/// bits: no float-to-int conversion (Rust's saturating `as` does not vectorize).
 #[inline(always)]
 fn fast_exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0;
     let xc = x.clamp(-87.3, 88.7);
-    let n = (xc * LOG2E).round();
+    let t = xc.mul_add(LOG2E, ROUND);
+    let n = t - ROUND;
     let r = xc - n * LN2_HI - n * LN2_LO;
     // Remez-style polynomial for e^r on |r| ≤ ln2/2 (Cephes expf coefficients).
     let p = 1.987_569_1e-4f32;
@@ -108,7 +113,9 @@ fn fast_exp(x: f32) -> f32 {
     let p = p.mul_add(r, 1.666_666_5e-1);
     let p = p.mul_add(r, 0.5);
     let e = (p * r * r + r) + 1.0;
-    let scaled = e * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // The low bits of t hold n + 2²² (two's complement for negative n); 2ⁿ = (n + 127) << 23.
+    let bits = t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23;
+    let scaled = e * f32::from_bits(bits);
     if x == f32::NEG_INFINITY { 0.0 } else { scaled }
 }
 

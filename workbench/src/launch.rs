@@ -163,6 +163,21 @@ fn shard_job(job: &AttentionJob) -> Result<Shards, RingError> {
     })
 }
 
+/// Row-major `[a, x, y, d]` → `[a, y, x, d]`.
+fn swap_middle(data: &[f32], [a, x, y, d]: [usize; 4]) -> Vec<f32> {
+    debug_assert_eq!(data.len(), a * x * y * d);
+    let mut out = Vec::with_capacity(data.len());
+    for i in 0..a {
+        for j in 0..y {
+            for k in 0..x {
+                let at = ((i * x + k) * y + j) * d;
+                out.extend_from_slice(&data[at..at + d]);
+            }
+        }
+    }
+    out
+}
+
 /// One rank's part of the job: forward, and with dO the backward, on this rank's shards.
 fn attend_rank<B>(
     mut comm: Comm,
@@ -182,13 +197,16 @@ where
     }
     let ctx = Arc::new(RingContext::new(comm, s.layout.clone(), job.config)?);
     let local = s.layout.shard_len(rank);
-    // [b, t, h, d] → [b, h, t, d]
+    // [b, t, h, d] → [b, h, t, d], permuted here: a strided Burn view would be made contiguous
+    // element by element inside the engine.
     let load = |data: &[f32], h: usize| {
         Tensor::<B, 4>::from_data(
-            TensorData::new(data.to_vec(), [batch, local, h, head_dim]),
+            TensorData::new(
+                swap_middle(data, [batch, local, h, head_dim]),
+                [batch, h, local, head_dim],
+            ),
             device,
         )
-        .swap_dims(1, 2)
     };
     let train = s.d_out.is_some();
     let track = |t: Tensor<B, 4>| if train { t.require_grad() } else { t };
@@ -196,11 +214,11 @@ where
     let k = track(load(&s.k[rank], s.kv_heads));
     let v = track(load(&s.v[rank], s.kv_heads));
     let (out, lse) = ring_attention(q.clone(), k.clone(), v.clone(), &ctx)?;
+    // [b, h, t, d] → [b, t, h, d]
     let host = |t: Tensor<B::InnerBackend, 4>| {
-        t.swap_dims(1, 2)
-            .into_data()
-            .into_vec::<f32>()
-            .expect("f32 backend")
+        let [b, h, t_len, d] = t.dims();
+        let data = t.into_data().into_vec::<f32>().expect("f32 backend");
+        swap_middle(&data, [b, h, t_len, d])
     };
     let grads = match &s.d_out {
         None => None,
@@ -216,12 +234,15 @@ where
     };
     let output = RankOutput {
         out: host(out.inner()),
-        lse: lse
-            .inner()
-            .swap_dims(1, 2)
-            .into_data()
-            .into_vec::<f32>()
-            .expect("f32 backend"),
+        lse: {
+            let [b, h, t_len] = lse.dims();
+            let data = lse
+                .inner()
+                .into_data()
+                .into_vec::<f32>()
+                .expect("f32 backend");
+            swap_middle(&data, [b, h, t_len, 1])
+        },
         grads,
         traffic: ctx.take_traffic(),
         events: ctx.take_events(),

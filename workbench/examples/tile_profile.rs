@@ -1,0 +1,82 @@
+//! Kernel-only timing of the fused tile: one rank, whole sequence, no ring and no Burn.
+//!
+//! `cargo run --release -p workbench --example tile_profile -- SEQ HEADS HEAD_DIM CAUSAL(0|1) [REPEATS]`
+//! separates the kernel's rate from the pipeline's overhead in `ringbench bench attn`.
+
+use std::time::Instant;
+use workbench::fused::{BackwardTile, OnlineSoftmax, TileDims, backward};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse().expect("arguments are integers"))
+        .collect();
+    let [t, h, d, causal] = args[..4] else {
+        panic!("usage: tile_profile SEQ HEADS HEAD_DIM CAUSAL(0|1) [REPEATS]");
+    };
+    let causal = causal == 1;
+    let repeats = args.get(4).copied().unwrap_or(3);
+    let dims = TileDims {
+        batch: 1,
+        heads: h,
+        kv_heads: h,
+        tq: t,
+        tk: t,
+        head_dim: d,
+    };
+    let n = h * t * d;
+    let (q, k, v, d_out) = (random(n, 1), random(n, 2), random(n, 3), random(n, 4));
+    let pos: Vec<usize> = (0..t).collect();
+    let pairs = if causal { t * (t + 1) / 2 } else { t * t } as f64 * (h * d) as f64;
+    let scale = 1.0 / (d as f32).sqrt();
+    for _ in 0..repeats {
+        let start = Instant::now();
+        let mut softmax = OnlineSoftmax::new(dims, q.clone(), &pos, causal, scale);
+        softmax.attend(&k, &v, &pos);
+        let (out, lse) = softmax.finish();
+        let fwd = start.elapsed().as_secs_f64();
+        let delta: Vec<f32> = out
+            .chunks(d)
+            .zip(d_out.chunks(d))
+            .map(|(o, g)| o.iter().zip(g).map(|(a, b)| a * b).sum())
+            .collect();
+        let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        let tile = BackwardTile {
+            dims,
+            q: &q,
+            k: &k,
+            v: &v,
+            d_out: &d_out,
+            lse: &lse,
+            delta: &delta,
+            pos_q: &pos,
+            pos_k: &pos,
+            causal,
+            scale,
+        };
+        let start = Instant::now();
+        backward(&tile, &mut dq, &mut dk, &mut dv);
+        let bwd = start.elapsed().as_secs_f64();
+        println!(
+            "fwd {fwd:.4}s {:.1} GFLOP/s  bwd {bwd:.4}s {:.1} GFLOP/s  fwd+bwd {:.1} GFLOP/s",
+            4.0 * pairs / fwd / 1e9,
+            10.0 * pairs / bwd / 1e9,
+            14.0 * pairs / (fwd + bwd) / 1e9
+        );
+    }
+}
