@@ -67,19 +67,24 @@ impl Layout {
         self.positions
             .iter()
             .map(|owned| {
-                owned
-                    .iter()
-                    .flat_map(|&pos| &global[pos * row_len..(pos + 1) * row_len])
-                    .copied()
-                    .collect()
+                let mut shard = Vec::with_capacity(owned.len() * row_len);
+                for &pos in owned {
+                    shard.extend_from_slice(&global[pos * row_len..(pos + 1) * row_len]);
+                }
+                shard
             })
             .collect()
     }
 
     /// Inverse of [`Layout::shard`]: puts each rank's rows back at their global positions.
-    pub fn unshard<T: Copy + Default>(&self, shards: &[Vec<T>], row_len: usize) -> Vec<T> {
+    pub fn unshard<T: Copy + Default, S: AsRef<[T]>>(
+        &self,
+        shards: &[S],
+        row_len: usize,
+    ) -> Vec<T> {
         let mut global = vec![T::default(); self.seq_len * row_len];
         for (owned, shard) in self.positions.iter().zip(shards) {
+            let shard = shard.as_ref();
             for (local, &pos) in owned.iter().enumerate() {
                 global[pos * row_len..(pos + 1) * row_len]
                     .copy_from_slice(&shard[local * row_len..(local + 1) * row_len]);

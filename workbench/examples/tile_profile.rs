@@ -68,6 +68,7 @@ fn main() {
             pos_k: &pos,
             causal,
             scale,
+            parallel: true,
         };
         let start = Instant::now();
         backward(&tile, &mut dq, &mut dk, &mut dv);

@@ -78,6 +78,13 @@ fn lockstep_turn() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Whether a rank spreads a tile's (batch, kv head) units over the cores: yes when it has them to
+/// itself (one rank, or lockstep turns), no when rank threads already fill the cores.
+fn parallel_units(ctx: &RingContext) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    ctx.config.lockstep || ctx.world() < cores
+}
+
 fn scale_of(ctx: &RingContext, head_dim: usize) -> f32 {
     ctx.config
         .scale
@@ -132,7 +139,15 @@ pub fn forward<B: Backend>(
     let device = q.device();
     let pos_q = ctx.positions(ctx.rank());
     let causal = ctx.config.causal;
-    let mut tiles = ForwardTiles::new(ctx.config.kernel, q, k.dims()[1], pos_q, causal, scale);
+    let mut tiles = ForwardTiles::new(
+        ctx.config.kernel,
+        q,
+        k.dims()[1],
+        pos_q,
+        causal,
+        scale,
+        parallel_units(ctx),
+    );
     let cargo = vec![
         Arc::new(Block::from_tensor(Cargo::K, k)),
         Arc::new(Block::from_tensor(Cargo::V, v)),
@@ -195,6 +210,7 @@ pub fn backward<B: Backend>(
     let scale = scale_of(ctx, d);
     let causal = ctx.config.causal;
     let kernel = ctx.config.kernel;
+    let parallel = parallel_units(ctx);
     let delta = softmax_delta(&d_out, out);
     let q = Arc::new(Block::from_tensor(Cargo::Q, q.clone()));
     let k = Arc::new(Block::from_tensor(Cargo::K, k.clone()));
@@ -274,6 +290,7 @@ pub fn backward<B: Backend>(
                     pos_k,
                     causal,
                     scale,
+                    parallel,
                 };
                 let (dq, dk, dv) = backward_tile::<B>(kernel, &device, &tile, visibility);
                 let block = |cargo, shape: &Vec<usize>, data| Block {

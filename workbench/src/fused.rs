@@ -207,6 +207,37 @@ fn cover(causal: bool, (q_lo, q_hi): (usize, usize), (k_lo, k_hi): (usize, usize
     }
 }
 
+/// Rows per strip when a partly visible sub-tile is cut along its diagonal.
+const STRIP: usize = 32;
+
+/// The pieces of sub-tile rows `r0..r0 + nr` × keys `pos_kc` worth computing, as
+/// `(first row, rows, keys, cover)` with the keys a prefix of `pos_kc`. A fully visible sub-tile is
+/// one piece. A partly visible one whose keys ascend is cut into strips of [`STRIP`] rows, each over
+/// the keys up to its last query: the keys it leaves out are masked for every row of the strip, so
+/// the result is the same and a diagonal sub-tile costs about half.
+fn pieces(
+    cover_all: Cover,
+    pos_q: &[usize],
+    (r0, nr): (usize, usize),
+    pos_kc: &[usize],
+) -> impl Iterator<Item = (usize, usize, usize, Cover)> {
+    let cut = cover_all == Cover::Partial && pos_kc.is_sorted();
+    let step = if cut { STRIP } else { nr.max(1) };
+    (r0..r0 + nr).step_by(step).filter_map(move |s0| {
+        let ns = step.min(r0 + nr - s0);
+        if !cut {
+            return (cover_all != Cover::Empty).then_some((s0, ns, pos_kc.len(), cover_all));
+        }
+        let q_span = row_span(pos_q, s0, s0 + ns);
+        let nc = pos_kc.partition_point(|&p| p <= q_span.1);
+        if nc == 0 {
+            return None;
+        }
+        let cover = cover(true, q_span, span(&pos_kc[..nc]));
+        Some((s0, ns, nc, cover))
+    })
+}
+
 /// Sets scores of invisible (q, k) pairs to −∞: `s` is rows `r0..` × keys `pos_k`.
 fn mask(s: &mut [f32], pos_q: &[usize], r0: usize, pos_k: &[usize]) {
     let tq = pos_q.len();
@@ -263,6 +294,7 @@ pub struct OnlineSoftmax {
     /// Running row max and normalizer, `[b, h, tq]`.
     m: Vec<f32>,
     l: Vec<f32>,
+    parallel: bool,
 }
 
 impl OnlineSoftmax {
@@ -277,7 +309,15 @@ impl OnlineSoftmax {
             pos_q: pos_q.to_vec(),
             causal,
             scale,
+            parallel: true,
         }
+    }
+
+    /// Whether units run on rayon's pool (the default) or one after another on the calling thread:
+    /// when there are at least as many rank threads as cores, the ranks are the parallelism.
+    pub fn with_parallel(mut self, parallel: bool) -> Self {
+        self.parallel = parallel;
+        self
     }
 
     pub fn dims(&self) -> TileDims {
@@ -292,26 +332,26 @@ impl OnlineSoftmax {
         };
         let (d, rows, tk) = (dims.head_dim, dims.rows(), dims.tk);
         let (pos_q, causal, scale) = (&self.pos_q, self.causal, self.scale);
-        self.acc
-            .par_chunks_mut(rows * d)
-            .zip(self.m.par_chunks_mut(rows))
-            .zip(self.l.par_chunks_mut(rows))
-            .zip(self.q.par_chunks(rows * d))
-            .enumerate()
-            .for_each(|(unit, (((acc, m), l), q))| {
-                let k = &k[unit * tk * d..(unit + 1) * tk * d];
-                let v = &v[unit * tk * d..(unit + 1) * tk * d];
-                let mut s = vec![0.0f32; ROWS * COLS];
-                for r0 in (0..rows).step_by(ROWS) {
-                    let nr = ROWS.min(rows - r0);
-                    let q_span = row_span(pos_q, r0, r0 + nr);
-                    for c0 in (0..tk).step_by(COLS) {
-                        let nc = COLS.min(tk - c0);
-                        let pos_kc = &pos_k[c0..c0 + nc];
-                        let cover = cover(causal, q_span, span(pos_kc));
-                        if cover == Cover::Empty {
-                            continue;
-                        }
+        let units = self
+            .acc
+            .chunks_mut(rows * d)
+            .zip(self.m.chunks_mut(rows))
+            .zip(self.l.chunks_mut(rows))
+            .zip(self.q.chunks(rows * d))
+            .enumerate();
+        for_each_unit(self.parallel, units, |(unit, (((acc, m), l), q))| {
+            let k = &k[unit * tk * d..(unit + 1) * tk * d];
+            let v = &v[unit * tk * d..(unit + 1) * tk * d];
+            let mut s = vec![0.0f32; ROWS * COLS];
+            for r0 in (0..rows).step_by(ROWS) {
+                let nr = ROWS.min(rows - r0);
+                let q_span = row_span(pos_q, r0, r0 + nr);
+                for c0 in (0..tk).step_by(COLS) {
+                    let nc = COLS.min(tk - c0);
+                    let pos_kc = &pos_k[c0..c0 + nc];
+                    let cover_all = cover(causal, q_span, span(pos_kc));
+                    for (r0, nr, nc, cover) in pieces(cover_all, pos_q, (r0, nr), pos_kc) {
+                        let pos_kc = &pos_kc[..nc];
                         let s = &mut s[..nr * nc];
                         scores(s, q, k, d, (r0, nr), (c0, nc), scale, cover, pos_q, pos_kc);
                         for (i, row) in s.chunks_mut(nc).enumerate() {
@@ -342,7 +382,8 @@ impl OnlineSoftmax {
                         );
                     }
                 }
-            });
+            }
+        });
     }
 
     /// Normalized output `[b, h, tq, d]` and log-sum-exp `[b, h, tq]` (−∞ for rows that saw no key).
@@ -377,6 +418,8 @@ pub struct BackwardTile<'a> {
     pub pos_k: &'a [usize],
     pub causal: bool,
     pub scale: f32,
+    /// Units on rayon's pool, or one after another on the calling thread.
+    pub parallel: bool,
 }
 
 /// Adds one tile's gradient contributions to `dq [b, h, tq, d]`, `dk` and `dv [b, hk, tk, d]`.
@@ -384,30 +427,30 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
     let dims = t.dims;
     let (d, rows, tk) = (dims.head_dim, dims.rows(), dims.tk);
     debug_assert_eq!(dq.len(), dims.units() * rows * d);
-    dq.par_chunks_mut(rows * d)
-        .zip(dk.par_chunks_mut(tk * d))
-        .zip(dv.par_chunks_mut(tk * d))
-        .enumerate()
-        .for_each(|(unit, ((dq, dk), dv))| {
-            let rows_of = |x: &'a [f32], width: usize| -> &'a [f32] {
-                &x[unit * rows * width..(unit + 1) * rows * width]
-            };
-            let (q, d_out) = (rows_of(t.q, d), rows_of(t.d_out, d));
-            let (lse, delta) = (rows_of(t.lse, 1), rows_of(t.delta, 1));
-            let k = &t.k[unit * tk * d..(unit + 1) * tk * d];
-            let v = &t.v[unit * tk * d..(unit + 1) * tk * d];
-            let mut p = vec![0.0f32; ROWS * COLS];
-            let mut ds = vec![0.0f32; ROWS * COLS];
-            for c0 in (0..tk).step_by(COLS) {
-                let nc = COLS.min(tk - c0);
-                let pos_kc = &t.pos_k[c0..c0 + nc];
-                let k_span = span(pos_kc);
-                for r0 in (0..rows).step_by(ROWS) {
-                    let nr = ROWS.min(rows - r0);
-                    let cover = cover(t.causal, row_span(t.pos_q, r0, r0 + nr), k_span);
-                    if cover == Cover::Empty {
-                        continue;
-                    }
+    let units = dq
+        .chunks_mut(rows * d)
+        .zip(dk.chunks_mut(tk * d))
+        .zip(dv.chunks_mut(tk * d))
+        .enumerate();
+    for_each_unit(t.parallel, units, |(unit, ((dq, dk), dv))| {
+        let rows_of = |x: &'a [f32], width: usize| -> &'a [f32] {
+            &x[unit * rows * width..(unit + 1) * rows * width]
+        };
+        let (q, d_out) = (rows_of(t.q, d), rows_of(t.d_out, d));
+        let (lse, delta) = (rows_of(t.lse, 1), rows_of(t.delta, 1));
+        let k = &t.k[unit * tk * d..(unit + 1) * tk * d];
+        let v = &t.v[unit * tk * d..(unit + 1) * tk * d];
+        let mut p = vec![0.0f32; ROWS * COLS];
+        let mut ds = vec![0.0f32; ROWS * COLS];
+        for c0 in (0..tk).step_by(COLS) {
+            let nc = COLS.min(tk - c0);
+            let pos_kc = &t.pos_k[c0..c0 + nc];
+            let k_span = span(pos_kc);
+            for r0 in (0..rows).step_by(ROWS) {
+                let nr = ROWS.min(rows - r0);
+                let cover_all = cover(t.causal, row_span(t.pos_q, r0, r0 + nr), k_span);
+                for (r0, nr, nc, cover) in pieces(cover_all, t.pos_q, (r0, nr), pos_kc) {
+                    let pos_kc = &pos_kc[..nc];
                     let (p, ds) = (&mut p[..nr * nc], &mut ds[..nr * nc]);
                     scores(
                         p,
@@ -472,7 +515,22 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                     );
                 }
             }
-        });
+        }
+    });
+}
+
+/// Runs `f` on every unit: on rayon's pool when `parallel`, else in order on this thread (a rayon
+/// call from outside the pool would park this thread while the pool works).
+fn for_each_unit<T: Send>(
+    parallel: bool,
+    units: impl Iterator<Item = T>,
+    f: impl Fn(T) + Sync + Send,
+) {
+    if parallel {
+        units.collect::<Vec<T>>().into_par_iter().for_each(f);
+    } else {
+        units.for_each(f);
+    }
 }
 
 #[cfg(test)]

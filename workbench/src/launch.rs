@@ -121,14 +121,14 @@ fn shard_batched(layout: &Layout, data: &[f32], batch: usize, row: usize) -> Vec
 }
 
 /// Inverse of [`shard_batched`].
-fn unshard_batched(layout: &Layout, shards: &[Vec<f32>], batch: usize, row: usize) -> Vec<f32> {
-    let mut global = Vec::new();
+fn unshard_batched(layout: &Layout, shards: &[&[f32]], batch: usize, row: usize) -> Vec<f32> {
+    let mut global = Vec::with_capacity(shards.iter().map(|s| s.len()).sum());
     for i in 0..batch {
-        let pieces: Vec<Vec<f32>> = shards
+        let pieces: Vec<&[f32]> = shards
             .iter()
             .map(|s| {
                 let n = s.len() / batch;
-                s[i * n..(i + 1) * n].to_vec()
+                &s[i * n..(i + 1) * n]
             })
             .collect();
         global.extend(layout.unshard(&pieces, row));
@@ -343,7 +343,7 @@ fn assemble(job: &AttentionJob, shards: &Shards, outputs: Vec<RankOutput>) -> At
     let kv_heads = shards.kv_heads;
     let layout = &shards.layout;
     let gather = |pick: &dyn Fn(&RankOutput) -> &Vec<f32>, row: usize| {
-        let shards: Vec<Vec<f32>> = outputs.iter().map(|o| pick(o).clone()).collect();
+        let shards: Vec<&[f32]> = outputs.iter().map(|o| pick(o).as_slice()).collect();
         unshard_batched(layout, &shards, batch, row)
     };
     let out = HostTensor::new(

@@ -56,6 +56,7 @@ impl<B: Backend> ForwardTiles<B> {
         pos_q: &[usize],
         causal: bool,
         scale: f32,
+        parallel: bool,
     ) -> Self {
         match kernel {
             Kernel::Generic => ForwardTiles::Generic {
@@ -74,7 +75,9 @@ impl<B: Backend> ForwardTiles<B> {
                     tk: 0,
                     head_dim,
                 };
-                ForwardTiles::Fused(OnlineSoftmax::new(dims, host(q), pos_q, causal, scale))
+                ForwardTiles::Fused(
+                    OnlineSoftmax::new(dims, host(q), pos_q, causal, scale).with_parallel(parallel),
+                )
             }
         }
     }
