@@ -44,11 +44,9 @@ impl Block {
         Self { cargo, shape, data }
     }
 
-    pub fn to_tensor<B: Backend, const D: usize>(&self, device: &B::Device) -> Tensor<B, D> {
-        Tensor::from_data(
-            TensorData::new(self.data.clone(), self.shape.clone()),
-            device,
-        )
+    /// The block as a tensor, without copying its data.
+    pub fn into_tensor<B: Backend, const D: usize>(self, device: &B::Device) -> Tensor<B, D> {
+        Tensor::from_data(TensorData::new(self.data, self.shape), device)
     }
 
     pub fn bytes(&self) -> u64 {

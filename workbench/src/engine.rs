@@ -292,23 +292,32 @@ pub fn backward<B: Backend>(
                     scale,
                     parallel,
                 };
-                let (dq, dk, dv) = backward_tile::<B>(kernel, &device, &tile, visibility);
-                let block = |cargo, shape: &Vec<usize>, data| Block {
-                    cargo,
-                    shape: shape.clone(),
-                    data,
-                };
-                let (dq, dk, dv) = (
-                    block(Cargo::DQ, &q_shape, dq),
-                    block(Cargo::DK, &kv_shape, dk),
-                    block(Cargo::DV, &kv_shape, dv),
-                );
+                // The gradients of what stays here accumulate in place; those of the cargo go
+                // into fresh blocks that join the travelling accumulator.
                 if travelling_q {
-                    stay[0].add_assign(&dk);
-                    stay[1].add_assign(&dv);
+                    let mut dq = Block::zeros(Cargo::DQ, q_shape.clone());
+                    let [dk, dv] = &mut stay[..] else {
+                        unreachable!("two stay-at-home blocks: dK, dV")
+                    };
+                    backward_tile::<B>(
+                        kernel,
+                        &device,
+                        &tile,
+                        visibility,
+                        [&mut dq.data, &mut dk.data, &mut dv.data],
+                    );
                     vec![dq]
                 } else {
-                    stay[0].add_assign(&dq);
+                    let mut dk = Block::zeros(Cargo::DK, kv_shape.clone());
+                    let mut dv = Block::zeros(Cargo::DV, kv_shape.clone());
+                    let dq = &mut stay[0].data;
+                    backward_tile::<B>(
+                        kernel,
+                        &device,
+                        &tile,
+                        visibility,
+                        [dq, &mut dk.data, &mut dv.data],
+                    );
                     vec![dk, dv]
                 }
             });
@@ -324,18 +333,21 @@ pub fn backward<B: Backend>(
         },
     )?
     .expect("ring_pass returns the accumulator it was given");
-    let to_tensor = |block: &Block| block.to_tensor::<B, 4>(&device);
-    Ok(if travelling_q {
-        (
-            to_tensor(&home[0]),
-            to_tensor(&stay[0]),
-            to_tensor(&stay[1]),
-        )
-    } else {
-        (
-            to_tensor(&stay[0]),
-            to_tensor(&home[0]),
-            to_tensor(&home[1]),
-        )
-    })
+    let (dq, dk, dv) = match (travelling_q, <[Block; 1]>::try_from(home), stay) {
+        (true, Ok([dq]), stay) => {
+            let [dk, dv] = <[Block; 2]>::try_from(stay).expect("dK, dV stay home");
+            (dq, dk, dv)
+        }
+        (false, Err(home), stay) => {
+            let [dk, dv] = <[Block; 2]>::try_from(home).expect("dK, dV travel");
+            let [dq] = <[Block; 1]>::try_from(stay).expect("dQ stays home");
+            (dq, dk, dv)
+        }
+        _ => unreachable!("the accumulator is what the scheme sent round"),
+    };
+    Ok((
+        dq.into_tensor(&device),
+        dk.into_tensor(&device),
+        dv.into_tensor(&device),
+    ))
 }

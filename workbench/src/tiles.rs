@@ -121,31 +121,27 @@ impl<B: Backend> ForwardTiles<B> {
             ForwardTiles::Fused(state) => {
                 let dims = state.dims();
                 let (out, lse) = state.finish();
+                let rows = [dims.batch, dims.heads, dims.tq];
                 (
-                    tensor(&out, q_shape(&dims), device),
-                    tensor(&lse, [dims.batch, dims.heads, dims.tq], device),
+                    Tensor::from_data(TensorData::new(out, q_shape(&dims)), device),
+                    Tensor::from_data(TensorData::new(lse, rows), device),
                 )
             }
         }
     }
 }
 
-/// Gradient contributions `(dq, dk, dv)` of one tile, as host vectors shaped like q, k, v.
+/// Adds one tile's gradient contributions to `[dq, dk, dv]` (host buffers shaped like q, k, v).
 pub(crate) fn backward_tile<B: Backend>(
     kernel: Kernel,
     device: &B::Device,
     tile: &BackwardTile,
     visibility: Visibility,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    [dq, dk, dv]: [&mut [f32]; 3],
+) {
     let dims = tile.dims;
     match kernel {
-        Kernel::Fused => {
-            let mut dq = vec![0.0; tile.q.len()];
-            let mut dk = vec![0.0; tile.k.len()];
-            let mut dv = vec![0.0; tile.v.len()];
-            fused::backward(tile, &mut dq, &mut dk, &mut dv);
-            (dq, dk, dv)
-        }
+        Kernel::Fused => fused::backward(tile, dq, dk, dv),
         Kernel::Generic => {
             let rows = [dims.batch, dims.heads, dims.tq];
             let q = tensor::<B, 4>(tile.q, q_shape(&dims), device);
@@ -155,7 +151,7 @@ pub(crate) fn backward_tile<B: Backend>(
             let lse = tensor::<B, 3>(tile.lse, rows, device);
             let delta = tensor::<B, 3>(tile.delta, rows, device);
             let bias = bias(visibility, tile.pos_q, tile.pos_k);
-            let (dq, dk, dv) = block_attention_backward(
+            let (dq_t, dk_t, dv_t) = block_attention_backward(
                 &q,
                 &k,
                 &v,
@@ -165,7 +161,9 @@ pub(crate) fn backward_tile<B: Backend>(
                 bias.as_deref(),
                 tile.scale,
             );
-            (host(dq), host(dk), host(dv))
+            for (sum, part) in [(dq, host(dq_t)), (dk, host(dk_t)), (dv, host(dv_t))] {
+                sum.iter_mut().zip(part).for_each(|(a, b)| *a += b);
+            }
         }
     }
 }
