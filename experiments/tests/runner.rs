@@ -209,10 +209,13 @@ fn ring_memory_per_rank_is_flat_and_max_context_grows_with_ranks() {
         .iter()
         .map(|(n, s)| find("peak", "ring", n, s)[peak].parse().unwrap())
         .collect();
-    let (lo, hi) = ring
-        .iter()
-        .fold((f64::MAX, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
-    assert!(hi <= 1.1 * lo, "ring per-rank peaks vary: {ring:?}");
+    // The per-rank peak is the process peak over N: it must not grow with the total length. It may
+    // fall a little, because N rank threads on two cores do not all peak at the same instant.
+    let one = ring[0];
+    assert!(
+        ring.iter().all(|&x| x <= 1.1 * one && x >= 0.85 * one),
+        "ring per-rank peaks {ring:?} MiB at N = 1, 2, 4, 8: each must be within 0.85–1.1× of N = 1"
+    );
     let single: Vec<f64> = ["128", "256", "512", "1024"]
         .iter()
         .map(|s| {
