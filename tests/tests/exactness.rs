@@ -248,7 +248,7 @@ fn causal_tiles_are_skipped_and_counted() {
     }
 }
 
-/// Lengths that span several fused sub-tiles in both directions (256 rows × 128 keys), so that the
+/// Lengths that span several fused sub-tiles in both directions (128 rows × 128 keys), so that the
 /// sub-tile skipping, partial masks and online-softmax rescaling across sub-tiles are exercised.
 #[test]
 fn fused_kernel_across_sub_tiles() {

@@ -333,18 +333,14 @@ pub fn backward<B: Backend>(
         },
     )?
     .expect("ring_pass returns the accumulator it was given");
-    let (dq, dk, dv) = match (travelling_q, <[Block; 1]>::try_from(home), stay) {
-        (true, Ok([dq]), stay) => {
-            let [dk, dv] = <[Block; 2]>::try_from(stay).expect("dK, dV stay home");
-            (dq, dk, dv)
-        }
-        (false, Err(home), stay) => {
-            let [dk, dv] = <[Block; 2]>::try_from(home).expect("dK, dV travel");
-            let [dq] = <[Block; 1]>::try_from(stay).expect("dQ stays home");
-            (dq, dk, dv)
-        }
-        _ => unreachable!("the accumulator is what the scheme sent round"),
+    let (travelled, stayed) = (home.into_iter(), stay.into_iter());
+    let mut grads = if travelling_q {
+        travelled.chain(stayed)
+    } else {
+        stayed.chain(travelled)
     };
+    let mut next = || grads.next().expect("dQ, dK and dV: one block each");
+    let (dq, dk, dv) = (next(), next(), next());
     Ok((
         dq.into_tensor(&device),
         dk.into_tensor(&device),

@@ -13,8 +13,8 @@
 use multiversion::multiversion;
 use rayon::prelude::*;
 
-/// Query rows per sub-tile (256 measured 4–9% faster than 128 without a mask, the same with one).
-const ROWS: usize = 256;
+/// Query rows per sub-tile (256 measured no faster in `ringbench bench attn`).
+const ROWS: usize = 128;
 /// Keys per sub-tile.
 const COLS: usize = 128;
 
