@@ -14,29 +14,25 @@ static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 
-fn count_alloc(size: usize) {
-    ALLOCATED.fetch_add(size, Relaxed);
-    let live = LIVE.fetch_add(size, Relaxed) + size;
-    PEAK.fetch_max(live, Relaxed);
+/// Counts `size` bytes allocated at `ptr` (nothing when the allocation failed) and passes `ptr` on.
+fn counted(ptr: *mut u8, size: usize) -> *mut u8 {
+    if !ptr.is_null() {
+        ALLOCATED.fetch_add(size, Relaxed);
+        let live = LIVE.fetch_add(size, Relaxed) + size;
+        PEAK.fetch_max(live, Relaxed);
+    }
+    ptr
 }
 
 // SAFETY: defers every call to `MiMalloc` unchanged; only counts. A reallocation counts as an
 // allocation of the new size and a release of the old one, whether or not it moved.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let ptr = unsafe { MiMalloc.alloc(layout) };
-        if !ptr.is_null() {
-            count_alloc(layout.size());
-        }
-        ptr
+        counted(unsafe { MiMalloc.alloc(layout) }, layout.size())
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let ptr = unsafe { MiMalloc.alloc_zeroed(layout) };
-        if !ptr.is_null() {
-            count_alloc(layout.size());
-        }
-        ptr
+        counted(unsafe { MiMalloc.alloc_zeroed(layout) }, layout.size())
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -45,9 +41,8 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let new = unsafe { MiMalloc.realloc(ptr, layout, new_size) };
+        let new = counted(unsafe { MiMalloc.realloc(ptr, layout, new_size) }, new_size);
         if !new.is_null() {
-            count_alloc(new_size);
             LIVE.fetch_sub(layout.size(), Relaxed);
         }
         new

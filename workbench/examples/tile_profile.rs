@@ -3,22 +3,17 @@
 //! `cargo run --release -p workbench --example tile_profile -- SEQ HEADS HEAD_DIM CAUSAL(0|1) [REPEATS]`
 //! separates the kernel's rate from the pipeline's overhead in `ringbench bench attn`.
 
+use datasets::rng::SplitMix64;
 use std::time::Instant;
 use workbench::fused::{BackwardTile, OnlineSoftmax, TileDims, backward};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Seeded uniform values in [−0.5, 0.5).
 fn random(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect()
+    let mut rng = SplitMix64::new(seed);
+    (0..n).map(|_| rng.uniform_in(-0.5, 0.5) as f32).collect()
 }
 
 fn main() {

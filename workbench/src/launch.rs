@@ -214,11 +214,10 @@ where
     let k = track(load(&s.k[rank], s.kv_heads));
     let v = track(load(&s.v[rank], s.kv_heads));
     let (out, lse) = ring_attention(q.clone(), k.clone(), v.clone(), &ctx)?;
-    // [b, h, t, d] → [b, t, h, d]
+    // [b, h, t, d] → [b, t, h, d] on the host
     let host = |t: Tensor<B::InnerBackend, 4>| {
-        let [b, h, t_len, d] = t.dims();
-        let data = t.into_data().into_vec::<f32>().expect("f32 backend");
-        swap_middle(&data, [b, h, t_len, d])
+        let dims = t.dims();
+        swap_middle(&t.into_data().into_vec::<f32>().expect("f32 backend"), dims)
     };
     let grads = match &s.d_out {
         None => None,
@@ -234,15 +233,7 @@ where
     };
     let output = RankOutput {
         out: host(out.inner()),
-        lse: {
-            let [b, h, t_len] = lse.dims();
-            let data = lse
-                .inner()
-                .into_data()
-                .into_vec::<f32>()
-                .expect("f32 backend");
-            swap_middle(&data, [b, h, t_len, 1])
-        },
+        lse: host(lse.inner().unsqueeze_dim(3)),
         grads,
         traffic: ctx.take_traffic(),
         events: ctx.take_events(),
@@ -351,15 +342,7 @@ fn assemble(job: &AttentionJob, shards: &Shards, outputs: Vec<RankOutput>) -> At
         gather(&|o| &o.out, heads * head_dim),
     );
     // [b, s, h] → [b, h, s]
-    let lse_bsh = gather(&|o| &o.lse, heads);
-    let mut lse = vec![0.0; lse_bsh.len()];
-    for bi in 0..batch {
-        for si in 0..seq {
-            for hi in 0..heads {
-                lse[(bi * heads + hi) * seq + si] = lse_bsh[(bi * seq + si) * heads + hi];
-            }
-        }
-    }
+    let lse = swap_middle(&gather(&|o| &o.lse, heads), [batch, seq, heads, 1]);
     let grads = job.d_out.map(|_| {
         let g = |i: usize, h: usize| {
             let data = gather(
