@@ -5,7 +5,7 @@
 
 use datasets::rng::SplitMix64;
 use std::time::Instant;
-use workbench::fused::{BackwardTile, OnlineSoftmax, TileDims, backward};
+use workbench::fused::{BackwardTile, OnlineSoftmax, TileDims, backward, softmax_delta};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -41,15 +41,11 @@ fn main() {
     let scale = 1.0 / (d as f32).sqrt();
     for _ in 0..repeats {
         let start = Instant::now();
-        let mut softmax = OnlineSoftmax::new(dims, q.clone(), &pos, causal, scale);
-        softmax.attend(&k, &v, &pos);
+        let mut softmax = OnlineSoftmax::new(dims, &pos, causal, scale);
+        softmax.attend(&q, &k, &v, &pos);
         let (out, lse) = softmax.finish();
         let fwd = start.elapsed().as_secs_f64();
-        let delta: Vec<f32> = out
-            .chunks(d)
-            .zip(d_out.chunks(d))
-            .map(|(o, g)| o.iter().zip(g).map(|(a, b)| a * b).sum())
-            .collect();
+        let delta = softmax_delta(&d_out, &out, d);
         let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
         let tile = BackwardTile {
             dims,

@@ -1,5 +1,6 @@
 //! Plain f32 blocks: what travels between ranks, detached from any autodiff graph.
 
+use crate::ops::RingBackend;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 
 /// What a block carries; traffic is counted per kind.
@@ -34,13 +35,9 @@ impl Block {
         }
     }
 
-    pub fn from_tensor<B: Backend, const D: usize>(cargo: Cargo, tensor: Tensor<B, D>) -> Self {
+    pub fn from_tensor<B: RingBackend, const D: usize>(cargo: Cargo, tensor: Tensor<B, D>) -> Self {
         let shape = tensor.dims().to_vec();
-        let data = tensor
-            .into_data()
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .expect("converted to f32 above");
+        let data = B::to_host(tensor);
         Self { cargo, shape, data }
     }
 

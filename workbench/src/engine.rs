@@ -7,11 +7,12 @@
 use crate::block::{Block, Cargo};
 use crate::config::{BackwardScheme, Direction, RingContext, StepEvent};
 use crate::error::RingError;
-use crate::fused::{BackwardTile, TileDims};
-use crate::kernels::{Visibility, softmax_delta};
+use crate::fused::{BackwardTile, TileDims, softmax_delta};
+use crate::kernels::Visibility;
+use crate::ops::RingBackend;
 use crate::tiles::{ForwardTiles, backward_tile};
 use crate::transport::{Comm, Phase};
-use burn::tensor::{Tensor, backend::Backend};
+use burn::tensor::Tensor;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -126,32 +127,36 @@ pub(crate) fn check_shapes(
     Ok(())
 }
 
-/// Ring forward on one rank: this rank's output `[b, h, t, d]` and log-sum-exp `[b, h, t]`.
-pub fn forward<B: Backend>(
+/// Ring forward on one rank: this rank's output `[b, h, t, d]`, log-sum-exp `[b, h, t]`, and what
+/// the backward needs.
+pub fn forward<B: RingBackend>(
     ctx: &RingContext,
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-) -> Result<(Tensor<B, 4>, Tensor<B, 3>), RingError> {
+) -> Result<(Tensor<B, 4>, Tensor<B, 3>, Saved), RingError> {
     check_shapes(ctx, q.dims(), k.dims(), v.dims())?;
     let [b, h, t, d] = q.dims();
     let scale = scale_of(ctx, d);
     let device = q.device();
     let pos_q = ctx.positions(ctx.rank());
     let causal = ctx.config.causal;
+    let q_host = Arc::new(Block::from_tensor(Cargo::Q, q.clone()));
     let mut tiles = ForwardTiles::new(
         ctx.config.kernel,
         q,
+        q_host.clone(),
         k.dims()[1],
         pos_q,
         causal,
         scale,
         parallel_units(ctx),
     );
-    let cargo = vec![
+    let (k, v) = (
         Arc::new(Block::from_tensor(Cargo::K, k)),
         Arc::new(Block::from_tensor(Cargo::V, v)),
-    ];
+    );
+    let cargo = vec![k.clone(), v.clone()];
     let mut comm = ctx.comm();
     ring_pass(
         &mut comm,
@@ -178,16 +183,24 @@ pub fn forward<B: Backend>(
             Ok(None)
         },
     )?;
-    Ok(tiles.finish(&device))
+    let (out, lse) = tiles.finish(&device);
+    let saved = Saved {
+        q: q_host,
+        k,
+        v,
+        lse: Arc::new(Block::from_tensor(Cargo::Lse, lse.clone())),
+    };
+    Ok((out, lse, saved))
 }
 
-/// Everything the backward needs from the forward, on one rank.
-pub struct Saved<B: Backend> {
-    pub q: Tensor<B, 4>,
-    pub k: Tensor<B, 4>,
-    pub v: Tensor<B, 4>,
-    pub out: Tensor<B, 4>,
-    pub lse: Tensor<B, 3>,
+/// What the backward needs from the forward, on one rank: the forward's own host blocks of q, k, v
+/// `[b, h|hk, t, d]` and of the log-sum-exp `[b, h, t]`. The output is the caller's to keep.
+#[derive(Debug, Clone)]
+pub struct Saved {
+    pub q: Arc<Block>,
+    pub k: Arc<Block>,
+    pub v: Arc<Block>,
+    pub lse: Arc<Block>,
 }
 
 /// `(dq, dk, dv)`, shaped like `(q, k, v)`.
@@ -198,26 +211,26 @@ pub type QkvGrads<B> = (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>);
 /// `kv`/`kv-reverse`: K and V travel with the dK/dV accumulator, dQ accumulates here. `q`: Q, dO, lse
 /// and delta travel with the dQ accumulator, dK/dV accumulate here. Either way every (query block,
 /// key block) pair meets exactly once.
-pub fn backward<B: Backend>(
+pub fn backward<B: RingBackend>(
     ctx: &RingContext,
-    saved: &Saved<B>,
+    saved: &Saved,
+    out: Tensor<B, 4>,
     d_out: Tensor<B, 4>,
 ) -> Result<QkvGrads<B>, RingError> {
-    let Saved { q, k, v, out, lse } = saved;
-    let device = q.device();
-    let [b, h, t, d] = q.dims();
-    let kv_heads = k.dims()[1];
+    let Saved { q, k, v, lse } = saved;
+    let device = out.device();
+    let [b, h, t, d] = out.dims();
+    let kv_heads = k.shape[1];
     let scale = scale_of(ctx, d);
     let causal = ctx.config.causal;
     let kernel = ctx.config.kernel;
     let parallel = parallel_units(ctx);
-    let delta = softmax_delta(&d_out, out);
-    let q = Arc::new(Block::from_tensor(Cargo::Q, q.clone()));
-    let k = Arc::new(Block::from_tensor(Cargo::K, k.clone()));
-    let v = Arc::new(Block::from_tensor(Cargo::V, v.clone()));
     let d_out = Arc::new(Block::from_tensor(Cargo::DOut, d_out));
-    let lse = Arc::new(Block::from_tensor(Cargo::Lse, lse.clone()));
-    let delta = Arc::new(Block::from_tensor(Cargo::Delta, delta));
+    let delta = Arc::new(Block {
+        cargo: Cargo::Delta,
+        shape: vec![b, h, t],
+        data: softmax_delta(&d_out.data, &B::to_host(out), d),
+    });
     let dims = TileDims {
         batch: b,
         heads: h,
@@ -274,9 +287,9 @@ pub fn backward<B: Backend>(
             let pairs = visibility.pairs(pos_q.len(), pos_k.len()) * (b * h) as u64;
             let contribution = (visibility != Visibility::None).then(|| {
                 let (q, d_out, lse, delta, k, v) = if travelling_q {
-                    (&held[0], &held[1], &held[2], &held[3], &k, &v)
+                    (&held[0], &held[1], &held[2], &held[3], k, v)
                 } else {
-                    (&q, &d_out, &lse, &delta, &held[0], &held[1])
+                    (q, &d_out, lse, &delta, &held[0], &held[1])
                 };
                 let tile = BackwardTile {
                     dims,

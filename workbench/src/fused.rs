@@ -285,7 +285,6 @@ fn scores(
 #[derive(Debug, Clone)]
 pub struct OnlineSoftmax {
     dims: TileDims,
-    q: Vec<f32>,
     pos_q: Vec<usize>,
     causal: bool,
     scale: f32,
@@ -298,14 +297,13 @@ pub struct OnlineSoftmax {
 }
 
 impl OnlineSoftmax {
-    pub fn new(dims: TileDims, q: Vec<f32>, pos_q: &[usize], causal: bool, scale: f32) -> Self {
+    pub fn new(dims: TileDims, pos_q: &[usize], causal: bool, scale: f32) -> Self {
         let rows = dims.batch * dims.heads * dims.tq;
         Self {
             dims,
             acc: vec![0.0; rows * dims.head_dim],
             m: vec![f32::NEG_INFINITY; rows],
             l: vec![0.0; rows],
-            q,
             pos_q: pos_q.to_vec(),
             causal,
             scale,
@@ -324,8 +322,9 @@ impl OnlineSoftmax {
         self.dims
     }
 
-    /// Folds one key/value block (`[b, hk, tk, d]`, positions `pos_k`) into the running state.
-    pub fn attend(&mut self, k: &[f32], v: &[f32], pos_k: &[usize]) {
+    /// Folds one key/value block (`[b, hk, tk, d]`, positions `pos_k`) into the running state of the
+    /// queries `q` (`[b, h, tq, d]`, the same at every call).
+    pub fn attend(&mut self, q: &[f32], k: &[f32], v: &[f32], pos_k: &[usize]) {
         let dims = TileDims {
             tk: pos_k.len(),
             ..self.dims
@@ -337,7 +336,7 @@ impl OnlineSoftmax {
             .chunks_mut(rows * d)
             .zip(self.m.chunks_mut(rows))
             .zip(self.l.chunks_mut(rows))
-            .zip(self.q.chunks(rows * d))
+            .zip(q.chunks(rows * d))
             .enumerate();
         for_each_unit(self.parallel, units, |(unit, (((acc, m), l), q))| {
             let k = &k[unit * tk * d..(unit + 1) * tk * d];
@@ -402,6 +401,15 @@ impl OnlineSoftmax {
         }
         (out, lse)
     }
+}
+
+/// The backward's per-row statistic `delta = rowsum(dO ∘ O)` (`[b, h, tq]` from `[b, h, tq, d]`).
+pub fn softmax_delta(d_out: &[f32], out: &[f32], head_dim: usize) -> Vec<f32> {
+    d_out
+        .chunks(head_dim)
+        .zip(out.chunks(head_dim))
+        .map(|(g, o)| g.iter().zip(o).map(|(a, b)| a * b).sum())
+        .collect()
 }
 
 /// Inputs of one backward tile; `lse` and `delta` are the final per-row statistics.

@@ -186,7 +186,7 @@ fn attend_rank<B>(
     device: &B::Device,
 ) -> Result<(RankOutput, Arc<RingContext>), RingError>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
 {
     let [batch, _, heads, head_dim] = s.dims;
     let rank = comm.rank();
@@ -217,17 +217,18 @@ where
     // [b, h, t, d] → [b, t, h, d] on the host
     let host = |t: Tensor<B::InnerBackend, 4>| {
         let dims = t.dims();
-        swap_middle(&t.into_data().into_vec::<f32>().expect("f32 backend"), dims)
+        swap_middle(&B::InnerBackend::to_host(t), dims)
     };
     let grads = match &s.d_out {
         None => None,
         Some(d_out) => {
             let loss = (out.clone() * load(&d_out[rank], heads)).sum();
-            let grads = loss.backward();
+            let mut grads = loss.backward();
             if let Some(error) = ctx.take_backward_error() {
                 return Err(error);
             }
-            let grad = |t: &Tensor<B, 4>| t.grad(&grads).map(host).unwrap_or_default();
+            let mut grad =
+                |t: &Tensor<B, 4>| t.grad_remove(&mut grads).map(host).unwrap_or_default();
             Some([grad(&q), grad(&k), grad(&v)])
         }
     };
@@ -247,7 +248,7 @@ pub fn run_attention<B>(
     device: &B::Device,
 ) -> Result<AttentionResult, RingError>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
 {
     let shards = shard_job(job)?;
     let results = run_ranks_with(job.ranks, job.timeout, job.link, |comm| {
@@ -276,7 +277,7 @@ pub fn run_attention_on<B>(
     device: &B::Device,
 ) -> Result<AttentionResult, RingError>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
 {
     if comm.world() != job.ranks {
         return Err(RingError::WorldMismatch {

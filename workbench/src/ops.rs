@@ -1,5 +1,6 @@
 //! Ring attention as a Burn op: a backend extension whose autodiff twin runs the ring backward.
 
+use crate::block::Block;
 use crate::config::RingContext;
 use crate::engine::{self, Saved};
 use crate::error::RingError;
@@ -23,19 +24,46 @@ fn unwrap<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
 /// Backends that can run ring attention. The default method runs the generic engine; the autodiff
 /// backend overrides it to register the ring backward.
 pub trait RingBackend: Backend {
-    /// Returns this rank's `(out [b, h, t, d], lse [b, h, t])`; `lse` carries no gradient.
-    fn ring_attention(
+    /// Returns this rank's `(out [b, h, t, d], lse [b, h, t])` and what the backward needs; `lse`
+    /// carries no gradient.
+    fn ring_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         ctx: &Arc<RingContext>,
-    ) -> Result<(FloatTensor<Self>, FloatTensor<Self>), RingError> {
-        let (out, lse) = engine::forward::<Self>(ctx, wrap(q), wrap(k), wrap(v))?;
-        Ok((unwrap(out), unwrap(lse)))
+    ) -> Result<(FloatTensor<Self>, FloatTensor<Self>, Saved), RingError> {
+        let (out, lse, saved) = engine::forward::<Self>(ctx, wrap(q), wrap(k), wrap(v))?;
+        Ok((unwrap(out), unwrap(lse), saved))
+    }
+
+    /// The tensor's elements, row-major, as f32 on the host. The default goes through `into_data`;
+    /// a backend that can read its buffer in place overrides it to copy once.
+    fn to_host<const D: usize>(tensor: Tensor<Self, D>) -> Vec<f32> {
+        via_data(tensor)
     }
 }
 
-impl RingBackend for burn::backend::Flex {}
+fn via_data<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
+    tensor
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("converted to f32 above")
+}
+
+/// Flex's `into_data` of a shared buffer copies three times (to bytes, to an aligned buffer, to a
+/// vector); reading the contiguous buffer in place copies once.
+impl RingBackend for burn::backend::Flex {
+    fn to_host<const D: usize>(tensor: Tensor<Self, D>) -> Vec<f32> {
+        let primitive = unwrap(tensor);
+        if !primitive.is_unique()
+            && let Some(data) = primitive.as_slice::<f32>()
+        {
+            return data.to_vec();
+        }
+        via_data(wrap::<Self, D>(primitive))
+    }
+}
 
 #[cfg(feature = "cuda")]
 impl RingBackend for burn::backend::Cuda {}
@@ -45,42 +73,24 @@ struct RingBackward;
 
 #[derive(Debug, Clone)]
 struct RingState<B: Backend> {
-    q: FloatTensor<B>,
-    k: FloatTensor<B>,
-    v: FloatTensor<B>,
+    saved: Saved,
     out: FloatTensor<B>,
-    lse: FloatTensor<B>,
     ctx: Arc<RingContext>,
 }
 
-impl<B: Backend> Backward<B, 3> for RingBackward {
+impl<B: RingBackend> Backward<B, 3> for RingBackward {
     type State = RingState<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let d_out = wrap::<B, 4>(grads.consume::<B>(&ops.node));
-        let RingState {
-            q,
-            k,
-            v,
-            out,
-            lse,
-            ctx,
-        } = ops.state;
-        let saved = Saved::<B> {
-            q: wrap(q),
-            k: wrap(k),
-            v: wrap(v),
-            out: wrap(out),
-            lse: wrap(lse),
-        };
-        let (dq, dk, dv) = engine::backward(&ctx, &saved, d_out).unwrap_or_else(|error| {
-            ctx.set_backward_error(error);
-            (
-                saved.q.zeros_like(),
-                saved.k.zeros_like(),
-                saved.v.zeros_like(),
-            )
-        });
+        let RingState { saved, out, ctx } = ops.state;
+        let device = d_out.device();
+        let (dq, dk, dv) =
+            engine::backward(&ctx, &saved, wrap(out), d_out).unwrap_or_else(|error| {
+                ctx.set_backward_error(error);
+                let zeros = |block: &Block| Tensor::zeros(block.shape.clone(), &device);
+                (zeros(&saved.q), zeros(&saved.k), zeros(&saved.v))
+            });
         for (parent, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
             if let Some(node) = parent {
                 grads.register::<B>(node.id, unwrap(grad));
@@ -90,37 +100,27 @@ impl<B: Backend> Backward<B, 3> for RingBackward {
 }
 
 impl<B: RingBackend, C: CheckpointStrategy> RingBackend for Autodiff<B, C> {
-    fn ring_attention(
+    fn ring_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         ctx: &Arc<RingContext>,
-    ) -> Result<(FloatTensor<Self>, FloatTensor<Self>), RingError> {
-        let (out, lse) = B::ring_attention(
-            q.primitive.clone(),
-            k.primitive.clone(),
-            v.primitive.clone(),
-            ctx,
-        )?;
-        let prep = RingBackward
-            .prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()])
-            .compute_bound()
-            .stateful();
+    ) -> Result<(FloatTensor<Self>, FloatTensor<Self>, Saved), RingError> {
+        let nodes = [q.node, k.node, v.node];
+        let (out, lse, saved) = B::ring_forward(q.primitive, k.primitive, v.primitive, ctx)?;
+        let prep = RingBackward.prepare::<C>(nodes).compute_bound().stateful();
         let out = match prep {
             OpsKind::Tracked(prep) => {
                 let state = RingState {
-                    q: q.primitive,
-                    k: k.primitive,
-                    v: v.primitive,
+                    saved: saved.clone(),
                     out: out.clone(),
-                    lse: lse.clone(),
                     ctx: ctx.clone(),
                 };
                 prep.finish(state, out)
             }
             OpsKind::UnTracked(prep) => prep.finish(out),
         };
-        Ok((out, <Self as AutodiffBackend>::from_inner(lse)))
+        Ok((out, <Self as AutodiffBackend>::from_inner(lse), saved))
     }
 }
 
@@ -137,6 +137,6 @@ pub fn ring_attention<B: RingBackend>(
     v: Tensor<B, 4>,
     ctx: &Arc<RingContext>,
 ) -> Result<(Tensor<B, 4>, Tensor<B, 3>), RingError> {
-    let (out, lse) = B::ring_attention(unwrap(q), unwrap(k), unwrap(v), ctx)?;
+    let (out, lse, _) = B::ring_forward(unwrap(q), unwrap(k), unwrap(v), ctx)?;
     Ok((wrap(out), wrap(lse)))
 }

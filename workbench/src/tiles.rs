@@ -9,6 +9,7 @@ use crate::kernels::{
     Visibility, block_attention, block_attention_backward, causal_bias, merge_block,
 };
 use burn::tensor::{Tensor, TensorData, backend::Backend};
+use std::sync::Arc;
 
 fn tensor<B: Backend, const D: usize>(
     data: &[f32],
@@ -45,13 +46,18 @@ pub(crate) enum ForwardTiles<B: Backend> {
         pos_q: Vec<usize>,
         scale: f32,
     },
-    Fused(OnlineSoftmax),
+    Fused {
+        q: Arc<Block>,
+        state: OnlineSoftmax,
+    },
 }
 
 impl<B: Backend> ForwardTiles<B> {
+    /// `q` as a tensor (the generic twin) and as the host block the fused kernel reads.
     pub fn new(
         kernel: Kernel,
         q: Tensor<B, 4>,
+        q_host: Arc<Block>,
         kv_heads: usize,
         pos_q: &[usize],
         causal: bool,
@@ -75,9 +81,10 @@ impl<B: Backend> ForwardTiles<B> {
                     tk: 0,
                     head_dim,
                 };
-                ForwardTiles::Fused(
-                    OnlineSoftmax::new(dims, host(q), pos_q, causal, scale).with_parallel(parallel),
-                )
+                ForwardTiles::Fused {
+                    q: q_host,
+                    state: OnlineSoftmax::new(dims, pos_q, causal, scale).with_parallel(parallel),
+                }
             }
         }
     }
@@ -104,7 +111,7 @@ impl<B: Backend> ForwardTiles<B> {
                     Some(prev) => merge_block(prev, tile),
                 });
             }
-            ForwardTiles::Fused(state) => state.attend(&k.data, &v.data, pos_k),
+            ForwardTiles::Fused { q, state } => state.attend(&q.data, &k.data, &v.data, pos_k),
         }
     }
 
@@ -118,7 +125,7 @@ impl<B: Backend> ForwardTiles<B> {
                     Tensor::full([b, h, t], f32::NEG_INFINITY, device),
                 )
             }),
-            ForwardTiles::Fused(state) => {
+            ForwardTiles::Fused { state, .. } => {
                 let dims = state.dims();
                 let (out, lse) = state.finish();
                 let rows = [dims.batch, dims.heads, dims.tq];
