@@ -360,7 +360,7 @@ impl OnlineSoftmax {
                                 row.fill(0.0);
                                 continue;
                             }
-                            let correction = fast_exp(m[r] - m_new);
+                            let correction = (m[r] - m_new).exp();
                             l[r] = l[r] * correction + exp_shift_sum(row, m_new);
                             m[r] = m_new;
                             if correction != 1.0 {

@@ -71,6 +71,7 @@ pub struct AttentionResult {
     pub events: Vec<Vec<StepEvent>>,
 }
 
+/// One rank's results, head-major: out and grads `[b, h|hk, t, d]`, lse `[b, h, t]`.
 struct RankOutput {
     out: Vec<f32>,
     lse: Vec<f32>,
@@ -108,133 +109,113 @@ fn check_job(job: &AttentionJob) -> Result<([usize; 4], usize), RingError> {
     Ok(([b, s, h, d], hk))
 }
 
-/// Splits `[b, s, row]` into per-rank `[b, t, row]` by the layout.
-fn shard_batched(layout: &Layout, data: &[f32], batch: usize, row: usize) -> Vec<Vec<f32>> {
-    let per_batch = data.len() / batch;
-    let mut shards = vec![Vec::new(); layout.ranks()];
-    for chunk in data.chunks(per_batch) {
-        for (shard, piece) in shards.iter_mut().zip(layout.shard(chunk, row)) {
-            shard.extend(piece);
-        }
-    }
-    shards
-}
-
-/// Inverse of [`shard_batched`].
-fn unshard_batched(layout: &Layout, shards: &[&[f32]], batch: usize, row: usize) -> Vec<f32> {
-    let mut global = Vec::with_capacity(shards.iter().map(|s| s.len()).sum());
-    for i in 0..batch {
-        let pieces: Vec<&[f32]> = shards
-            .iter()
-            .map(|s| {
-                let n = s.len() / batch;
-                &s[i * n..(i + 1) * n]
-            })
-            .collect();
-        global.extend(layout.unshard(&pieces, row));
-    }
-    global
-}
-
-/// The job's inputs split by the layout: per rank `[b, t, h, d]` shards.
-struct Shards {
+/// The job's split: the layout, and the dimensions every rank checks its shards against.
+struct Plan {
     layout: Arc<Layout>,
+    /// `[batch, seq, heads, head_dim]`.
     dims: [usize; 4],
     kv_heads: usize,
-    q: Vec<Vec<f32>>,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
-    d_out: Option<Vec<Vec<f32>>>,
 }
 
-fn shard_job(job: &AttentionJob) -> Result<Shards, RingError> {
+fn plan_job(job: &AttentionJob) -> Result<Plan, RingError> {
     let (dims, kv_heads) = check_job(job)?;
-    let [batch, seq, heads, head_dim] = dims;
-    let layout = Arc::new(job.strategy.layout(seq, job.ranks)?);
-    let shards = |t: &HostTensor, h: usize| shard_batched(&layout, &t.data, batch, h * head_dim);
-    Ok(Shards {
-        q: shards(job.q, heads),
-        k: shards(job.k, kv_heads),
-        v: shards(job.v, kv_heads),
-        d_out: job.d_out.map(|t| shards(t, heads)),
-        layout,
+    Ok(Plan {
+        layout: Arc::new(job.strategy.layout(dims[1], job.ranks)?),
         dims,
         kv_heads,
     })
 }
 
-/// Row-major `[a, x, y, d]` → `[a, y, x, d]`.
-fn swap_middle(data: &[f32], [a, x, y, d]: [usize; 4]) -> Vec<f32> {
-    debug_assert_eq!(data.len(), a * x * y * d);
-    let mut out = Vec::with_capacity(data.len());
-    for i in 0..a {
-        for j in 0..y {
-            for k in 0..x {
-                let at = ((i * x + k) * y + j) * d;
-                out.extend_from_slice(&data[at..at + d]);
+/// The rows of global `[b, s, h, d]` at `positions`, as a rank's `[b, h, t, d]`: the shard and the
+/// engine's head-major layout in one copy (a strided Burn view would be made contiguous element by
+/// element inside the engine).
+fn gather_rank(global: &[f32], [b, s, h, d]: [usize; 4], positions: &[usize]) -> Vec<f32> {
+    debug_assert_eq!(global.len(), b * s * h * d);
+    let mut local = Vec::with_capacity(b * h * positions.len() * d);
+    for i in 0..b {
+        for j in 0..h {
+            for &p in positions {
+                let at = ((i * s + p) * h + j) * d;
+                local.extend_from_slice(&global[at..at + d]);
             }
         }
     }
-    out
+    local
+}
+
+/// Inverse of [`gather_rank`]: writes a rank's `[b, h, t, d]` into its rows of global `[b, s, h, d]`.
+fn scatter_rank(global: &mut [f32], [b, s, h, d]: [usize; 4], positions: &[usize], local: &[f32]) {
+    let mut rows = local.chunks_exact(d);
+    for i in 0..b {
+        for j in 0..h {
+            for &p in positions {
+                let at = ((i * s + p) * h + j) * d;
+                let row = rows.next().expect("a rank's output matches its positions");
+                global[at..at + d].copy_from_slice(row);
+            }
+        }
+    }
 }
 
 /// One rank's part of the job: forward, and with dO the backward, on this rank's shards.
 fn attend_rank<B>(
     mut comm: Comm,
     job: &AttentionJob,
-    s: &Shards,
+    plan: &Plan,
     device: &B::Device,
 ) -> Result<(RankOutput, Arc<RingContext>), RingError>
 where
     B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
 {
-    let [batch, _, heads, head_dim] = s.dims;
+    let [batch, seq, heads, head_dim] = plan.dims;
     let rank = comm.rank();
     if let Some((failing, step)) = job.fault
         && failing == rank
     {
         comm.inject_fault(step);
     }
-    let ctx = Arc::new(RingContext::new(comm, s.layout.clone(), job.config)?);
-    let local = s.layout.shard_len(rank);
-    // [b, t, h, d] → [b, h, t, d], permuted here: a strided Burn view would be made contiguous
-    // element by element inside the engine.
-    let load = |data: &[f32], h: usize| {
+    let ctx = Arc::new(RingContext::new(comm, plan.layout.clone(), job.config)?);
+    let positions = ctx.positions(rank);
+    let local = positions.len();
+    let load = |t: &HostTensor, h: usize| {
         Tensor::<B, 4>::from_data(
             TensorData::new(
-                swap_middle(data, [batch, local, h, head_dim]),
+                gather_rank(&t.data, [batch, seq, h, head_dim], positions),
                 [batch, h, local, head_dim],
             ),
             device,
         )
     };
-    let train = s.d_out.is_some();
-    let track = |t: Tensor<B, 4>| if train { t.require_grad() } else { t };
-    let q = track(load(&s.q[rank], heads));
-    let k = track(load(&s.k[rank], s.kv_heads));
-    let v = track(load(&s.v[rank], s.kv_heads));
-    let (out, lse) = ring_attention(q.clone(), k.clone(), v.clone(), &ctx)?;
-    // [b, h, t, d] → [b, t, h, d] on the host
-    let host = |t: Tensor<B::InnerBackend, 4>| {
-        let dims = t.dims();
-        swap_middle(&B::InnerBackend::to_host(t), dims)
+    let track = |t: Tensor<B, 4>| {
+        if job.d_out.is_some() {
+            t.require_grad()
+        } else {
+            t
+        }
     };
-    let grads = match &s.d_out {
+    let q = track(load(job.q, heads));
+    let k = track(load(job.k, plan.kv_heads));
+    let v = track(load(job.v, plan.kv_heads));
+    let (out, lse) = ring_attention(q.clone(), k.clone(), v.clone(), &ctx)?;
+    let grads = match job.d_out {
         None => None,
         Some(d_out) => {
-            let loss = (out.clone() * load(&d_out[rank], heads)).sum();
+            let loss = (out.clone() * load(d_out, heads)).sum();
             let mut grads = loss.backward();
             if let Some(error) = ctx.take_backward_error() {
                 return Err(error);
             }
-            let mut grad =
-                |t: &Tensor<B, 4>| t.grad_remove(&mut grads).map(host).unwrap_or_default();
+            let mut grad = |t: &Tensor<B, 4>| {
+                t.grad_remove(&mut grads)
+                    .map(B::InnerBackend::to_host)
+                    .unwrap_or_else(|| vec![0.0; t.shape().num_elements()])
+            };
             Some([grad(&q), grad(&k), grad(&v)])
         }
     };
     let output = RankOutput {
-        out: host(out.inner()),
-        lse: host(lse.inner().unsqueeze_dim(3)),
+        out: B::InnerBackend::to_host(out.inner()),
+        lse: B::InnerBackend::to_host(lse.inner()),
         grads,
         traffic: ctx.take_traffic(),
         events: ctx.take_events(),
@@ -250,9 +231,9 @@ pub fn run_attention<B>(
 where
     B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
 {
-    let shards = shard_job(job)?;
+    let plan = plan_job(job)?;
     let results = run_ranks_with(job.ranks, job.timeout, job.link, |comm| {
-        attend_rank::<B>(comm, job, &shards, device).map(|(output, _)| output)
+        attend_rank::<B>(comm, job, &plan, device).map(|(output, _)| output)
     });
     let mut outputs = Vec::new();
     let mut errors = Vec::new();
@@ -265,7 +246,7 @@ where
     if let Some(cause) = root_cause(errors, RingError::echo_level) {
         return Err(cause);
     }
-    Ok(assemble(job, &shards, outputs))
+    Ok(assemble(job, &plan, outputs))
 }
 
 /// Runs this process's rank of the job over `comm` (one process per rank, e.g. under `mpirun`), then
@@ -285,9 +266,9 @@ where
             layout: job.ranks,
         });
     }
-    let shards = shard_job(job)?;
+    let plan = plan_job(job)?;
     let rank = comm.rank();
-    let (mine, ctx) = attend_rank::<B>(comm, job, &shards, device)?;
+    let (mine, ctx) = attend_rank::<B>(comm, job, &plan, device)?;
     // Every output is gathered by a sum over rank-indexed slots (adding zeros is exact).
     let gather = |part: &[f32]| -> Result<Vec<Vec<f32>>, RingError> {
         let n = part.len();
@@ -326,41 +307,43 @@ where
             },
         })
         .collect();
-    Ok(assemble(job, &shards, outputs))
+    Ok(assemble(job, &plan, outputs))
 }
 
 /// Puts the ranks' outputs back into the job's layout.
-fn assemble(job: &AttentionJob, shards: &Shards, outputs: Vec<RankOutput>) -> AttentionResult {
-    let [batch, seq, heads, head_dim] = shards.dims;
-    let kv_heads = shards.kv_heads;
-    let layout = &shards.layout;
-    let gather = |pick: &dyn Fn(&RankOutput) -> &Vec<f32>, row: usize| {
-        let shards: Vec<&[f32]> = outputs.iter().map(|o| pick(o).as_slice()).collect();
-        unshard_batched(layout, &shards, batch, row)
+fn assemble(job: &AttentionJob, plan: &Plan, outputs: Vec<RankOutput>) -> AttentionResult {
+    let [batch, seq, heads, head_dim] = plan.dims;
+    let positions = &plan.layout.positions;
+    // Each rank's head-major `[b, h, t, d]` into global `dims`, rank by rank.
+    let global = |pick: &dyn Fn(&RankOutput) -> &[f32], dims: [usize; 4]| {
+        let mut data = vec![0.0; dims.iter().product()];
+        for (o, positions) in outputs.iter().zip(positions) {
+            scatter_rank(&mut data, dims, positions, pick(o));
+        }
+        HostTensor::new(dims.to_vec(), data)
     };
-    let out = HostTensor::new(
-        vec![batch, seq, heads, head_dim],
-        gather(&|o| &o.out, heads * head_dim),
+    let out = global(&|o| &o.out, [batch, seq, heads, head_dim]);
+    // lse `[b, h, t]` is `[b·h, t, 1, 1]` in the scatter's terms; the result is `[b, h, s]`.
+    let lse = HostTensor::new(
+        vec![batch, heads, seq],
+        global(&|o| &o.lse, [batch * heads, seq, 1, 1]).data,
     );
-    // [b, s, h] → [b, h, s]
-    let lse = swap_middle(&gather(&|o| &o.lse, heads), [batch, seq, heads, 1]);
     let grads = job.d_out.map(|_| {
         let g = |i: usize, h: usize| {
-            let data = gather(
+            global(
                 &|o| &o.grads.as_ref().expect("backward ran on every rank")[i],
-                h * head_dim,
-            );
-            HostTensor::new(vec![batch, seq, h, head_dim], data)
+                [batch, seq, h, head_dim],
+            )
         };
         Grads {
             dq: g(0, heads),
-            dk: g(1, kv_heads),
-            dv: g(2, kv_heads),
+            dk: g(1, plan.kv_heads),
+            dv: g(2, plan.kv_heads),
         }
     });
     AttentionResult {
         out,
-        lse: HostTensor::new(vec![batch, heads, seq], lse),
+        lse,
         grads,
         traffic: outputs.iter().map(|o| o.traffic.clone()).collect(),
         events: outputs.into_iter().map(|o| o.events).collect(),
