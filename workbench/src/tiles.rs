@@ -54,6 +54,7 @@ pub(crate) enum ForwardTiles<B: Backend> {
 
 impl<B: Backend> ForwardTiles<B> {
     /// `q` as a tensor (the generic twin) and as the host block the fused kernel reads.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         kernel: Kernel,
         q: Tensor<B, 4>,
