@@ -185,10 +185,13 @@ fn run_binary(root: &Path, name: &str, spec: &str) -> PathBuf {
 #[test]
 fn ring_memory_per_rank_is_flat_and_max_context_grows_with_ranks() {
     let root = temp("memory");
+    // The budget sits between the per-rank peaks of 512 and 1024 tokens per rank (measured 6.3 and
+    // 10.6 MiB at N = 1, 5.5 and 9.1 at N = 8: the per-rank peak is the process peak over N, and
+    // rank threads do not all peak at once), so each N's longest fitting length has room both ways.
     let dir = run_binary(
         &root,
         "memory",
-        "kind = \"memory\"\n[sweep]\nranks = [1, 2, 4, 8]\nblock_sizes = [128]\n[measure]\nbudget_mib = 8.0\nmax_seq = 8192\nd_model = 64\nlayers = 1\nheads = 2\nvocab = 64\nmethods = [\"blockwise-attn+ffn\", \"ring\"]\n",
+        "kind = \"memory\"\n[sweep]\nranks = [1, 2, 4, 8]\nblock_sizes = [128]\n[measure]\nbudget_mib = 7.5\nmax_seq = 8192\nd_model = 64\nlayers = 1\nheads = 2\nvocab = 64\nmethods = [\"blockwise-attn+ffn\", \"ring\"]\n",
     );
     let (kind, method, ranks, seq, peak, max) = (
         column(&dir, "row_type"),
