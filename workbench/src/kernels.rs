@@ -139,11 +139,6 @@ pub fn merge_block<B: Backend>(
     (o_a * w_a + o_b * w_b, lse)
 }
 
-/// `delta = rowsum(dO ∘ O)`, `[b, h, tq]`.
-pub fn softmax_delta<B: Backend>(d_out: &Tensor<B, 4>, out: &Tensor<B, 4>) -> Tensor<B, 3> {
-    (d_out.clone() * out.clone()).sum_dim(3).squeeze_dim(3)
-}
-
 /// Gradients of one tile: `(dq [b, h, tq, d], dk [b, hk, tk, d], dv [b, hk, tk, d])`.
 ///
 /// `lse` and `delta` are the *final* per-row statistics of the full attention, so tiles can be
