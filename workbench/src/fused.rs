@@ -163,6 +163,14 @@ fn exp_shift(row: &mut [f32], shift: f32) {
     }
 }
 
+/// `row[j] *= factor`.
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn scale_row(row: &mut [f32], factor: f32) {
+    for x in row.iter_mut() {
+        *x *= factor;
+    }
+}
+
 /// `ds[j] = p[j] · (dp[j] − delta)`, in place in `dp`.
 #[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn softmax_grad(dp: &mut [f32], p: &[f32], delta: f32) {
@@ -238,11 +246,17 @@ fn pieces(
     })
 }
 
-/// Sets scores of invisible (q, k) pairs to −∞: `s` is rows `r0..` × keys `pos_k`.
+/// Sets scores of invisible (q, k) pairs to −∞: `s` is rows `r0..` × keys `pos_k`. With ascending
+/// keys (every partition here) a row's invisible keys are a suffix, found by binary search.
 fn mask(s: &mut [f32], pos_q: &[usize], r0: usize, pos_k: &[usize]) {
     let tq = pos_q.len();
+    let sorted = pos_k.is_sorted();
     for (i, row) in s.chunks_mut(pos_k.len()).enumerate() {
         let pq = pos_q[(r0 + i) % tq];
+        if sorted {
+            row[pos_k.partition_point(|&pk| pk <= pq)..].fill(f32::NEG_INFINITY);
+            continue;
+        }
         for (x, &pk) in row.iter_mut().zip(pos_k) {
             if pk > pq {
                 *x = f32::NEG_INFINITY;
@@ -364,9 +378,7 @@ impl OnlineSoftmax {
                             l[r] = l[r] * correction + exp_shift_sum(row, m_new);
                             m[r] = m_new;
                             if correction != 1.0 {
-                                acc[r * d..(r + 1) * d]
-                                    .iter_mut()
-                                    .for_each(|x| *x *= correction);
+                                scale_row(&mut acc[r * d..(r + 1) * d], correction);
                             }
                         }
                         matmul(
@@ -391,8 +403,7 @@ impl OnlineSoftmax {
         let mut out = self.acc;
         let mut lse = self.m;
         for ((row, lse), &l) in out.chunks_mut(d).zip(lse.iter_mut()).zip(&self.l) {
-            let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
-            row.iter_mut().for_each(|x| *x *= inv);
+            scale_row(row, if l > 0.0 { 1.0 / l } else { 0.0 });
             *lse = if l > 0.0 {
                 *lse + l.ln()
             } else {
@@ -544,6 +555,22 @@ fn for_each_unit<T: Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mask_hides_exactly_the_later_keys_in_either_key_order() {
+        let pos_q = [3, 0, 7];
+        for pos_k in [vec![0, 2, 4, 6, 8], vec![8, 0, 6, 2, 4]] {
+            // Rows start at r0 = 2, so they wrap round pos_q as GQA rows do.
+            let mut s = vec![1.0f32; 3 * pos_k.len()];
+            mask(&mut s, &pos_q, 2, &pos_k);
+            for (i, row) in s.chunks(pos_k.len()).enumerate() {
+                let pq = pos_q[(2 + i) % 3];
+                for (&x, &pk) in row.iter().zip(&pos_k) {
+                    assert_eq!(x == f32::NEG_INFINITY, pk > pq, "query {pq}, key {pk}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn fast_exp_is_accurate() {
