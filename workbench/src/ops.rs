@@ -43,7 +43,8 @@ pub trait RingBackend: Backend {
     }
 }
 
-fn via_data<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
+/// Any backend's tensor as host f32, through `into_data` (a shared Flex buffer is copied three times).
+pub(crate) fn via_data<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
     tensor
         .into_data()
         .convert::<f32>()

@@ -8,6 +8,7 @@ use crate::fused::{self, BackwardTile, OnlineSoftmax, TileDims};
 use crate::kernels::{
     Visibility, block_attention, block_attention_backward, causal_bias, merge_block,
 };
+use crate::ops::via_data;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use std::sync::Arc;
 
@@ -17,13 +18,6 @@ fn tensor<B: Backend, const D: usize>(
     device: &B::Device,
 ) -> Tensor<B, D> {
     Tensor::from_data(TensorData::new(data.to_vec(), shape), device)
-}
-
-fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.into_data()
-        .convert::<f32>()
-        .into_vec::<f32>()
-        .expect("converted to f32")
 }
 
 fn bias(visibility: Visibility, pos_q: &[usize], pos_k: &[usize]) -> Option<Vec<f32>> {
@@ -169,7 +163,11 @@ pub(crate) fn backward_tile<B: Backend>(
                 bias.as_deref(),
                 tile.scale,
             );
-            for (sum, part) in [(dq, host(dq_t)), (dk, host(dk_t)), (dv, host(dv_t))] {
+            for (sum, part) in [
+                (dq, via_data(dq_t)),
+                (dk, via_data(dk_t)),
+                (dv, via_data(dv_t)),
+            ] {
                 sum.iter_mut().zip(part).for_each(|(a, b)| *a += b);
             }
         }
