@@ -40,6 +40,10 @@ cargo check -p experiments --features nccl
 step "cargo test --workspace with the mpi and nccl features (MPI tests start 4 processes with mpirun;
 the NCCL test checks that a machine without CUDA gets an error, not a panic)"
 # As root, mpirun needs --allow-run-as-root; the tests pass it and --oversubscribe (4 ranks, 2 cores).
-cargo test --workspace --features experiments/mpi,experiments/nccl 2>&1 | tee target/test.log
-# Each test binary prints its own summary; add them up into one closing line.
+status=0
+cargo test --workspace --no-fail-fast --features experiments/mpi,experiments/nccl 2>&1 | tee target/test.log \
+  || status=$?
+# Each test binary prints its own summary; add them up into one closing line. A binary that failed to
+# build or crashed prints no summary: the exit status still fails the run.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
+exit "$status"

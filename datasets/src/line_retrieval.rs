@@ -30,6 +30,8 @@ pub enum DatasetError {
         line: usize,
         message: String,
     },
+    #[error("{path}: no cases (the file has no JSON lines)")]
+    NoCases { path: PathBuf },
     #[error(
         "{num_lines} lines need {num_lines} distinct names but the {split:?} word lists give {available}"
     )]
@@ -120,7 +122,8 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Case>, DatasetError> {
         path: path.to_owned(),
         source,
     })?;
-    text.lines()
+    let cases: Vec<Case> = text
+        .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
@@ -130,7 +133,13 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Case>, DatasetError> {
                 message: e.to_string(),
             })
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    if cases.is_empty() {
+        return Err(DatasetError::NoCases {
+            path: path.to_owned(),
+        });
+    }
+    Ok(cases)
 }
 
 /// LongChat's scoring: the answer is the last integer in the reply; `None` if it has none.

@@ -5,7 +5,7 @@ use anyhow::{Context, Result, bail};
 use burn::backend::{Autodiff, Flex};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use workbench::launch::{AttentionJob, AttentionResult, run_attention};
+use workbench::launch::{AttentionJob, AttentionResult, HostTensor, run_attention};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 #[derive(Debug, clap::Args)]
@@ -111,14 +111,24 @@ fn run_nccl(_: &AttentionJob, _: &Path, _: &AttnArgs) -> Result<()> {
     )
 }
 
-pub fn run_command(args: &AttnArgs) -> Result<()> {
-    let q = npy::read(&args.q)?;
-    let k = npy::read(&args.k)?;
-    let v = npy::read(&args.v)?;
-    let d_out = args.d_out.as_deref().map(npy::read).transpose()?;
-    if args.ranks == 0 {
-        bail!("--ranks must be at least 1");
+/// Reads one input array; it must have the four axes (batch, seq, heads, head_dim).
+fn read_4d(path: &Path) -> Result<HostTensor> {
+    let array = npy::read(path)?;
+    if array.shape.len() != 4 {
+        bail!(
+            "{}: expected a 4-D array (batch, seq, heads, head_dim), got shape {:?}",
+            path.display(),
+            array.shape
+        );
     }
+    Ok(array)
+}
+
+pub fn run_command(args: &AttnArgs) -> Result<()> {
+    let q = read_4d(&args.q)?;
+    let k = read_4d(&args.k)?;
+    let v = read_4d(&args.v)?;
+    let d_out = args.d_out.as_deref().map(read_4d).transpose()?;
     let job = AttentionJob {
         q: &q,
         k: &k,
@@ -164,11 +174,12 @@ fn write_outputs(args: &AttnArgs, result: &AttentionResult) -> Result<()> {
     // Under MPI or NCCL only this process's rank is counted.
     let bytes: u64 = result.traffic.iter().map(|t| t.total_bytes()).sum();
     println!(
-        "wrote {} to {} ({} ranks, {}, {} bytes sent by the ranks of this process)",
+        "wrote {} to {} ({} ranks, {}; this process ran {} of them, which sent {} bytes)",
         written.join(", "),
         args.out.display(),
         args.ranks,
         args.strategy,
+        result.ranks_here.len(),
         bytes
     );
     Ok(())

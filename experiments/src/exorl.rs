@@ -416,7 +416,7 @@ fn train_policy(
         partition,
         config.k.min(data.trajectories.len()) * data.decisions * TOKENS_PER_STEP,
         ranks,
-    );
+    )?;
     <Train as Backend>::seed(&Default::default(), seed);
     let model = cfg.init::<Train>(&Default::default())?;
     let options = TrainOptions {

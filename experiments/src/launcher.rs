@@ -16,10 +16,19 @@ pub fn as_mpi_rank<T, E: std::fmt::Display>(
 ) -> Result<Option<(usize, T)>> {
     #[cfg(feature = "mpi")]
     if workbench::transport::launched_by_mpirun() {
+        use mpi::Threading;
         use mpi::traits::Communicator;
         use workbench::transport::mpi::MpiTransport;
-        let universe = mpi::initialize()
+        // The rank's `Comm` sits behind a mutex: MPI is called by one thread at a time, not always
+        // the main one (an autodiff backward runs wherever `backward()` is called). That is
+        // MPI_THREAD_SERIALIZED; ask for it and refuse a library that offers less.
+        let (universe, provided) = mpi::initialize_with_threading(Threading::Serialized)
             .ok_or_else(|| anyhow::anyhow!("MPI was already initialized in this process"))?;
+        if matches!(provided, Threading::Single | Threading::Funneled) {
+            anyhow::bail!(
+                "this MPI library provides threading level {provided:?}; ringbench needs Serialized"
+            );
+        }
         let comm = Comm::new(Box::new(MpiTransport::new(universe.world(), timeout)));
         let rank = comm.rank();
         return match body(comm) {

@@ -162,6 +162,12 @@ fn save_checkpoint<B: Backend>(
 
 /// Loads a checkpoint written by `ringbench train`, checking it against its config.
 pub fn load_checkpoint(dir: &Path) -> Result<(Llama<Flex>, LlamaConfig, Tokenizer)> {
+    if !dir.is_dir() {
+        bail!(
+            "{}: no such checkpoint directory (ringbench train writes one)",
+            dir.display()
+        );
+    }
     let config = LlamaConfig::load(dir.join("config.json"))
         .map_err(|e| anyhow::anyhow!("{}: {e}", dir.join("config.json").display()))?;
     config.validate()?;

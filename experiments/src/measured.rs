@@ -8,7 +8,7 @@ use anyhow::Result;
 use burn::backend::{Autodiff, Flex};
 use datasets::SplitMix64;
 use indicatif::ProgressBar;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use workbench::launch::{AttentionJob, HostTensor, run_attention};
 use workbench::model::LlamaConfig;
@@ -333,8 +333,17 @@ fn llama(m: &SmallModel, ffn_chunk: usize) -> LlamaConfig {
         .with_ffn_chunk(ffn_chunk)
 }
 
-/// Trains `steps` steps on random tokens; returns (process peak bytes in the first step, seconds of
-/// each step after the first).
+/// What [`train_steps`] measured.
+struct Measured {
+    /// Process peak bytes above the start, in the first step (the counting allocator's).
+    allocator_peak: usize,
+    /// Rank 0's engine ledger peak in the first step (deterministic: shapes only).
+    engine_peak: u64,
+    /// Seconds of each step after the first.
+    times: Vec<f64>,
+}
+
+/// Trains `steps` steps on random tokens.
 fn train_steps(
     m: &SmallModel,
     ranks: usize,
@@ -342,7 +351,7 @@ fn train_steps(
     ffn_chunk: usize,
     kernel: Kernel,
     steps: usize,
-) -> Result<(usize, Vec<f64>)> {
+) -> Result<Measured> {
     let config = llama(m, ffn_chunk);
     <Train as burn::tensor::backend::Backend>::seed(&Default::default(), 0);
     let model = config.init::<Train>(&Default::default());
@@ -370,6 +379,7 @@ fn train_steps(
         &strategies::Contiguous
     };
     let peak = AtomicUsize::new(0);
+    let engine_peak = AtomicU64::new(0);
     let times = std::sync::Mutex::new(Vec::new());
     crate::alloc::reset();
     train(
@@ -388,24 +398,39 @@ fn train_steps(
         |log| {
             if log.step == 0 {
                 peak.store(crate::alloc::stats().peak_above_start, Ordering::Relaxed);
+                engine_peak.store(log.engine_peak_bytes, Ordering::Relaxed);
             } else {
                 times.lock().expect("times").push(log.seconds);
             }
         },
         &AtomicBool::new(false),
     )?;
-    Ok((peak.into_inner(), times.into_inner().expect("times")))
+    Ok(Measured {
+        allocator_peak: peak.into_inner(),
+        engine_peak: engine_peak.into_inner(),
+        times: times.into_inner().expect("times"),
+    })
 }
 
-/// Per-rank peak bytes of one training step: the process peak over the rank count (rank threads
-/// share the process; ranks are symmetric).
+/// Per-rank peak bytes of one training step, two ways.
+#[derive(Debug, Clone, Copy)]
+pub struct PeakPerRank {
+    /// The process peak over the rank count (rank threads share the process; ranks are symmetric):
+    /// what the machine allocated, which depends on its CPU's kernels and on scheduling.
+    pub allocator: f64,
+    /// What rank 0's attention engine held at once ([`workbench::ledger`]): shapes only, the same on
+    /// every machine; the model's other activations are not in it.
+    pub engine: u64,
+}
+
+/// Per-rank peak bytes of one training step of `method`.
 pub fn peak_per_rank(
     m: &SmallModel,
     method: Method,
     ranks: usize,
     seq: usize,
     block: usize,
-) -> Result<f64> {
+) -> Result<PeakPerRank> {
     let (ranks, ffn_chunk, kernel) = match method {
         Method::Vanilla => (1, seq, Kernel::Generic),
         Method::MemoryEfficient => (1, seq, Kernel::Fused),
@@ -414,9 +439,12 @@ pub fn peak_per_rank(
     };
     // The smaller of two runs: a fresh rank thread sometimes allocates once-only buffers (e.g. a
     // matmul packing workspace) inside the measured step.
-    let (first, _) = train_steps(m, ranks, seq, ffn_chunk, kernel, 1)?;
-    let (second, _) = train_steps(m, ranks, seq, ffn_chunk, kernel, 1)?;
-    Ok(first.min(second) as f64 / ranks as f64)
+    let first = train_steps(m, ranks, seq, ffn_chunk, kernel, 1)?;
+    let second = train_steps(m, ranks, seq, ffn_chunk, kernel, 1)?;
+    Ok(PeakPerRank {
+        allocator: first.allocator_peak.min(second.allocator_peak) as f64 / ranks as f64,
+        engine: first.engine_peak,
+    })
 }
 
 /// The longest power-of-two sequence (from `start`) whose per-rank peak fits `budget` bytes;
@@ -434,7 +462,7 @@ pub fn max_context(
     let mut seq = start;
     while seq <= cap {
         let block = (seq / ranks).min(block_cap);
-        if peak_per_rank(m, method, ranks, seq, block)? > budget {
+        if peak_per_rank(m, method, ranks, seq, block)?.allocator > budget {
             break;
         }
         best = Some(seq);
@@ -455,7 +483,7 @@ pub fn model_flops(m: &SmallModel, seq: usize) -> f64 {
 /// MFU of training steps: (model FLOPs / step time) over the square-matmul rate measured beside it.
 pub fn mfu_row(m: &SmallModel, ranks: usize, seq: usize, steps: usize) -> Result<Row> {
     let block = seq / ranks;
-    let (_, times) = train_steps(m, ranks, seq, block.min(1024), Kernel::Fused, steps + 1)?;
+    let times = train_steps(m, ranks, seq, block.min(1024), Kernel::Fused, steps + 1)?.times;
     let matmul = matmul_gflops(1024);
     let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
     let gflops = model_flops(m, seq) / mean / 1e9;

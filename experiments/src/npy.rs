@@ -1,4 +1,4 @@
-//! Reading and writing `.npy` arrays (C order, f32 or f64 in; f32 out).
+//! Reading and writing `.npy` arrays (C or Fortran order, f32 or f64 in; C-order f32 out).
 
 use npyz::{DType, NpyFile, TypeChar, WriteOptions, WriterBuilder};
 use std::fs::File;
@@ -16,8 +16,6 @@ pub enum NpyError {
     },
     #[error("{path}: dtype {dtype} is not supported; expected float32 or float64")]
     Dtype { path: PathBuf, dtype: String },
-    #[error("{path}: Fortran-order arrays are not supported; save np.ascontiguousarray(a)")]
-    FortranOrder { path: PathBuf },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> NpyError + '_ {
@@ -27,15 +25,11 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> NpyError + '_ {
     }
 }
 
-/// Reads a C-order float32 or float64 array as f32.
+/// Reads a float32 or float64 array as f32 in C order (a Fortran-order file is reordered).
 pub fn read(path: &Path) -> Result<HostTensor, NpyError> {
     let bytes = std::fs::read(path).map_err(io(path))?;
     let file = NpyFile::new(&bytes[..]).map_err(io(path))?;
-    if file.order() == npyz::Order::Fortran {
-        return Err(NpyError::FortranOrder {
-            path: path.to_owned(),
-        });
-    }
+    let fortran = file.order() == npyz::Order::Fortran;
     let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
     let data = match file.dtype() {
         DType::Plain(t) if t.type_char() == TypeChar::Float && t.size_field() == 4 => {
@@ -54,7 +48,41 @@ pub fn read(path: &Path) -> Result<HostTensor, NpyError> {
             });
         }
     };
+    let data = if fortran {
+        to_c_order(&data, &shape)
+    } else {
+        data
+    };
     Ok(HostTensor::new(shape, data))
+}
+
+/// Fortran order (first index fastest) to C order (last index fastest).
+fn to_c_order(fortran: &[f32], shape: &[usize]) -> Vec<f32> {
+    // The Fortran stride of each axis.
+    let mut strides = vec![1; shape.len()];
+    for axis in 1..shape.len() {
+        strides[axis] = strides[axis - 1] * shape[axis - 1];
+    }
+    let mut index = vec![0; shape.len()];
+    let mut c = Vec::with_capacity(fortran.len());
+    for _ in 0..fortran.len() {
+        c.push(
+            fortran[index
+                .iter()
+                .zip(&strides)
+                .map(|(i, s)| i * s)
+                .sum::<usize>()],
+        );
+        // The next C-order index: increment the last axis, carrying leftwards.
+        for axis in (0..shape.len()).rev() {
+            index[axis] += 1;
+            if index[axis] < shape[axis] {
+                break;
+            }
+            index[axis] = 0;
+        }
+    }
+    c
 }
 
 /// Writes an f32 array in C order.

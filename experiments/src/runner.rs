@@ -481,7 +481,7 @@ fn rows(path: &Path, text: &str, spec: &Spec, done: &HashSet<String>) -> Result<
             peak_per_rank(&small, Method::Blockwise, 1, blocks[0], blocks[0])?;
             let bar = ProgressBar::new_spinner();
             let row =
-                |kind: &str, method: Method, n: usize, seq: String, values: [String; 3]| Row {
+                |kind: &str, method: Method, n: usize, seq: String, values: [String; 4]| Row {
                     keys: vec![
                         ("row_type", kind.to_string()),
                         ("method", method.name().to_string()),
@@ -490,6 +490,7 @@ fn rows(path: &Path, text: &str, spec: &Spec, done: &HashSet<String>) -> Result<
                     ],
                     values: vec![
                         ("peak_mib_per_rank", values[0].clone()),
+                        ("engine_peak_bytes_per_rank", values[3].clone()),
                         ("budget_mib", mib(budget)),
                         ("max_context_tokens", values[1].clone()),
                         ("max_context_over_one_rank_blockwise", values[2].clone()),
@@ -506,7 +507,12 @@ fn rows(path: &Path, text: &str, spec: &Spec, done: &HashSet<String>) -> Result<
                             method,
                             ranks_used,
                             seq.to_string(),
-                            [mib(peak), "-".into(), "-".into()],
+                            [
+                                mib(peak.allocator),
+                                "-".into(),
+                                "-".into(),
+                                peak.engine.to_string(),
+                            ],
                         ));
                     }
                 }
@@ -549,7 +555,7 @@ fn rows(path: &Path, text: &str, spec: &Spec, done: &HashSet<String>) -> Result<
                         method,
                         n,
                         "-".into(),
-                        ["-".into(), shown, ratio],
+                        ["-".into(), shown, ratio, "-".into()],
                     ));
                 }
             }

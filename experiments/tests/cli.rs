@@ -316,3 +316,239 @@ fn a_failing_rank_stops_the_job_naming_it() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_rank_failing_in_the_backward_ends_the_job_and_writes_nothing() {
+    let dir = temp_dir("fault-backward");
+    let out = dir.join("out");
+    let o = out.to_string_lossy();
+    let start = std::time::Instant::now();
+    // 4 ranks make 3 forward exchanges (0–2); exchange 4 is inside the backward.
+    let output = ringbench(&attn_on_fixture(
+        true,
+        &[
+            "--ranks",
+            "4",
+            "--fail-rank",
+            "1",
+            "--fail-step",
+            "4",
+            "--timeout",
+            "60",
+            "--out",
+            &o,
+        ],
+    ));
+    let elapsed = start.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("rank 1 failed: injected fault at its ring exchange 4"),
+        "{stderr}"
+    );
+    // Well under the 60 s timeout: the failed rank tells its peers at once.
+    assert!(
+        elapsed < std::time::Duration::from_secs(20),
+        "took {elapsed:?}"
+    );
+    assert!(!out.join("dq.npy").exists() && !out.join("out.npy").exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_non_finite_input_is_named_with_its_index() {
+    let dir = temp_dir("nan");
+    let mut q = npy::read(&fixture("q.npy")).unwrap();
+    let (h, d) = (q.shape[2], q.shape[3]);
+    q.data[5 * h * d] = f32::NAN; // q[0, 5, 0, 0] of [batch, seq, heads, head_dim]
+    let path = dir.join("q_nan.npy");
+    npy::write(&path, &q).unwrap();
+    let mut k = npy::read(&fixture("k.npy")).unwrap();
+    let last = k.data.len() - 1;
+    k.data[last] = f32::INFINITY;
+    let k_path = dir.join("k_inf.npy");
+    npy::write(&k_path, &k).unwrap();
+    let f = |n: &str| fixture(n).to_string_lossy().into_owned();
+    let p = |p: &Path| p.to_string_lossy().into_owned();
+    let o = p(&dir.join("out"));
+    for (q, k, message) in [
+        (
+            p(&path),
+            f("k.npy"),
+            "q[0, 5, 0, 0] is NaN: inputs must be finite",
+        ),
+        (
+            f("q.npy"),
+            p(&k_path),
+            "k[1, 23, 1, 7] is inf: inputs must be finite",
+        ),
+    ] {
+        let output = ringbench(&[
+            "attn",
+            "--q",
+            &q,
+            "--k",
+            &k,
+            "--v",
+            &f("v.npy"),
+            "--ranks",
+            "2",
+            "--causal",
+            "--out",
+            &o,
+        ]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(message),
+            "expected '{message}' in: {stderr}"
+        );
+        assert!(!dir.join("out").exists(), "nothing written");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Writes `data` as an .npy of `shape` in the given order and element type.
+fn write_npy<T: npyz::AutoSerialize + Copy>(
+    path: &Path,
+    shape: &[u64],
+    order: npyz::Order,
+    data: &[T],
+) {
+    use npyz::WriterBuilder;
+    let mut writer = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(shape)
+        .order(order)
+        .writer(std::io::BufWriter::new(
+            std::fs::File::create(path).unwrap(),
+        ))
+        .begin_nd()
+        .unwrap();
+    writer.extend(data.iter().copied()).unwrap();
+    writer.finish().unwrap();
+}
+
+/// Bad files, one error line each that names the path, exit 1.
+#[test]
+fn bad_files_are_one_line_naming_the_path() {
+    let dir = temp_dir("bad-files");
+    let p = |p: &Path| p.to_string_lossy().into_owned();
+    let f = |n: &str| p(&fixture(n));
+    let q = npy::read(&fixture("q.npy")).unwrap();
+    let shape: Vec<u64> = q.shape.iter().map(|&d| d as u64).collect();
+    let int32 = dir.join("q_int32.npy");
+    let ints: Vec<i32> = q.data.iter().map(|&x| x as i32).collect();
+    write_npy(&int32, &shape, npyz::Order::C, &ints);
+    let flat = dir.join("q_3d.npy");
+    write_npy(
+        &flat,
+        &[shape[0], shape[1], shape[2] * shape[3]],
+        npyz::Order::C,
+        &q.data,
+    );
+    let spec = dir.join("broken.toml");
+    std::fs::write(&spec, "[model\nd_model = 32\n").unwrap();
+    let empty = dir.join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    let missing = dir.join("no-such-checkpoint");
+    let o = p(&dir.join("out"));
+    let cases: Vec<(Vec<String>, String)> = vec![
+        (
+            vec![
+                "attn".into(),
+                "--q".into(),
+                p(&int32),
+                "--k".into(),
+                f("k.npy"),
+                "--v".into(),
+                f("v.npy"),
+                "--out".into(),
+                o.clone(),
+            ],
+            format!(
+                "{}: dtype <i4 is not supported; expected float32 or float64",
+                int32.display()
+            ),
+        ),
+        (
+            vec![
+                "attn".into(),
+                "--q".into(),
+                p(&flat),
+                "--k".into(),
+                f("k.npy"),
+                "--v".into(),
+                f("v.npy"),
+                "--out".into(),
+                o.clone(),
+            ],
+            format!(
+                "{}: expected a 4-D array (batch, seq, heads, head_dim), got shape [2, 24, 32]",
+                flat.display()
+            ),
+        ),
+        (
+            vec!["train".into(), "--config".into(), p(&spec)],
+            format!("{}", spec.display()),
+        ),
+        (vec!["run".into(), p(&spec)], format!("{}", spec.display())),
+        (
+            vec![
+                "eval-lines".into(),
+                "--checkpoint".into(),
+                p(&missing),
+                "--cases".into(),
+                p(&empty),
+                "--out".into(),
+                p(&dir.join("acc.csv")),
+            ],
+            format!("{}: no such checkpoint directory", missing.display()),
+        ),
+    ];
+    for (args, message) in cases {
+        let output = ringbench(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&message),
+            "expected '{message}' in: {stderr}"
+        );
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    }
+    // The TOML error says where: line 1 of the file.
+    let output = ringbench(&["train", "--config", &p(&spec)]);
+    assert!(String::from_utf8_lossy(&output.stderr).contains("line 1"));
+    // An empty JSONL file of cases is an error naming it, not an accuracy table of nothing.
+    let err = datasets::read_jsonl(&empty).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!("{}: no cases (the file has no JSON lines)", empty.display())
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A Fortran-order array is read in its logical order: the same results as the C-order fixture.
+#[test]
+fn a_fortran_order_array_gives_the_same_results() {
+    let dir = temp_dir("fortran");
+    let q = npy::read(&fixture("q.npy")).unwrap();
+    let [b, s, h, d] = <[usize; 4]>::try_from(q.shape.as_slice()).unwrap();
+    // Element (i, j, k, l) sits at i + b·(j + s·(k + h·l)) in Fortran order.
+    let mut fortran = vec![0.0f32; q.data.len()];
+    for (c_index, &x) in q.data.iter().enumerate() {
+        let (l, rest) = (c_index % d, c_index / d);
+        let (k, rest) = (rest % h, rest / h);
+        let (j, i) = (rest % s, rest / s);
+        fortran[i + b * (j + s * (k + h * l))] = x;
+    }
+    let path = dir.join("q_fortran.npy");
+    write_npy(
+        &path,
+        &[b as u64, s as u64, h as u64, d as u64],
+        npyz::Order::Fortran,
+        &fortran,
+    );
+    assert_eq!(npy::read(&path).unwrap(), q);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -58,13 +58,30 @@ fn attention_over_four_processes_matches_threads() {
                 "{}",
                 String::from_utf8_lossy(&output.stderr)
             );
+            String::from_utf8_lossy(&output.stdout).into_owned()
         };
         let (a, b) = (
             dir.join(format!("{strategy}-threads")),
             dir.join(format!("{strategy}-mpi")),
         );
-        run(&a, false);
-        run(&b, true);
+        let (threads, mpi) = (run(&a, false), run(&b, true));
+        // Had rank detection failed, each of the 4 processes would have run all 4 ranks as threads
+        // and written the files: one "wrote" line, from a process that ran one rank, must appear,
+        // and its bytes must be one rank's share of the threads' total (equal shards).
+        let sent = |stdout: &str, ran: &str| -> u64 {
+            let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("wrote ")).collect();
+            assert_eq!(lines.len(), 1, "one writer: {stdout}");
+            let tail = lines[0]
+                .split_once(&format!("this process ran {ran} of them, which sent "))
+                .unwrap_or_else(|| panic!("expected {ran} rank(s) in this process: {}", lines[0]))
+                .1;
+            tail.trim_end_matches(" bytes)").parse().unwrap()
+        };
+        let (all, one) = (sent(&threads, "4"), sent(&mpi, "1"));
+        assert!(
+            one > 0 && 4 * one == all,
+            "{strategy}: rank 0 sent {one} of {all} bytes"
+        );
         for name in ["out.npy", "lse.npy", "dq.npy", "dk.npy", "dv.npy"] {
             let (x, y) = (
                 npy::read(&a.join(name)).unwrap(),
@@ -151,5 +168,42 @@ fn a_failing_process_ends_the_job_naming_its_rank() {
         stderr.contains("MPI rank 2: rank 2 failed: injected fault"),
         "{stderr}"
     );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_process_failing_in_the_backward_ends_the_job_and_writes_nothing() {
+    let dir = temp_dir("fault-backward");
+    let out = dir.join("out");
+    let o = out.to_string_lossy();
+    let start = Instant::now();
+    // 4 ranks make 3 forward exchanges (0–2); exchange 4 is inside the backward.
+    let output = mpirun(
+        4,
+        &attn_on_fixture(
+            true,
+            &[
+                "--ranks",
+                "4",
+                "--fail-rank",
+                "1",
+                "--fail-step",
+                "4",
+                "--timeout",
+                "60",
+                "--out",
+                &o,
+            ],
+        ),
+    );
+    assert!(start.elapsed() < Duration::from_secs(30), "no hang");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("MPI rank 1: rank 1 failed: injected fault at its ring exchange 4"),
+        "{stderr}"
+    );
+    assert!(!out.join("dq.npy").exists(), "no gradient file");
+    assert!(!out.join("out.npy").exists(), "no output file");
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -183,23 +183,20 @@ fn run_binary(root: &Path, name: &str, spec: &str) -> PathBuf {
 }
 
 #[test]
-fn ring_memory_per_rank_is_flat_and_max_context_grows_with_ranks() {
+fn ring_engine_memory_per_rank_is_flat_so_max_context_grows_with_ranks() {
     let root = temp("memory");
-    // The budget sits between the per-rank peaks of 512 and 1024 tokens per rank (measured 6.3 and
-    // 10.6 MiB at N = 1, 5.5 and 9.1 at N = 8: the per-rank peak is the process peak over N, and
-    // rank threads do not all peak at once), so each N's longest fitting length has room both ways.
     let dir = run_binary(
         &root,
         "memory",
-        "kind = \"memory\"\n[sweep]\nranks = [1, 2, 4, 8]\nblock_sizes = [128]\n[measure]\nbudget_mib = 7.5\nmax_seq = 8192\nd_model = 64\nlayers = 1\nheads = 2\nvocab = 64\nmethods = [\"blockwise-attn+ffn\", \"ring\"]\n",
+        "kind = \"memory\"\n[sweep]\nranks = [1, 2, 4, 8]\nblock_sizes = [128]\n[measure]\nbudget_mib = 7.5\nmax_seq = 2048\nd_model = 64\nlayers = 1\nheads = 2\nvocab = 64\nmethods = [\"blockwise-attn+ffn\", \"ring\"]\n",
     );
-    let (kind, method, ranks, seq, peak, max) = (
+    let (kind, method, ranks, seq, allocator, engine) = (
         column(&dir, "row_type"),
         column(&dir, "method"),
         column(&dir, "ranks"),
         column(&dir, "seq_len"),
         column(&dir, "peak_mib_per_rank"),
-        column(&dir, "max_context_tokens"),
+        column(&dir, "engine_peak_bytes_per_rank"),
     );
     let all = rows(&dir);
     let find = |t: &str, m: &str, n: &str, s: &str| {
@@ -208,35 +205,43 @@ fn ring_memory_per_rank_is_flat_and_max_context_grows_with_ranks() {
             .unwrap_or_else(|| panic!("no row {t} {m} {n} {s}"))
             .clone()
     };
-    let ring: Vec<f64> = [("1", "128"), ("2", "256"), ("4", "512"), ("8", "1024")]
+    // The engine's ledger counts shapes, not allocations, so these hold exactly on any CPU. At 128
+    // tokens per rank, N ≥ 2 ranks hold the same bytes whatever the total length (N = 1 holds less:
+    // with nobody to exchange with it has no second buffer in flight).
+    let ring: Vec<u64> = [("1", "128"), ("2", "256"), ("4", "512"), ("8", "1024")]
         .iter()
-        .map(|(n, s)| find("peak", "ring", n, s)[peak].parse().unwrap())
+        .map(|(n, s)| find("peak", "ring", n, s)[engine].parse().unwrap())
         .collect();
-    // The per-rank peak is the process peak over N: it must not grow with the total length. It may
-    // fall a little, because N rank threads on two cores do not all peak at the same instant.
-    let one = ring[0];
     assert!(
-        ring.iter().all(|&x| x <= 1.1 * one && x >= 0.85 * one),
-        "ring per-rank peaks {ring:?} MiB at N = 1, 2, 4, 8: each must be within 0.85–1.1× of N = 1"
+        ring[0] > 0 && ring[0] < ring[1],
+        "ring engine bytes {ring:?}"
     );
-    let single: Vec<f64> = ["128", "256", "512", "1024"]
+    assert!(
+        ring[1..].iter().all(|&x| x == ring[1]),
+        "ring engine bytes per rank at N = 1, 2, 4, 8: {ring:?}; N ≥ 2 must be equal"
+    );
+    // One rank holding the whole sequence grows with it: K/V blocks linearly (8× from 128 to 1024).
+    let single: Vec<u64> = ["128", "256", "512", "1024"]
         .iter()
         .map(|s| {
-            find("peak", "blockwise-attn+ffn", "1", s)[peak]
+            find("peak", "blockwise-attn+ffn", "1", s)[engine]
                 .parse()
                 .unwrap()
         })
         .collect();
     assert!(
-        single[3] > 2.0 * single[0],
-        "blockwise peak does not grow: {single:?}"
+        single.windows(2).all(|w| w[1] > w[0]) && single[3] >= 4 * single[0],
+        "blockwise engine bytes do not grow with the length: {single:?}"
     );
-    let max_ctx = |n: &str| -> f64 { find("max_context", "ring", n, "-")[max].parse().unwrap() };
-    for n in [2.0, 4.0, 8.0] {
-        let ratio = max_ctx(&format!("{n}")) / max_ctx("1");
-        assert!(
-            (ratio / n - 1.0).abs() <= 0.1,
-            "N = {n}: max context ratio {ratio}"
-        );
+    assert!(
+        single[3] > 4 * ring[3],
+        "N = 8 at 1024 tokens: {} vs {}",
+        ring[3],
+        single[3]
+    );
+    // The allocator's peaks depend on the machine: reported, checked only for being measured.
+    for r in all.iter().filter(|r| &r[kind] == "peak") {
+        let mib: f64 = r[allocator].parse().unwrap();
+        assert!(mib > 0.0, "allocator peak not measured: {r:?}");
     }
 }

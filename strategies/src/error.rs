@@ -15,6 +15,15 @@ pub enum PartitionError {
         divisor: usize,
         rule: &'static str,
     },
+    #[error(
+        "{strategy} accepts no sequence length from {from} to {to} on {ranks} ranks (nothing to pad to)"
+    )]
+    NoLengthAccepted {
+        strategy: &'static str,
+        from: usize,
+        to: usize,
+        ranks: usize,
+    },
     #[error("rank {rank} is out of range for {ranks} ranks")]
     RankOutOfRange { rank: usize, ranks: usize },
     #[error("unknown strategy '{name}'; known strategies: {known}")]

@@ -18,9 +18,7 @@ pub trait Partition: Send + Sync + std::fmt::Debug {
 
     /// Validates and returns the positions of every rank.
     fn layout(&self, seq_len: usize, ranks: usize) -> Result<Layout, PartitionError> {
-        if ranks == 0 {
-            return Err(PartitionError::NoRanks { ranks });
-        }
+        check_ranks(ranks)?;
         self.validate(seq_len, ranks)?;
         let positions = (0..ranks)
             .map(|rank| self.owned_positions(seq_len, ranks, rank))
@@ -91,6 +89,15 @@ impl Layout {
             }
         }
         global
+    }
+}
+
+/// The one rule on a rank count, checked wherever a layout (or a length for one) is made: at least 1.
+pub fn check_ranks(ranks: usize) -> Result<(), PartitionError> {
+    if ranks == 0 {
+        Err(PartitionError::NoRanks { ranks })
+    } else {
+        Ok(())
     }
 }
 

@@ -1,6 +1,7 @@
 //! Ring options: directions, backward schemes, and the per-rank context shared by forward and backward.
 
 use crate::error::RingError;
+use crate::ledger::Ledger;
 use crate::transport::{Comm, Traffic};
 use std::fmt;
 use std::str::FromStr;
@@ -149,6 +150,7 @@ pub struct RingContext {
     comm: Arc<Mutex<Comm>>,
     events: Mutex<Vec<StepEvent>>,
     backward_error: Mutex<Option<RingError>>,
+    ledger: Arc<Ledger>,
 }
 
 impl RingContext {
@@ -166,6 +168,7 @@ impl RingContext {
             comm: Arc::new(Mutex::new(comm)),
             events: Mutex::new(Vec::new()),
             backward_error: Mutex::new(None),
+            ledger: Arc::default(),
         })
     }
 
@@ -173,7 +176,13 @@ impl RingContext {
         self.rank
     }
 
-    /// A context over another layout sharing this one's communicator (its tags and traffic).
+    /// The bytes this rank's engine holds: live, and the peak since the last reset.
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+
+    /// A context over another layout sharing this one's communicator (its tags and traffic) and
+    /// ledger.
     pub fn with_layout(&self, layout: Arc<Layout>) -> Result<Self, RingError> {
         if self.world() != layout.ranks() {
             return Err(RingError::WorldMismatch {
@@ -188,6 +197,7 @@ impl RingContext {
             comm: self.comm.clone(),
             events: Mutex::new(Vec::new()),
             backward_error: Mutex::new(None),
+            ledger: self.ledger.clone(),
         })
     }
 

@@ -9,8 +9,9 @@ use crate::config::{BackwardScheme, Direction, RingContext, StepEvent};
 use crate::error::RingError;
 use crate::fused::{BackwardTile, TileDims, softmax_delta};
 use crate::kernels::Visibility;
+use crate::ledger::{Charge, Ledger};
 use crate::ops::RingBackend;
-use crate::tiles::{ForwardTiles, backward_tile};
+use crate::tiles::{ForwardTiles, backward_tile, workspace_bytes};
 use crate::transport::{Comm, Phase};
 use burn::tensor::Tensor;
 use std::sync::Arc;
@@ -22,8 +23,12 @@ use std::time::Instant;
 /// `compute(step, owner, cargo)`. When `accumulator` is given, it travels with the cargo: each rank adds
 /// the contribution `compute` returns, and after N steps one more hop brings it home, where it is
 /// returned. K/V cross N−1 links; an accumulator crosses N.
+///
+/// `ledger` is charged for the second buffer of each exchange from its post to the end of the step
+/// (the received cargo or accumulator it becomes is charged while held), and for the accumulator.
 pub(crate) fn ring_pass(
     comm: &mut Comm,
+    ledger: &Arc<Ledger>,
     phase: Phase,
     direction: Direction,
     cargo: Vec<Arc<Block>>,
@@ -32,17 +37,28 @@ pub(crate) fn ring_pass(
 ) -> Result<Option<Vec<Block>>, RingError> {
     let (rank, world) = (comm.rank(), comm.world());
     let (next, prev) = (direction.next(rank, world), direction.prev(rank, world));
+    let bytes = |blocks: &[Arc<Block>]| blocks.iter().map(|b| b.bytes()).sum::<u64>();
+    let acc_bytes = accumulator
+        .as_ref()
+        .map_or(0, |acc| acc.iter().map(Block::bytes).sum());
+    let _accumulator_charge = ledger.charge(acc_bytes);
     let mut held = cargo;
+    // The caller charged the cargo it gave; a received cargo is charged here while held.
+    let mut _held_charge: Option<Charge> = None;
     let mut incoming_acc = None;
     for step in 0..world {
         let incoming = if step + 1 < world {
-            Some(comm.exchange(phase, step, next, prev, held.clone())?)
+            let arriving = ledger.charge(bytes(&held));
+            Some((
+                comm.exchange(phase, step, next, prev, held.clone())?,
+                arriving,
+            ))
         } else {
             None
         };
         let contribution = compute(step, direction.owner(rank, step, world), &held)?;
         if let Some(acc) = accumulator.as_mut() {
-            if let Some(pending) = incoming_acc.take() {
+            if let Some((pending, _arriving)) = incoming_acc.take() {
                 *acc = comm
                     .wait(pending)?
                     .into_iter()
@@ -54,14 +70,16 @@ pub(crate) fn ring_pass(
             }
             if world > 1 {
                 let outgoing = std::mem::take(acc).into_iter().map(Arc::new).collect();
-                incoming_acc = Some(comm.exchange(phase, step, next, prev, outgoing)?);
+                let arriving = ledger.charge(acc_bytes);
+                incoming_acc = Some((comm.exchange(phase, step, next, prev, outgoing)?, arriving));
             }
         }
-        if let Some(pending) = incoming {
+        if let Some((pending, arriving)) = incoming {
             held = comm.wait(pending)?;
+            _held_charge = Some(arriving);
         }
     }
-    if let Some(pending) = incoming_acc {
+    if let Some((pending, _arriving)) = incoming_acc {
         accumulator = Some(
             comm.wait(pending)?
                 .into_iter()
@@ -156,10 +174,18 @@ pub fn forward<B: RingBackend>(
         Arc::new(Block::from_tensor(Cargo::K, k)),
         Arc::new(Block::from_tensor(Cargo::V, v)),
     );
+    let ledger = ctx.ledger();
+    let rows = (b * h * t * std::mem::size_of::<f32>()) as u64;
+    // What the backward keeps (q, k, v, lse), and the forward's accumulators (out, row max, row sum).
+    let saved_charge = ledger.charge(q_host.bytes() + k.bytes() + v.bytes() + rows);
+    let _accumulators = ledger.charge(rows * d as u64 + 2 * rows);
+    let kernel = ctx.config.kernel;
+    let kv_heads = k.shape[1];
     let cargo = vec![k.clone(), v.clone()];
     let mut comm = ctx.comm();
     ring_pass(
         &mut comm,
+        ledger,
         Phase::Forward,
         ctx.config.forward,
         cargo,
@@ -170,6 +196,15 @@ pub fn forward<B: RingBackend>(
             let pos_k = ctx.positions(owner);
             let visibility = Visibility::of(pos_q, pos_k, causal);
             if visibility != Visibility::None {
+                let dims = TileDims {
+                    batch: b,
+                    heads: h,
+                    kv_heads,
+                    tq: t,
+                    tk: pos_k.len(),
+                    head_dim: d,
+                };
+                let _workspace = ledger.charge(workspace_bytes(kernel, &dims, false));
                 tiles.attend(&held[0], &held[1], pos_k, visibility);
             }
             ctx.record(StepEvent {
@@ -189,6 +224,7 @@ pub fn forward<B: RingBackend>(
         k,
         v,
         lse: Arc::new(Block::from_tensor(Cargo::Lse, lse.clone())),
+        _charge: Arc::new(saved_charge),
     };
     Ok((out, lse, saved))
 }
@@ -201,6 +237,8 @@ pub struct Saved {
     pub k: Arc<Block>,
     pub v: Arc<Block>,
     pub lse: Arc<Block>,
+    /// These blocks' bytes on the rank's ledger, held (never read) until the last copy is dropped.
+    _charge: Arc<Charge>,
 }
 
 /// `(dq, dk, dv)`, shaped like `(q, k, v)`.
@@ -217,7 +255,7 @@ pub fn backward<B: RingBackend>(
     out: Tensor<B, 4>,
     d_out: Tensor<B, 4>,
 ) -> Result<QkvGrads<B>, RingError> {
-    let Saved { q, k, v, lse } = saved;
+    let Saved { q, k, v, lse, .. } = saved;
     let device = out.device();
     let [b, h, t, d] = out.dims();
     let kv_heads = k.shape[1];
@@ -267,9 +305,16 @@ pub fn backward<B: RingBackend>(
         )
     };
     let rank = ctx.rank();
+    let ledger = ctx.ledger();
+    let stay_bytes: u64 = stay.iter().map(Block::bytes).sum();
+    let _held_here = ledger.charge(d_out.bytes() + delta.bytes() + stay_bytes);
+    // Each step's contribution to the travelling accumulator is a fresh block of its size.
+    let contribution_bytes: u64 = accumulator.iter().map(Block::bytes).sum();
+    let tile_bytes = contribution_bytes + workspace_bytes(kernel, &dims, true);
     let mut comm = ctx.comm();
     let home = ring_pass(
         &mut comm,
+        ledger,
         Phase::Backward,
         direction,
         cargo,
@@ -286,6 +331,7 @@ pub fn backward<B: RingBackend>(
             let visibility = Visibility::of(pos_q, pos_k, causal);
             let pairs = visibility.pairs(pos_q.len(), pos_k.len()) * (b * h) as u64;
             let contribution = (visibility != Visibility::None).then(|| {
+                let _tile = ledger.charge(tile_bytes);
                 let (q, d_out, lse, delta, k, v) = if travelling_q {
                     (&held[0], &held[1], &held[2], &held[3], k, v)
                 } else {

@@ -59,6 +59,12 @@ pub enum RingError {
     Heads { heads: usize, kv_heads: usize },
     #[error("transport has {world} ranks but the layout has {layout}")]
     WorldMismatch { world: usize, layout: usize },
+    #[error("{what}{index:?} is {value}: inputs must be finite")]
+    NonFinite {
+        what: &'static str,
+        index: Vec<usize>,
+        value: f32,
+    },
     #[error("unknown {what} '{got}'; expected one of: {expected}")]
     UnknownOption {
         what: &'static str,

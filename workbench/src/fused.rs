@@ -30,6 +30,14 @@ pub struct TileDims {
 }
 
 impl TileDims {
+    /// Bytes of scratch one tile needs: each (batch, kv head) unit's sub-tile buffers (scores in
+    /// the forward; probabilities and their gradient in the backward), counted as if every unit ran
+    /// at once so that the figure does not depend on the number of cores.
+    pub fn scratch_bytes(&self, backward: bool) -> u64 {
+        let per_unit = ROWS.min(self.rows()) * COLS.min(self.tk) * if backward { 2 } else { 1 };
+        (self.units() * per_unit * std::mem::size_of::<f32>()) as u64
+    }
+
     fn units(&self) -> usize {
         self.batch * self.kv_heads
     }

@@ -25,6 +25,24 @@ impl HostTensor {
         Self { shape, data }
     }
 
+    /// The first element that is NaN or infinite, as an error naming `what` and its index.
+    pub fn check_finite(&self, what: &'static str) -> Result<(), RingError> {
+        let Some(at) = self.data.iter().position(|x| !x.is_finite()) else {
+            return Ok(());
+        };
+        let mut index = vec![0; self.shape.len()];
+        let mut rest = at;
+        for (i, &n) in self.shape.iter().enumerate().rev() {
+            index[i] = rest % n;
+            rest /= n;
+        }
+        Err(RingError::NonFinite {
+            what,
+            index,
+            value: self.data[at],
+        })
+    }
+
     fn dims4(&self, what: &'static str) -> Result<[usize; 4], RingError> {
         <[usize; 4]>::try_from(self.shape.as_slice()).map_err(|_| RingError::Rank {
             what,
@@ -69,6 +87,8 @@ pub struct AttentionResult {
     pub traffic: Vec<Traffic>,
     /// Per rank.
     pub events: Vec<Vec<StepEvent>>,
+    /// The ranks this process ran: all of them in thread mode, its own under MPI.
+    pub ranks_here: Vec<usize>,
 }
 
 /// One rank's results, head-major: out and grads `[b, h|hk, t, d]`, lse `[b, h, t]`.
@@ -105,6 +125,14 @@ fn check_job(job: &AttentionJob) -> Result<([usize; 4], usize), RingError> {
                 got: t.shape.clone(),
             });
         }
+    }
+    // A NaN or infinity would not survive the online softmax as itself (a running max ignores NaN):
+    // the output would be finite and wrong, so refuse it here.
+    for (what, t) in [("q", job.q), ("k", job.k), ("v", job.v)]
+        .into_iter()
+        .chain(job.d_out.map(|t| ("dO", t)))
+    {
+        t.check_finite(what)?;
     }
     Ok(([b, s, h, d], hk))
 }
@@ -246,7 +274,7 @@ where
     if let Some(cause) = root_cause(errors, RingError::echo_level) {
         return Err(cause);
     }
-    Ok(assemble(job, &plan, outputs))
+    Ok(assemble(job, &plan, outputs, (0..job.ranks).collect()))
 }
 
 /// Runs this process's rank of the job over `comm` (one process per rank, e.g. under `mpirun`), then
@@ -307,11 +335,16 @@ where
             },
         })
         .collect();
-    Ok(assemble(job, &plan, outputs))
+    Ok(assemble(job, &plan, outputs, vec![rank]))
 }
 
 /// Puts the ranks' outputs back into the job's layout.
-fn assemble(job: &AttentionJob, plan: &Plan, outputs: Vec<RankOutput>) -> AttentionResult {
+fn assemble(
+    job: &AttentionJob,
+    plan: &Plan,
+    outputs: Vec<RankOutput>,
+    ranks_here: Vec<usize>,
+) -> AttentionResult {
     let [batch, seq, heads, head_dim] = plan.dims;
     let positions = &plan.layout.positions;
     // Each rank's head-major `[b, h, t, d]` into global `dims`, rank by rank.
@@ -347,5 +380,6 @@ fn assemble(job: &AttentionJob, plan: &Plan, outputs: Vec<RankOutput>) -> Attent
         grads,
         traffic: outputs.iter().map(|o| o.traffic.clone()).collect(),
         events: outputs.into_iter().map(|o| o.events).collect(),
+        ranks_here,
     }
 }

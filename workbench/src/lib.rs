@@ -12,6 +12,7 @@ pub mod error;
 pub mod fused;
 pub mod kernels;
 pub mod launch;
+pub mod ledger;
 pub mod model;
 pub mod ops;
 mod tiles;

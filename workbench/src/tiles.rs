@@ -32,6 +32,20 @@ fn q_shape(d: &TileDims) -> [usize; 4] {
     [d.batch, d.heads, d.tq, d.head_dim]
 }
 
+/// Bytes of workspace one tile of `dims` needs on `kernel`: the fused kernel's sub-tile scratch, or the
+/// generic twin's full score-sized tensors (scores and probabilities forward; probabilities, their
+/// gradient and the score gradient backward), which is what makes it the memory-hungry reference.
+pub(crate) fn workspace_bytes(kernel: Kernel, dims: &TileDims, backward: bool) -> u64 {
+    match kernel {
+        Kernel::Fused => dims.scratch_bytes(backward),
+        Kernel::Generic => {
+            let scores = dims.batch * dims.heads * dims.tq * dims.tk;
+            let tensors = if backward { 3 } else { 2 };
+            (tensors * scores * std::mem::size_of::<f32>()) as u64
+        }
+    }
+}
+
 /// One rank's forward accumulator over the blocks of a ring pass.
 pub(crate) enum ForwardTiles<B: Backend> {
     Generic {

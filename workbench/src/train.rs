@@ -16,7 +16,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use strategies::{Layout, Partition};
+use strategies::{Layout, Partition, PartitionError};
 use thiserror::Error;
 
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -29,6 +29,16 @@ pub enum TrainError {
     ReplicaMismatch { step: usize, rank: usize },
     #[error("step {step}: the batch is empty")]
     EmptyBatch { step: usize },
+    #[error(
+        "step {step}: the {what} of rank {rank} is not finite (NaN or infinite); training stopped before applying it"
+    )]
+    NonFinite {
+        step: usize,
+        rank: usize,
+        what: &'static str,
+    },
+    #[error("training ended without rank 0's model")]
+    NoModel,
 }
 
 impl From<strategies::PartitionError> for TrainError {
@@ -81,6 +91,8 @@ pub struct StepLog {
     pub lr: f64,
     pub tokens: usize,
     pub seconds: f64,
+    /// The most bytes rank 0's attention engine held at once during the step ([`crate::ledger`]).
+    pub engine_peak_bytes: u64,
 }
 
 /// Rank 0's model after training, and the global loss of every step.
@@ -143,19 +155,38 @@ struct Batch {
 }
 
 /// The smallest length ≥ `len` that `partition` accepts for `ranks` ranks.
-pub fn padded_len(partition: &dyn Partition, len: usize, ranks: usize) -> usize {
-    (len.max(1)..)
+///
+/// The search stops at `2 · len + 64 · ranks` (every registered strategy accepts a multiple of
+/// `2 · ranks`); a strategy that accepts nothing up to there is an error naming that range.
+pub fn padded_len(
+    partition: &dyn Partition,
+    len: usize,
+    ranks: usize,
+) -> Result<usize, PartitionError> {
+    strategies::check_ranks(ranks)?;
+    let (from, to) = (len.max(1), 2 * len.max(1) + 64 * ranks);
+    (from..=to)
         .find(|&l| partition.validate(l, ranks).is_ok())
-        .expect("some length is accepted")
+        .ok_or(PartitionError::NoLengthAccepted {
+            strategy: partition.name(),
+            from,
+            to,
+            ranks,
+        })
 }
 
-fn assemble(examples: &[Example], partition: &dyn Partition, ranks: usize, pad: u32) -> Batch {
+fn assemble(
+    examples: &[Example],
+    partition: &dyn Partition,
+    ranks: usize,
+    pad: u32,
+) -> Result<Batch, TrainError> {
     let longest = examples
         .iter()
         .map(|e| e.tokens.len().saturating_sub(1))
         .max()
         .unwrap_or(0);
-    let len = padded_len(partition, longest, ranks);
+    let len = padded_len(partition, longest, ranks)?;
     let mut batch = Batch {
         batch: examples.len(),
         len,
@@ -176,7 +207,7 @@ fn assemble(examples: &[Example], partition: &dyn Partition, ranks: usize, pad: 
             .weights
             .extend((0..len).map(|i| if i < n { e.weights[i] } else { 0.0 }));
     }
-    batch
+    Ok(batch)
 }
 
 /// Each step's examples laid out for the partition (the next-token objective's batches).
@@ -184,7 +215,7 @@ fn assembled<'a, F: Fn(usize) -> Vec<Example>>(
     batch_for: &'a F,
     partition: &'a dyn Partition,
     options: &'a TrainOptions,
-) -> impl Fn(usize) -> Batch + 'a {
+) -> impl Fn(usize) -> Result<Batch, TrainError> + 'a {
     move |step| {
         assemble(
             &batch_for(step),
@@ -310,6 +341,30 @@ pub fn flat_params<B: Backend, M: Module<B>>(module: &M) -> Vec<f32> {
     c.0
 }
 
+/// `module` with its parameters replaced by `flat` (module order, as [`flat_params`] gives them).
+pub fn with_flat_params<B: Backend, M: Module<B>>(module: M, flat: &[f32]) -> M {
+    struct Replace<'a> {
+        flat: &'a [f32],
+        offset: usize,
+    }
+    impl<B: Backend> burn::module::ModuleMapper<B> for Replace<'_> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let (id, tensor, mapper) = param.consume();
+            let shape = tensor.shape();
+            let n = shape.num_elements();
+            let values = self.flat[self.offset..self.offset + n].to_vec();
+            self.offset += n;
+            let device = tensor.device();
+            let mut replaced = Tensor::from_data(TensorData::new(values, shape), &device);
+            if tensor.is_require_grad() {
+                replaced = replaced.require_grad();
+            }
+            Param::from_mapped_value(id, replaced, mapper)
+        }
+    }
+    module.map(&mut Replace { flat, offset: 0 })
+}
+
 /// A 64-bit FNV-1a hash of the parameters' bits, as four exact 16-bit pieces.
 fn checksum<B: Backend, M: Module<B>>(module: &M) -> [f32; 4] {
     let hash = flat_params::<B, M>(module)
@@ -366,7 +421,7 @@ where
     L: Fn(&StepLog) + Sync,
 {
     let batch_for = assembled(&batch_for, partition, options);
-    train_objective(
+    train_ranks(
         &NextToken, model, partition, options, batch_for, on_step, stop,
     )
 }
@@ -387,6 +442,35 @@ where
     F: Fn(usize) -> O::Batch + Sync,
     L: Fn(&StepLog) + Sync,
 {
+    train_ranks(
+        objective,
+        model,
+        partition,
+        options,
+        |step| Ok(batch_for(step)),
+        on_step,
+        stop,
+    )
+}
+
+/// [`train_objective`] over batches whose making may fail (padding them for the partition).
+fn train_ranks<B, O, F, L>(
+    objective: &O,
+    model: O::Model,
+    partition: &dyn Partition,
+    options: &TrainOptions,
+    batch_for: F,
+    on_step: L,
+    stop: &AtomicBool,
+) -> Result<Trained<O::Model>, TrainError>
+where
+    B: AutodiffBackend + RingBackend,
+    O: Objective<B>,
+    F: Fn(usize) -> Result<O::Batch, TrainError> + Sync,
+    L: Fn(&StepLog) + Sync,
+{
+    // Zero ranks would start no rank thread, so no rank would ever see a layout: check here.
+    strategies::check_ranks(options.ranks)?;
     let results = run_ranks(options.ranks, options.timeout, |comm| {
         train_rank(
             comm, objective, &model, partition, options, &batch_for, &on_step, stop,
@@ -408,7 +492,7 @@ where
     if let Some(cause) = root_cause(errors, echo_level) {
         return Err(cause);
     }
-    Ok(trained.expect("rank 0 returns the model"))
+    trained.ok_or(TrainError::NoModel)
 }
 
 /// This process's rank of a training run over `comm` (one process per rank, e.g. under `mpirun`).
@@ -427,6 +511,7 @@ where
     F: Fn(usize) -> Vec<Example>,
     L: Fn(&StepLog),
 {
+    strategies::check_ranks(options.ranks)?;
     if comm.world() != options.ranks {
         return Err(RingError::WorldMismatch {
             world: comm.world(),
@@ -438,6 +523,129 @@ where
     train_rank(
         comm, &NextToken, &model, partition, options, &batch_for, &on_step, stop,
     )
+}
+
+/// One step's global loss and all-reduced gradient, as every rank sees them.
+struct StepGradient {
+    /// The batch's loss: the sum over ranks of their local losses.
+    loss: f64,
+    /// Whether rank 0 asked every rank to stop after this step.
+    stop: bool,
+    /// Every parameter's gradient summed over ranks, in module order, before any clipping.
+    flat: Vec<f32>,
+}
+
+/// This rank's loss and gradient for `batch`, all-reduced over the ranks of `ctx`.
+///
+/// A non-finite loss or gradient on any rank is an error on every rank, naming the first such rank,
+/// before any gradient is exchanged (nothing non-finite reaches the parameters).
+fn step_gradient<B, O>(
+    objective: &O,
+    model: &O::Model,
+    batch: &O::Batch,
+    ctx: &Arc<RingContext>,
+    step: usize,
+    stop_requested: bool,
+) -> Result<StepGradient, TrainError>
+where
+    B: AutodiffBackend + RingBackend,
+    O: Objective<B>,
+{
+    let rank = ctx.rank();
+    let loss = objective.local_loss(model, batch, ctx)?;
+    let local_loss = loss.clone().into_scalar().elem::<f32>();
+    let grads = loss.backward();
+    if let Some(error) = ctx.take_backward_error() {
+        return Err(error.into());
+    }
+    let mut params = GradientsParams::from_grads(grads, model);
+    let mut flatten = Flatten {
+        grads: &mut params,
+        flat: Vec::new(),
+    };
+    model.visit(&mut flatten);
+    let mut flat = flatten.flat;
+    // One all-reduce carries the loss, rank 0's stop request and every rank's health (0: finite,
+    // 1: its loss is not, 2: its gradient is not), so all ranks stop at the same step together.
+    let mut reduced = vec![0.0f32; 2 + ctx.world()];
+    reduced[0] = local_loss;
+    reduced[1] = f32::from(u8::from(stop_requested));
+    reduced[2 + rank] = if !local_loss.is_finite() {
+        1.0
+    } else if flat.iter().any(|x| !x.is_finite()) {
+        2.0
+    } else {
+        0.0
+    };
+    ctx.with_comm(|c| c.all_reduce_sum(&mut reduced))?;
+    // A non-finite loss is reported before the gradients it poisoned on the other ranks.
+    for (code, what) in [(1.0, "loss"), (2.0, "gradient")] {
+        if let Some(bad) = reduced[2..].iter().position(|&h| h == code) {
+            return Err(TrainError::NonFinite {
+                step,
+                rank: bad,
+                what,
+            });
+        }
+    }
+    ctx.with_comm(|c| c.all_reduce_sum(&mut flat))?;
+    Ok(StepGradient {
+        loss: f64::from(reduced[0]),
+        stop: reduced[1] > 0.0,
+        flat,
+    })
+}
+
+/// The global loss and the all-reduced gradient (module order, unclipped) of `model` on
+/// `examples`, computed on `ranks` in-process ranks: what one training step applies, for checking
+/// gradients (finite differences, agreement across rank counts).
+pub fn global_gradient<B>(
+    model: &Llama<B>,
+    partition: &dyn Partition,
+    ranks: usize,
+    ring: RingConfig,
+    examples: &[Example],
+    timeout: Duration,
+) -> Result<(f64, Vec<f32>), TrainError>
+where
+    B: AutodiffBackend + RingBackend,
+{
+    strategies::check_ranks(ranks)?;
+    let batch = assemble(examples, partition, ranks, 0)?;
+    let layout = Arc::new(partition.layout(batch.len, ranks)?);
+    let results = run_ranks(ranks, timeout, |comm| -> Result<_, TrainError> {
+        let ctx = Arc::new(RingContext::new(
+            comm,
+            layout.clone(),
+            RingConfig {
+                causal: true,
+                ..ring
+            },
+        )?);
+        // Each rank's own parameters, as in training: shared autodiff tensors would tie the ranks'
+        // graphs together.
+        let model = model.clone().fork(&Default::default());
+        let g = step_gradient(&NextToken, &model, &batch, &ctx, 0, false)?;
+        Ok((g.loss, g.flat))
+    });
+    let mut first = None;
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(g) => {
+                first.get_or_insert(g);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    let echo_level = |e: &TrainError| match e {
+        TrainError::Ring(e) => e.echo_level(),
+        _ => 0,
+    };
+    if let Some(cause) = root_cause(errors, echo_level) {
+        return Err(cause);
+    }
+    first.ok_or(TrainError::NoModel)
 }
 
 /// One rank's training loop.
@@ -455,7 +663,7 @@ fn train_rank<B, O, F, L>(
 where
     B: AutodiffBackend + RingBackend,
     O: Objective<B>,
-    F: Fn(usize) -> O::Batch,
+    F: Fn(usize) -> Result<O::Batch, TrainError>,
     L: Fn(&StepLog),
 {
     let ring = RingConfig {
@@ -463,7 +671,7 @@ where
         ..options.ring
     };
     let rank = comm.rank();
-    let mut next = Some(batch_for(0));
+    let mut next = Some(batch_for(0)?);
     let first_len = objective.seq_len(next.as_ref().expect("just set"));
     let mut ctx = Arc::new(RingContext::new(
         comm,
@@ -477,7 +685,10 @@ where
     let mut losses = Vec::with_capacity(options.steps);
     for step in 0..options.steps {
         let start = Instant::now();
-        let batch = next.take().unwrap_or_else(|| batch_for(step));
+        let batch = match next.take() {
+            Some(batch) => batch,
+            None => batch_for(step)?,
+        };
         let tokens = objective.tokens(&batch);
         if tokens == 0 {
             return Err(TrainError::EmptyBatch { step });
@@ -486,28 +697,16 @@ where
         if len != ctx.layout.seq_len {
             ctx = Arc::new(ctx.with_layout(Arc::new(partition.layout(len, options.ranks)?))?);
         }
-        let loss = objective.local_loss(&model, &batch, &ctx)?;
         let stop_requested = rank == 0 && stop.load(Ordering::Relaxed);
-        let mut reduced = [
-            loss.clone().into_scalar().elem::<f32>(),
-            f32::from(u8::from(stop_requested)),
-        ];
-        let grads = loss.backward();
-        if let Some(error) = ctx.take_backward_error() {
-            return Err(error.into());
-        }
-        let mut params = GradientsParams::from_grads(grads, &model);
-        let mut flatten = Flatten {
-            grads: &mut params,
-            flat: Vec::new(),
-        };
-        model.visit(&mut flatten);
-        let mut flat = flatten.flat;
-        ctx.with_comm(|c| c.all_reduce_sum(&mut flat))?;
+        ctx.ledger().reset_peak();
+        let StepGradient {
+            loss: step_loss,
+            stop: stop_all,
+            mut flat,
+        } = step_gradient(objective, &model, &batch, &ctx, step, stop_requested)?;
         if let Some(max_norm) = options.grad_clip {
             clip_global_norm(&mut flat, max_norm);
         }
-        ctx.with_comm(|c| c.all_reduce_sum(&mut reduced))?;
         let mut unflatten = Unflatten {
             flat: &flat,
             offset: 0,
@@ -516,7 +715,7 @@ where
         model.visit(&mut unflatten);
         let lr = learning_rate(options, step);
         model = optim.step(lr, model, unflatten.grads);
-        losses.push(f64::from(reduced[0]));
+        losses.push(step_loss);
         if options.checksum_every > 0 && (step + 1) % options.checksum_every == 0 {
             let mine = checksum::<B, _>(&model);
             let mut sum = mine;
@@ -532,13 +731,14 @@ where
         if rank == 0 {
             on_step(&StepLog {
                 step,
-                loss: f64::from(reduced[0]),
+                loss: step_loss,
                 lr,
                 tokens,
                 seconds: start.elapsed().as_secs_f64(),
+                engine_peak_bytes: ctx.ledger().peak(),
             });
         }
-        if reduced[1] > 0.0 {
+        if stop_all {
             break;
         }
     }
@@ -584,7 +784,7 @@ pub fn greedy<B: RingBackend>(
             break;
         }
         let longest = seqs.iter().map(Vec::len).max().unwrap_or(1);
-        let len = padded_len(partition, longest, ranks);
+        let len = padded_len(partition, longest, ranks)?;
         let layout = Arc::new(partition.layout(len, ranks)?);
         let inputs: Vec<i64> = seqs
             .iter()

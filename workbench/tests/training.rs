@@ -1,12 +1,15 @@
 //! Training is exact across rank counts: the same seed and data on 1 rank, 4 zig-zag ranks and 8 striped
-//! ranks give the same losses and parameters.
+//! ranks give the same losses and parameters; the gradient is the loss's (finite differences) and the
+//! same on every rank count before clipping; a non-finite loss stops training naming step and rank.
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use workbench::model::LlamaConfig;
-use workbench::train::{Example, TrainOptions, flat_params, train};
+use workbench::train::{
+    Example, TrainError, TrainOptions, flat_params, global_gradient, train, with_flat_params,
+};
 use workbench::{BackwardScheme, Direction, RingConfig};
 
 type B = Autodiff<Flex>;
@@ -30,15 +33,18 @@ fn batch_for(step: usize) -> Vec<Example> {
         .collect()
 }
 
-fn run(ranks: usize, strategy: &str, backward: BackwardScheme) -> (Vec<f64>, Vec<f32>) {
+fn model() -> workbench::model::Llama<B> {
     let config = LlamaConfig::new(VOCAB)
         .with_d_model(32)
         .with_heads(4)
         .with_kv_heads(2)
         .with_ffn_chunk(5);
     <B as Backend>::seed(&Default::default(), 11);
-    let model = config.init::<B>(&Default::default());
-    let options = TrainOptions {
+    config.init::<B>(&Default::default())
+}
+
+fn options(ranks: usize, backward: BackwardScheme) -> TrainOptions {
+    TrainOptions {
         ranks,
         ring: RingConfig {
             causal: true,
@@ -56,12 +62,15 @@ fn run(ranks: usize, strategy: &str, backward: BackwardScheme) -> (Vec<f64>, Vec
         checksum_every: 10,
         pad_token: 0,
         timeout: Duration::from_secs(60),
-    };
+    }
+}
+
+fn run(ranks: usize, strategy: &str, backward: BackwardScheme) -> (Vec<f64>, Vec<f32>) {
     let partition = strategies::by_name(strategy).unwrap();
     let trained = train(
-        model,
+        model(),
         partition,
-        &options,
+        &options(ranks, backward),
         batch_for,
         |_| {},
         &AtomicBool::new(false),
@@ -104,4 +113,131 @@ fn losses_and_parameters_agree_across_rank_counts() {
             "N={ranks} {strategy}: parameters differ by {diff:.3e}"
         );
     }
+}
+
+const RING: RingConfig = RingConfig {
+    causal: true,
+    forward: Direction::Ccw,
+    backward: BackwardScheme::Kv,
+    scale: None,
+    kernel: workbench::Kernel::Fused,
+    lockstep: false,
+};
+
+/// Step 0's global loss and all-reduced gradient on `ranks` ranks of `strategy`.
+fn gradient(model: &workbench::model::Llama<B>, ranks: usize, strategy: &str) -> (f64, Vec<f32>) {
+    let partition = strategies::by_name(strategy).unwrap();
+    global_gradient(
+        model,
+        partition,
+        ranks,
+        RING,
+        &batch_for(0),
+        Duration::from_secs(60),
+    )
+    .unwrap()
+}
+
+/// The all-reduced gradient before clipping is the same on 1, 4 and 8 ranks: a rank count that
+/// scaled it (AdamW and clipping would hide a uniform scale in the losses) fails here.
+#[test]
+fn step_zero_gradient_agrees_across_rank_counts() {
+    let model = model();
+    let (loss, base) = gradient(&model, 1, "contiguous");
+    assert!(base.iter().any(|&g| g != 0.0));
+    for (ranks, strategy) in [(4, "zigzag"), (8, "striped")] {
+        let (l, g) = gradient(&model, ranks, strategy);
+        assert!(
+            (l - loss).abs() <= 1e-6 * loss.abs(),
+            "N={ranks}: loss {l} vs {loss}"
+        );
+        let diff = max_rel(&g, &base);
+        assert!(
+            diff <= 1e-5,
+            "N={ranks} {strategy}: gradient differs by {diff:.3e}"
+        );
+    }
+}
+
+/// The gradient is the derivative of the loss: a five-point central difference of the global loss
+/// for the parameter with the largest gradient in each of eight slices of the parameter vector
+/// (embedding, attention, feed-forward, norms, head), on 1 and 4 ranks.
+///
+/// Tolerance: the loss is computed in f32 (≈ 3 significant units of 1e-7 on a loss near 3, so each
+/// loss carries ≈ 1e-6 of rounding), and the difference quotient divides that by 12·h = 0.12:
+/// ≈ 1e-5 of noise. With the truncation error O(h⁴) negligible at h = 1e-2, a gradient agrees when
+/// |fd − g| ≤ 2e-3·|g| + 1e-4; a factor error of even 1% in any gradient fails.
+#[test]
+fn gradient_matches_finite_differences() {
+    let model = model();
+    let params = flat_params(&model);
+    let h = 1e-2f32;
+    for (ranks, strategy) in [(1, "contiguous"), (4, "zigzag")] {
+        let (_, grad) = gradient(&model, ranks, strategy);
+        let slices = 8;
+        let width = grad.len().div_ceil(slices);
+        for slice in grad.chunks(width).enumerate() {
+            let (s, chunk) = slice;
+            let (offset, _) = chunk
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+                .unwrap();
+            let i = s * width + offset;
+            let loss_at = |delta: f32| {
+                let mut p = params.clone();
+                p[i] += delta;
+                gradient(&with_flat_params(model.clone(), &p), ranks, strategy).0
+            };
+            let fd = (-loss_at(2.0 * h) + 8.0 * loss_at(h) - 8.0 * loss_at(-h) + loss_at(-2.0 * h))
+                / (12.0 * f64::from(h));
+            let g = f64::from(grad[i]);
+            println!("N={ranks} parameter {i}: gradient {g:.6e}, finite difference {fd:.6e}");
+            assert!(
+                (fd - g).abs() <= 2e-3 * g.abs() + 1e-4,
+                "N={ranks} {strategy} parameter {i}: gradient {g:.6e}, finite difference {fd:.6e}"
+            );
+        }
+    }
+}
+
+/// A loss that becomes infinite stops training at that step, naming the rank whose loss it was, and no
+/// model is returned (so none is saved over a good checkpoint).
+#[test]
+fn a_non_finite_loss_stops_training_naming_step_and_rank() {
+    // 27 predictions padded to 28 positions: contiguous rank 3 of 4 holds positions 21–27. A weight
+    // of f32::MAX there leaves the global weight sum finite but overflows rank 3's weighted loss
+    // (its loss ≈ 3 nats × f32::MAX) to infinity, and only rank 3's.
+    let poisoned = |step: usize| {
+        let mut examples = batch_for(step);
+        if step == 2 {
+            examples[1].weights[25] = f32::MAX;
+        }
+        examples
+    };
+    let err = train(
+        model(),
+        strategies::by_name("contiguous").unwrap(),
+        &options(4, BackwardScheme::Kv),
+        poisoned,
+        |_| {},
+        &AtomicBool::new(false),
+    )
+    .map(|_| ())
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TrainError::NonFinite {
+                step: 2,
+                rank: 3,
+                what: "loss"
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "step 2: the loss of rank 3 is not finite (NaN or infinite); training stopped before applying it"
+    );
 }

@@ -160,39 +160,60 @@ fn bad_shapes_are_typed_errors() {
 fn a_rate_limited_link_delays_delivery_but_not_the_sender() {
     use workbench::block::{Block, Cargo};
     use workbench::transport::{Link, Phase, run_ranks_with};
-    // 400 kB at 4 MB/s: 0.1 s on the wire, plus 20 ms latency.
+    // 1 MB at 4 MB/s: 0.25 s on the wire, plus 50 ms latency.
     let link = Link {
         bytes_per_s: 4e6,
-        latency: Duration::from_millis(20),
+        latency: Duration::from_millis(50),
     };
+    let transfer = 0.25 + 0.05;
     let results = run_ranks_with(
         2,
         TIMEOUT,
         Some(link),
-        |mut comm| -> Result<(f64, f64, f64), RingError> {
+        |mut comm| -> Result<[f64; 4], RingError> {
             let (rank, peer) = (comm.rank(), 1 - comm.rank());
             comm.barrier()?;
-            let start = Instant::now();
             let block = Arc::new(Block {
                 cargo: Cargo::K,
-                shape: vec![100_000],
-                data: vec![rank as f32; 100_000],
+                shape: vec![250_000],
+                data: vec![rank as f32; 250_000],
             });
+            let start = Instant::now();
             let pending = comm.exchange(Phase::Forward, 0, peer, peer, vec![block])?;
             let posted = start.elapsed().as_secs_f64();
+            let before_wait = start.elapsed().as_secs_f64();
             let got = comm.wait(pending)?;
+            let arrived = start.elapsed().as_secs_f64();
             assert_eq!(got[0].data[0], peer as f32);
-            Ok((
+            Ok([
                 posted,
-                start.elapsed().as_secs_f64(),
+                before_wait,
+                arrived,
                 comm.take_traffic().wait_seconds,
-            ))
+            ])
         },
     );
+    // Timestamps of one monotonic clock, with margins a 10× slower machine passes: the send is
+    // posted well before the block could have crossed the link, the block never arrives sooner than
+    // the link's rate allows, and the wait counted is at least what was left of the transfer.
     for r in results {
-        let (posted, arrived, waited) = r.unwrap();
-        assert!(posted < 0.01, "sending blocked for {posted} s");
-        assert!((0.115..0.5).contains(&arrived), "arrived after {arrived} s");
-        assert!(waited >= 0.11, "wait counted {waited} s");
+        let [posted, before_wait, arrived, waited] = r.unwrap();
+        assert!(
+            posted < 0.5 * transfer,
+            "posting took {posted} s of a {transfer} s transfer: the sender blocked"
+        );
+        assert!(
+            arrived >= transfer,
+            "arrived after {arrived} s: faster than {transfer} s at the link's rate"
+        );
+        assert!(
+            arrived < 10.0 * transfer,
+            "arrived after {arrived} s, over 10× the transfer time"
+        );
+        assert!(
+            waited >= transfer - before_wait,
+            "wait counted {waited} s; the transfer had {} s left",
+            transfer - before_wait
+        );
     }
 }

@@ -97,10 +97,11 @@ impl Comm {
         payload: Payload,
     ) -> Result<Pending, TransportError> {
         if self.fail_at == Some(self.exchanges) {
-            return Err(TransportError::Injected {
+            let injected = Err(TransportError::Injected {
                 rank: self.rank(),
                 step: self.exchanges,
             });
+            return self.failed(injected);
         }
         self.exchanges += 1;
         let tag = self.tag();

@@ -27,8 +27,9 @@ pub struct MpiTransport {
     timeout: Duration,
 }
 
-// SAFETY: MPI is initialized with `Threading::Funneled` semantics in mind: the transport is created,
-// used and dropped by one thread at a time (the rank's `Comm` sits behind a mutex), never concurrently.
+// SAFETY: the launcher initializes MPI at `Threading::Serialized` (and refuses a library offering less):
+// the transport is created, used and dropped by one thread at a time (the rank's `Comm` sits behind a
+// mutex), never concurrently.
 unsafe impl Send for MpiTransport {}
 
 impl std::fmt::Debug for MpiTransport {

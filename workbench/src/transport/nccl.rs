@@ -217,19 +217,57 @@ impl Transport for NcclTransport {
         data.copy_from_slice(&self.download(&buffer)?);
         Ok(())
     }
+
+    /// An all-reduce of one value, waited for on the host: no rank gets past it before every rank has
+    /// joined it. (The default barrier, an all-reduce of nothing, would return at once here.)
+    fn barrier(&mut self, tag: u64) -> Result<(), TransportError> {
+        let mut token = [1.0f32];
+        self.all_reduce_sum(tag, &mut token)?;
+        if token[0] != self.size as f32 {
+            return Err(self.failed(
+                "barrier",
+                format!("{} ranks joined, expected {}", token[0], self.size),
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// CUDA's presence, asked of the driver library itself.
+    fn cuda_present() -> bool {
+        // SAFETY: only tries to open the library.
+        unsafe { cudarc::driver::sys::is_culib_present() }
+    }
+
+    /// One rank: an exchange with itself, an all-reduce and the barrier, all on the GPU.
+    fn one_rank_round_trip() {
+        let file = std::env::temp_dir().join(format!("ringbench-nccl-one-{}", std::process::id()));
+        let mut t = NcclTransport::from_id_file(0, 1, 0, &file, Duration::from_secs(10)).unwrap();
+        let block = crate::block::Block {
+            cargo: crate::block::Cargo::K,
+            shape: vec![2, 3],
+            data: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+        };
+        let pending = t.send_recv(0, 0, 1, vec![Arc::new(block.clone())]).unwrap();
+        t.commit().unwrap();
+        let got = t.wait(pending).unwrap();
+        assert_eq!(*got[0], block);
+        let mut data = [1.5f32, -2.0];
+        t.all_reduce_sum(2, &mut data).unwrap();
+        assert_eq!(data, [1.5, -2.0]);
+        t.barrier(3).unwrap();
+    }
+
+    /// Without CUDA, joining is a typed error with this exact text. On a machine with CUDA that
+    /// path cannot be reached (two ranks would wait for a peer), so the test checks the GPU path.
     #[test]
     fn without_cuda_joining_is_an_error_not_a_panic() {
-        // SAFETY: only tries to open the library.
-        if unsafe { cudarc::driver::sys::is_culib_present() } {
-            println!(
-                "skip: this machine has CUDA; the GPU path is exercised on the device machine"
-            );
+        if cuda_present() {
+            one_rank_round_trip();
             return;
         }
         let file = std::env::temp_dir().join(format!("ringbench-nccl-id-{}", std::process::id()));
@@ -239,6 +277,16 @@ mod tests {
             matches!(err, TransportError::Unavailable { what: "CUDA", .. }),
             "{err}"
         );
-        assert!(err.to_string().contains("CUDA is not available"), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "rank 0: CUDA is not available: libcuda was not found (no NVIDIA driver on this machine)"
+        );
+    }
+
+    #[test]
+    #[ignore = "needs a GPU with CUDA and NCCL"]
+    fn one_rank_exchanges_with_itself_reduces_and_meets_at_the_barrier() {
+        assert!(cuda_present(), "no CUDA driver on this machine");
+        one_rank_round_trip();
     }
 }
