@@ -238,6 +238,33 @@ max_minutes = 0.0
         "{table}"
     );
 
+    // Zero ranks: one typed error line at once, for evaluation and training alike.
+    let started = std::time::Instant::now();
+    let out = ringbench(&[
+        "eval-lines",
+        "--checkpoint",
+        &s(&ckpt),
+        "--cases",
+        &s(&cases),
+        "--ranks",
+        "0",
+        "--out",
+        &s(&csv),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim(), "error: ranks must be at least 1, got 0");
+    let zero = dir.join("zero.toml");
+    std::fs::write(&zero, spec.replace("ranks = 2", "ranks = 0")).unwrap();
+    let out = ringbench(&["train", "--config", &s(&zero)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("ranks must be at least 1, got 0"),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+
     // A checkpoint that does not match its config.
     let config = std::fs::read_to_string(ckpt.join("config.json")).unwrap();
     std::fs::write(
@@ -467,7 +494,7 @@ fn bad_files_are_one_line_naming_the_path() {
                 o.clone(),
             ],
             format!(
-                "{}: dtype <i4 is not supported; expected float32 or float64",
+                "{}: dtype '<i4' is not supported; expected float32 or float64",
                 int32.display()
             ),
         ),

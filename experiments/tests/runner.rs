@@ -206,19 +206,20 @@ fn ring_engine_memory_per_rank_is_flat_so_max_context_grows_with_ranks() {
             .clone()
     };
     // The engine's ledger counts shapes, not allocations, so these hold exactly on any CPU. At 128
-    // tokens per rank, N ≥ 2 ranks hold the same bytes whatever the total length (N = 1 holds less:
-    // with nobody to exchange with it has no second buffer in flight).
+    // tokens per rank, N = 4 and N = 8 hold the same bytes although the total length doubles. Fewer
+    // ranks hold less at their peak: N = 1 exchanges nothing, and N = 2 posts no second cargo
+    // exchange while its travelling gradients are in flight (its last step sends none).
     let ring: Vec<u64> = [("1", "128"), ("2", "256"), ("4", "512"), ("8", "1024")]
         .iter()
         .map(|(n, s)| find("peak", "ring", n, s)[engine].parse().unwrap())
         .collect();
     assert!(
-        ring[0] > 0 && ring[0] < ring[1],
-        "ring engine bytes {ring:?}"
+        0 < ring[0] && ring[0] < ring[1] && ring[1] < ring[2],
+        "ring engine bytes per rank at N = 1, 2, 4, 8: {ring:?}"
     );
-    assert!(
-        ring[1..].iter().all(|&x| x == ring[1]),
-        "ring engine bytes per rank at N = 1, 2, 4, 8: {ring:?}; N ≥ 2 must be equal"
+    assert_eq!(
+        ring[2], ring[3],
+        "ring engine bytes per rank at N = 4 and 8 (512 and 1024 tokens) must be equal"
     );
     // One rank holding the whole sequence grows with it: K/V blocks linearly (8× from 128 to 1024).
     let single: Vec<u64> = ["128", "256", "512", "1024"]
@@ -233,8 +234,10 @@ fn ring_engine_memory_per_rank_is_flat_so_max_context_grows_with_ranks() {
         single.windows(2).all(|w| w[1] > w[0]) && single[3] >= 4 * single[0],
         "blockwise engine bytes do not grow with the length: {single:?}"
     );
+    // At 1024 tokens one rank holds every K/V block; each of 8 ring ranks holds 128 tokens' blocks,
+    // twice over while the next arrives, and its gradients in flight: 3.49× less (shapes only).
     assert!(
-        single[3] > 4 * ring[3],
+        single[3] > 3 * ring[3],
         "N = 8 at 1024 tokens: {} vs {}",
         ring[3],
         single[3]

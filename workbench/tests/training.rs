@@ -241,3 +241,52 @@ fn a_non_finite_loss_stops_training_naming_step_and_rank() {
         "step 2: the loss of rank 3 is not finite (NaN or infinite); training stopped before applying it"
     );
 }
+
+/// Zero ranks is the same typed error from every entry point, at once (it used to search for a
+/// padded length forever, or panic after starting no rank thread).
+#[test]
+fn zero_ranks_is_a_typed_error_everywhere() {
+    use burn::module::AutodiffModule;
+    use workbench::train::{Decoding, greedy, padded_len};
+    let start = std::time::Instant::now();
+    let contiguous = strategies::by_name("contiguous").unwrap();
+    let message = "ranks must be at least 1, got 0";
+    assert_eq!(
+        padded_len(contiguous, 10, 0).unwrap_err().to_string(),
+        message
+    );
+    let trained = train(
+        model(),
+        contiguous,
+        &options(0, BackwardScheme::Kv),
+        batch_for,
+        |_| {},
+        &AtomicBool::new(false),
+    );
+    assert_eq!(trained.map(|_| ()).unwrap_err().to_string(), message);
+    let grad = global_gradient(
+        &model(),
+        contiguous,
+        0,
+        RING,
+        &batch_for(0),
+        Duration::from_secs(5),
+    );
+    assert_eq!(grad.unwrap_err().to_string(), message);
+    let decoding = Decoding {
+        max_new: 2,
+        stop: 0,
+        pad: 0,
+        partition: contiguous,
+        ranks: 0,
+        timeout: Duration::from_secs(5),
+    };
+    let inference = model().valid();
+    let replies = greedy(&inference, &[vec![1, 2, 3]], &decoding);
+    assert_eq!(replies.unwrap_err().to_string(), message);
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        start.elapsed()
+    );
+}
