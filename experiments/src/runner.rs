@@ -202,6 +202,26 @@ fn list<'a, T>(
     }
 }
 
+/// `sweep.ranks`, each checked by the one rank-count rule ([`strategies::check_ranks`]).
+fn rank_list<'a>(
+    path: &Path,
+    text: &str,
+    value: &'a Option<Vec<usize>>,
+    kind: Kind,
+) -> Result<&'a [usize]> {
+    let ranks = list(path, text, "ranks", value, kind)?;
+    for &n in ranks {
+        strategies::check_ranks(n).map_err(|e| {
+            anyhow!(
+                "{}:{}: sweep.ranks: {e}",
+                path.display(),
+                line_of(text, "ranks")
+            )
+        })?;
+    }
+    Ok(ranks)
+}
+
 fn reject_unused(path: &Path, text: &str, sweep: &Sweep, used: &[&str]) -> Result<()> {
     let present = [
         ("strategies", sweep.strategies.is_some()),
@@ -434,7 +454,7 @@ fn rows(path: &Path, text: &str, spec: &Spec, done: &HashSet<String>) -> Result<
     match spec.kind {
         Kind::Knee => {
             reject_unused(path, text, s, &["ranks", "block_sizes"])?;
-            let ranks = list(path, text, "ranks", &s.ranks, spec.kind)?;
+            let ranks = rank_list(path, text, &s.ranks, spec.kind)?;
             let blocks = list(path, text, "block_sizes", &s.block_sizes, spec.kind)?;
             let set = required("set_knee_tokens", m.set_knee_tokens)?;
             let bar = ProgressBar::new((ranks.len() * blocks.len()) as u64)
@@ -454,7 +474,7 @@ fn rows(path: &Path, text: &str, spec: &Spec, done: &HashSet<String>) -> Result<
         }
         Kind::Memory => {
             reject_unused(path, text, s, &["ranks", "block_sizes"])?;
-            let ranks = list(path, text, "ranks", &s.ranks, spec.kind)?;
+            let ranks = rank_list(path, text, &s.ranks, spec.kind)?;
             let blocks = list(path, text, "block_sizes", &s.block_sizes, spec.kind)?;
             let budget = m.budget_mib.ok_or_else(|| {
                 anyhow!("{}: kind memory needs measure.budget_mib", path.display())
@@ -596,7 +616,7 @@ fn rows(path: &Path, text: &str, spec: &Spec, done: &HashSet<String>) -> Result<
         }
         Kind::Mfu => {
             reject_unused(path, text, s, &["ranks", "block_sizes"])?;
-            let ranks = list(path, text, "ranks", &s.ranks, spec.kind)?;
+            let ranks = rank_list(path, text, &s.ranks, spec.kind)?;
             let blocks = list(path, text, "block_sizes", &s.block_sizes, spec.kind)?;
             let small = m.small_model();
             let bar = ProgressBar::new((ranks.len() * blocks.len()) as u64)
@@ -622,7 +642,7 @@ fn rows(path: &Path, text: &str, spec: &Spec, done: &HashSet<String>) -> Result<
                 text,
                 list(path, text, "strategies", &s.strategies, spec.kind)?,
             )?;
-            let ranks = list(path, text, "ranks", &s.ranks, spec.kind)?;
+            let ranks = rank_list(path, text, &s.ranks, spec.kind)?;
             let blocks = list(path, text, "block_sizes", &s.block_sizes, spec.kind)?;
             let profiles = profiles(
                 path,

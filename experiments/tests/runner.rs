@@ -134,6 +134,10 @@ fn malformed_specs_name_the_key_and_line() {
             ":4: sweep.ranks is empty",
         ),
         (
+            "kind = \"mfu\"\n[sweep]\nranks = [1, 0]\n",
+            ":3: sweep.ranks: ranks must be at least 1, got 0",
+        ),
+        (
             "kind = \"overlap\"\n[sweep]\nprofiles = [\"tpu-v9\"]\nblock_sizes = [64]\n",
             ":3: unknown profile 'tpu-v9'",
         ),
