@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{attn_on_fixture, fixture, ringbench, temp_dir};
+use common::{attn_on_fixture, backward_fault_args, fixture, ringbench, temp_dir};
 use experiments::npy;
 use std::path::Path;
 
@@ -350,22 +350,7 @@ fn a_rank_failing_in_the_backward_ends_the_job_and_writes_nothing() {
     let out = dir.join("out");
     let o = out.to_string_lossy();
     let start = std::time::Instant::now();
-    // 4 ranks make 3 forward exchanges (0–2); exchange 4 is inside the backward.
-    let output = ringbench(&attn_on_fixture(
-        true,
-        &[
-            "--ranks",
-            "4",
-            "--fail-rank",
-            "1",
-            "--fail-step",
-            "4",
-            "--timeout",
-            "60",
-            "--out",
-            &o,
-        ],
-    ));
+    let output = ringbench(&backward_fault_args(&o));
     let elapsed = start.elapsed();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
@@ -480,36 +465,31 @@ fn bad_files_are_one_line_naming_the_path() {
     std::fs::write(&empty, "").unwrap();
     let missing = dir.join("no-such-checkpoint");
     let o = p(&dir.join("out"));
+    let attn_with_q = |q: &Path| -> Vec<String> {
+        [
+            "attn",
+            "--q",
+            &p(q),
+            "--k",
+            &f("k.npy"),
+            "--v",
+            &f("v.npy"),
+            "--out",
+            &o,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
     let cases: Vec<(Vec<String>, String)> = vec![
         (
-            vec![
-                "attn".into(),
-                "--q".into(),
-                p(&int32),
-                "--k".into(),
-                f("k.npy"),
-                "--v".into(),
-                f("v.npy"),
-                "--out".into(),
-                o.clone(),
-            ],
+            attn_with_q(&int32),
             format!(
                 "{}: dtype '<i4' is not supported; expected float32 or float64",
                 int32.display()
             ),
         ),
         (
-            vec![
-                "attn".into(),
-                "--q".into(),
-                p(&flat),
-                "--k".into(),
-                f("k.npy"),
-                "--v".into(),
-                f("v.npy"),
-                "--out".into(),
-                o.clone(),
-            ],
+            attn_with_q(&flat),
             format!(
                 "{}: expected a 4-D array (batch, seq, heads, head_dim), got shape [2, 24, 32]",
                 flat.display()

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{attn_on_fixture, ringbench, temp_dir};
+use common::{attn_on_fixture, backward_fault_args, ringbench, temp_dir};
 use experiments::npy;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -177,25 +177,7 @@ fn a_process_failing_in_the_backward_ends_the_job_and_writes_nothing() {
     let out = dir.join("out");
     let o = out.to_string_lossy();
     let start = Instant::now();
-    // 4 ranks make 3 forward exchanges (0–2); exchange 4 is inside the backward.
-    let output = mpirun(
-        4,
-        &attn_on_fixture(
-            true,
-            &[
-                "--ranks",
-                "4",
-                "--fail-rank",
-                "1",
-                "--fail-step",
-                "4",
-                "--timeout",
-                "60",
-                "--out",
-                &o,
-            ],
-        ),
-    );
+    let output = mpirun(4, &backward_fault_args(&o));
     assert!(start.elapsed() < Duration::from_secs(30), "no hang");
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);

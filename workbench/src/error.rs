@@ -85,8 +85,23 @@ impl RingError {
     }
 }
 
-/// The error that caused the others among the ranks' errors: the first with the lowest `echo_level`.
-pub fn root_cause<E>(mut errors: Vec<E>, echo_level: impl Fn(&E) -> u8) -> Option<E> {
-    let first = (0..errors.len()).min_by_key(|&i| (echo_level(&errors[i]), i))?;
-    Some(errors.swap_remove(first))
+/// Every rank's output in rank order, or, if any rank failed, the error that caused the others: the
+/// first with the lowest `echo_level`.
+pub fn all_or_root_cause<T, E>(
+    results: Vec<Result<T, E>>,
+    echo_level: impl Fn(&E) -> u8,
+) -> Result<Vec<T>, E> {
+    let mut outputs = Vec::with_capacity(results.len());
+    let mut errors = Vec::new();
+    for result in results {
+        match result {
+            Ok(output) => outputs.push(output),
+            Err(e) => errors.push(e),
+        }
+    }
+    // `min_by_key` keeps the first of equal keys: the lowest rank among equally direct errors.
+    match (0..errors.len()).min_by_key(|&i| echo_level(&errors[i])) {
+        Some(first) => Err(errors.swap_remove(first)),
+        None => Ok(outputs),
+    }
 }

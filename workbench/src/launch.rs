@@ -3,7 +3,7 @@
 //! This is what `ringbench attn` and the exactness test table run.
 
 use crate::config::{RingConfig, RingContext, StepEvent};
-use crate::error::{RingError, root_cause};
+use crate::error::{RingError, all_or_root_cause};
 use crate::ops::{RingBackend, ring_attention};
 use crate::transport::{Comm, Link, Traffic, run_ranks_with};
 use burn::tensor::backend::AutodiffBackend;
@@ -263,17 +263,7 @@ where
     let results = run_ranks_with(job.ranks, job.timeout, job.link, |comm| {
         attend_rank::<B>(comm, job, &plan, device).map(|(output, _)| output)
     });
-    let mut outputs = Vec::new();
-    let mut errors = Vec::new();
-    for result in results {
-        match result {
-            Ok(o) => outputs.push(o),
-            Err(e) => errors.push(e),
-        }
-    }
-    if let Some(cause) = root_cause(errors, RingError::echo_level) {
-        return Err(cause);
-    }
+    let outputs = all_or_root_cause(results, RingError::echo_level)?;
     Ok(assemble(job, &plan, outputs, (0..job.ranks).collect()))
 }
 

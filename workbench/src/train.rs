@@ -3,7 +3,7 @@
 //! stay identical (checked by a checksum every few steps).
 
 use crate::config::{RingConfig, RingContext};
-use crate::error::{RingError, TransportError, root_cause};
+use crate::error::{RingError, TransportError, all_or_root_cause};
 use crate::model::{Llama, LlamaConfig};
 use crate::ops::RingBackend;
 use crate::transport::{Comm, run_ranks};
@@ -39,6 +39,16 @@ pub enum TrainError {
     },
     #[error("training ended without rank 0's model")]
     NoModel,
+}
+
+impl TrainError {
+    /// [`RingError::echo_level`] of a ring error; other training errors are a rank's own (0).
+    fn echo_level(&self) -> u8 {
+        match self {
+            TrainError::Ring(e) => e.echo_level(),
+            _ => 0,
+        }
+    }
 }
 
 impl From<strategies::PartitionError> for TrainError {
@@ -476,23 +486,11 @@ where
             comm, objective, &model, partition, options, &batch_for, &on_step, stop,
         )
     });
-    let mut trained = None;
-    let mut errors = Vec::new();
-    for r in results {
-        match r {
-            Ok(Some(t)) => trained = Some(t),
-            Ok(None) => {}
-            Err(e) => errors.push(e),
-        }
-    }
-    let echo_level = |e: &TrainError| match e {
-        TrainError::Ring(e) => e.echo_level(),
-        _ => 0,
-    };
-    if let Some(cause) = root_cause(errors, echo_level) {
-        return Err(cause);
-    }
-    trained.ok_or(TrainError::NoModel)
+    all_or_root_cause(results, TrainError::echo_level)?
+        .into_iter()
+        .flatten()
+        .next()
+        .ok_or(TrainError::NoModel)
 }
 
 /// This process's rank of a training run over `comm` (one process per rank, e.g. under `mpirun`).
@@ -628,24 +626,10 @@ where
         let g = step_gradient(&NextToken, &model, &batch, &ctx, 0, false)?;
         Ok((g.loss, g.flat))
     });
-    let mut first = None;
-    let mut errors = Vec::new();
-    for r in results {
-        match r {
-            Ok(g) => {
-                first.get_or_insert(g);
-            }
-            Err(e) => errors.push(e),
-        }
-    }
-    let echo_level = |e: &TrainError| match e {
-        TrainError::Ring(e) => e.echo_level(),
-        _ => 0,
-    };
-    if let Some(cause) = root_cause(errors, echo_level) {
-        return Err(cause);
-    }
-    first.ok_or(TrainError::NoModel)
+    all_or_root_cause(results, TrainError::echo_level)?
+        .into_iter()
+        .next()
+        .ok_or(TrainError::NoModel)
 }
 
 /// One rank's training loop.

@@ -166,6 +166,9 @@ fn a_rate_limited_link_delays_delivery_but_not_the_sender() {
         latency: Duration::from_millis(50),
     };
     let transfer = 0.25 + 0.05;
+    // One clock for both ranks: a block leaves when its *sender* posts it, which may be before or
+    // after the receiver starts its own exchange.
+    let clock = Instant::now();
     let results = run_ranks_with(
         2,
         TIMEOUT,
@@ -178,42 +181,46 @@ fn a_rate_limited_link_delays_delivery_but_not_the_sender() {
                 shape: vec![250_000],
                 data: vec![rank as f32; 250_000],
             });
-            let start = Instant::now();
+            let before_send = clock.elapsed().as_secs_f64();
             let pending = comm.exchange(Phase::Forward, 0, peer, peer, vec![block])?;
-            let posted = start.elapsed().as_secs_f64();
-            let before_wait = start.elapsed().as_secs_f64();
+            let posted = clock.elapsed().as_secs_f64();
             let got = comm.wait(pending)?;
-            let arrived = start.elapsed().as_secs_f64();
+            let arrived = clock.elapsed().as_secs_f64();
             assert_eq!(got[0].data[0], peer as f32);
             Ok([
+                before_send,
                 posted,
-                before_wait,
                 arrived,
                 comm.take_traffic().wait_seconds,
             ])
         },
     );
-    // Timestamps of one monotonic clock, with margins a 10× slower machine passes: the send is
-    // posted well before the block could have crossed the link, the block never arrives sooner than
-    // the link's rate allows, and the wait counted is at least what was left of the transfer.
-    for r in results {
-        let [posted, before_wait, arrived, waited] = r.unwrap();
+    let times: Vec<[f64; 4]> = results.into_iter().map(Result::unwrap).collect();
+    // With margins a 10× slower machine passes: the send is posted well before the block could
+    // have crossed the link, no block arrives sooner after its sender posted it than the link's rate
+    // allows (nor absurdly later), and the wait counted is at least what was left of the transfer.
+    for rank in 0..2 {
+        let [before_send, posted, arrived, waited] = times[rank];
+        let sent_by_peer = times[1 - rank][0];
         assert!(
-            posted < 0.5 * transfer,
-            "posting took {posted} s of a {transfer} s transfer: the sender blocked"
+            posted - before_send < 0.5 * transfer,
+            "rank {rank}: posting took {} s of a {transfer} s transfer: the sender blocked",
+            posted - before_send
+        );
+        let in_flight = arrived - sent_by_peer;
+        assert!(
+            in_flight >= transfer,
+            "rank {rank}: arrived {in_flight} s after its sender posted it: faster than the link's {transfer} s"
         );
         assert!(
-            arrived >= transfer,
-            "arrived after {arrived} s: faster than {transfer} s at the link's rate"
+            in_flight < 10.0 * transfer,
+            "rank {rank}: arrived {in_flight} s after its sender posted it, over 10× the transfer time"
         );
+        // The wait starts right after posting.
+        let left = sent_by_peer + transfer - posted;
         assert!(
-            arrived < 10.0 * transfer,
-            "arrived after {arrived} s, over 10× the transfer time"
-        );
-        assert!(
-            waited >= transfer - before_wait,
-            "wait counted {waited} s; the transfer had {} s left",
-            transfer - before_wait
+            waited >= left,
+            "rank {rank}: wait counted {waited} s; the transfer had {left} s left"
         );
     }
 }

@@ -47,3 +47,23 @@ pub fn attn_on_fixture(with_grad: bool, extra: &[&str]) -> Vec<String> {
     args.extend(extra.iter().map(|s| s.to_string()));
     args
 }
+
+/// `ringbench attn` on the fixture with dO, 4 ranks, rank 1 failing at ring exchange 4 and output to
+/// `out`. 4 ranks make 3 forward exchanges (0–2), so exchange 4 is inside the backward.
+pub fn backward_fault_args(out: &str) -> Vec<String> {
+    attn_on_fixture(
+        true,
+        &[
+            "--ranks",
+            "4",
+            "--fail-rank",
+            "1",
+            "--fail-step",
+            "4",
+            "--timeout",
+            "60",
+            "--out",
+            out,
+        ],
+    )
+}
