@@ -25,6 +25,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq "${missing[@]}"
 fi
 
+step "import circles between the files of each library crate (scripts/import_cycles.py)"
+python3 scripts/import_cycles.py
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -13,5 +13,6 @@ pub mod memory_model;
 pub mod npy;
 pub mod plot;
 pub mod reproduce;
+pub mod row;
 pub mod runner;
 pub mod simulator;

@@ -3,7 +3,7 @@
 //! context (Table 3), and model FLOPs utilization of training steps (Table 4).
 
 use crate::bench::{matmul_gflops, random};
-use crate::runner::Row;
+use crate::row::Row;
 use anyhow::Result;
 use burn::backend::{Autodiff, Flex};
 use datasets::SplitMix64;

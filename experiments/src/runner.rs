@@ -4,6 +4,7 @@
 use crate::hardware::{Profile, profile, profile_names};
 use crate::measured::{Method, SmallModel, knee_rows, max_context, mfu_row, mib, peak_per_rank};
 use crate::plot::{Series, line_chart};
+use crate::row::Row;
 use crate::simulator::simulate;
 use anyhow::{Context, Result, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -271,23 +272,6 @@ fn partitions(path: &Path, text: &str, names: &[String]) -> Result<Vec<&'static 
             })
         })
         .collect()
-}
-
-/// One result row: key columns (which identify it for resuming) and value columns.
-#[derive(Debug, Clone)]
-pub struct Row {
-    pub keys: Vec<(&'static str, String)>,
-    pub values: Vec<(&'static str, String)>,
-}
-
-impl Row {
-    fn id(&self) -> String {
-        self.keys
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(",")
-    }
 }
 
 /// Tile costs measured on this machine: lockstep seconds per (rank, step) and the matmul rate.

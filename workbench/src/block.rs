@@ -1,6 +1,6 @@
 //! Plain f32 blocks: what travels between ranks, detached from any autodiff graph.
 
-use crate::ops::RingBackend;
+use crate::host::HostRead;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 
 /// What a block carries; traffic is counted per kind.
@@ -35,7 +35,7 @@ impl Block {
         }
     }
 
-    pub fn from_tensor<B: RingBackend, const D: usize>(cargo: Cargo, tensor: Tensor<B, D>) -> Self {
+    pub fn from_tensor<B: HostRead, const D: usize>(cargo: Cargo, tensor: Tensor<B, D>) -> Self {
         let shape = tensor.dims().to_vec();
         let data = B::to_host(tensor);
         Self { cargo, shape, data }

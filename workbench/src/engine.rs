@@ -8,9 +8,9 @@ use crate::block::{Block, Cargo};
 use crate::config::{BackwardScheme, Direction, RingContext, StepEvent};
 use crate::error::RingError;
 use crate::fused::{BackwardTile, TileDims, softmax_delta};
+use crate::host::HostRead;
 use crate::kernels::Visibility;
 use crate::ledger::{Charge, Ledger};
-use crate::ops::RingBackend;
 use crate::tiles::{ForwardTiles, backward_tile, workspace_bytes};
 use crate::transport::{Comm, Phase};
 use burn::tensor::Tensor;
@@ -147,7 +147,7 @@ pub(crate) fn check_shapes(
 
 /// Ring forward on one rank: this rank's output `[b, h, t, d]`, log-sum-exp `[b, h, t]`, and what
 /// the backward needs.
-pub fn forward<B: RingBackend>(
+pub fn forward<B: HostRead>(
     ctx: &RingContext,
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
@@ -249,7 +249,7 @@ pub type QkvGrads<B> = (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>);
 /// `kv`/`kv-reverse`: K and V travel with the dK/dV accumulator, dQ accumulates here. `q`: Q, dO, lse
 /// and delta travel with the dQ accumulator, dK/dV accumulate here. Either way every (query block,
 /// key block) pair meets exactly once.
-pub fn backward<B: RingBackend>(
+pub fn backward<B: HostRead>(
     ctx: &RingContext,
     saved: &Saved,
     out: Tensor<B, 4>,

@@ -4,6 +4,7 @@
 
 use crate::config::{RingConfig, RingContext, StepEvent};
 use crate::error::{RingError, all_or_root_cause};
+use crate::host::HostRead;
 use crate::ops::{RingBackend, ring_attention};
 use crate::transport::{Comm, Link, Traffic, run_ranks_with};
 use burn::tensor::backend::AutodiffBackend;

@@ -10,6 +10,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod fused;
+pub mod host;
 pub mod kernels;
 pub mod launch;
 pub mod ledger;
@@ -21,4 +22,5 @@ pub mod transport;
 
 pub use config::{BackwardScheme, Direction, Kernel, RingConfig, RingContext, StepEvent};
 pub use error::{RingError, TransportError};
+pub use host::HostRead;
 pub use ops::{RingBackend, ring_attention};

@@ -4,6 +4,7 @@ use crate::block::Block;
 use crate::config::RingContext;
 use crate::engine::{self, Saved};
 use crate::error::RingError;
+use crate::host::HostRead;
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
@@ -23,7 +24,7 @@ fn unwrap<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
 
 /// Backends that can run ring attention. The default method runs the generic engine; the autodiff
 /// backend overrides it to register the ring backward.
-pub trait RingBackend: Backend {
+pub trait RingBackend: HostRead {
     /// Returns this rank's `(out [b, h, t, d], lse [b, h, t])` and what the backward needs; `lse`
     /// carries no gradient.
     fn ring_forward(
@@ -35,36 +36,9 @@ pub trait RingBackend: Backend {
         let (out, lse, saved) = engine::forward::<Self>(ctx, wrap(q), wrap(k), wrap(v))?;
         Ok((unwrap(out), unwrap(lse), saved))
     }
-
-    /// The tensor's elements, row-major, as f32 on the host. The default goes through `into_data`;
-    /// a backend that can read its buffer in place overrides it to copy once.
-    fn to_host<const D: usize>(tensor: Tensor<Self, D>) -> Vec<f32> {
-        via_data(tensor)
-    }
 }
 
-/// Any backend's tensor as host f32, through `into_data` (a shared Flex buffer is copied three times).
-pub(crate) fn via_data<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
-    tensor
-        .into_data()
-        .convert::<f32>()
-        .into_vec::<f32>()
-        .expect("converted to f32 above")
-}
-
-/// Flex's `into_data` of a shared buffer copies three times (to bytes, to an aligned buffer, to a
-/// vector); reading the contiguous buffer in place copies once.
-impl RingBackend for burn::backend::Flex {
-    fn to_host<const D: usize>(tensor: Tensor<Self, D>) -> Vec<f32> {
-        let primitive = unwrap(tensor);
-        if !primitive.is_unique()
-            && let Some(data) = primitive.as_slice::<f32>()
-        {
-            return data.to_vec();
-        }
-        via_data(wrap::<Self, D>(primitive))
-    }
-}
+impl RingBackend for burn::backend::Flex {}
 
 #[cfg(feature = "cuda")]
 impl RingBackend for burn::backend::Cuda {}

@@ -5,10 +5,10 @@
 use crate::block::Block;
 use crate::config::Kernel;
 use crate::fused::{self, BackwardTile, OnlineSoftmax, TileDims};
+use crate::host::via_data;
 use crate::kernels::{
     Visibility, block_attention, block_attention_backward, causal_bias, merge_block,
 };
-use crate::ops::via_data;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use std::sync::Arc;
 
