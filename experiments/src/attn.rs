@@ -5,7 +5,7 @@ use anyhow::{Context, Result, bail};
 use burn::backend::{Autodiff, Flex};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use workbench::launch::{AttentionJob, AttentionResult, HostTensor, run_attention};
+use workbench::ring::jobs::{AttentionJob, AttentionResult, HostTensor, run_attention};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 #[derive(Debug, clap::Args)]
@@ -57,8 +57,8 @@ pub struct AttnArgs {
 /// results on the process that writes them (rank 0 under MPI).
 fn run(job: &AttentionJob, timeout: f64) -> Result<Option<AttentionResult>> {
     let timeout = Duration::from_secs_f64(timeout);
-    let ranked = crate::launcher::as_mpi_rank(timeout, |comm| {
-        workbench::launch::run_attention_on::<Autodiff<Flex>>(comm, job, &Default::default())
+    let ranked = crate::mpi_rank::as_mpi_rank(timeout, |comm| {
+        workbench::ring::jobs::run_attention_on::<Autodiff<Flex>>(comm, job, &Default::default())
     })?;
     if let Some((rank, result)) = ranked {
         return Ok((rank == 0).then_some(result));
@@ -93,7 +93,7 @@ fn run_nccl(job: &AttentionJob, id_file: &Path, args: &AttnArgs) -> Result<()> {
         id_file,
         Duration::from_secs_f64(args.timeout),
     )?;
-    let result = workbench::launch::run_attention_on::<Autodiff<Flex>>(
+    let result = workbench::ring::jobs::run_attention_on::<Autodiff<Flex>>(
         Comm::new(Box::new(transport)),
         job,
         &Default::default(),

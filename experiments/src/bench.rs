@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use workbench::launch::{AttentionJob, HostTensor, run_attention};
+use workbench::ring::jobs::{AttentionJob, HostTensor, run_attention};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 #[derive(Debug, clap::Subcommand)]
@@ -48,7 +48,7 @@ pub struct BenchAttnArgs {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Row {
+pub struct AttnBenchRow {
     pub seq: usize,
     pub ranks: usize,
     pub strategy: String,
@@ -142,7 +142,7 @@ pub fn run(command: &BenchCommand) -> Result<()> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed_precise} {msg}")
             .context("progress template")?,
     );
-    let mut rows: Vec<Row> = Vec::new();
+    let mut rows: Vec<AttnBenchRow> = Vec::new();
     for (seq, ranks, strategy, causal, kernel) in cases {
         bar.set_message(format!(
             "S={seq} N={ranks} {strategy} causal={causal} {kernel}"
@@ -216,7 +216,7 @@ pub fn run(command: &BenchCommand) -> Result<()> {
             .map(|r| r.fwd_bwd_seconds);
         let t = seq / ranks;
         let block = (b * h * t * d * 4) as f64;
-        let row = Row {
+        let row = AttnBenchRow {
             seq,
             ranks,
             strategy: strategy.to_owned(),
@@ -261,7 +261,7 @@ fn opt(x: Option<f64>, digits: usize) -> String {
     x.map_or("-".into(), |x| format!("{x:.digits$}"))
 }
 
-fn format_row(r: &Row) -> String {
+fn format_row(r: &AttnBenchRow) -> String {
     format!(
         "S={:5} N={} {:10} causal={:5} {:7} fwd {:7.3}s {:6.1} GFLOP/s  fwd+bwd {:7.3}s {:6.1} GFLOP/s ({:.2} of matmul, ring/single {})",
         r.seq,
@@ -278,7 +278,7 @@ fn format_row(r: &Row) -> String {
     )
 }
 
-fn markdown(rows: &[Row], args: &BenchAttnArgs) -> String {
+fn markdown(rows: &[AttnBenchRow], args: &BenchAttnArgs) -> String {
     let mut s = format!(
         "batch {}, heads {}, head_dim {}; matmul 1024^3 f32 (flex), best of 5, is measured beside every row \
          (first row: {:.1} GFLOP/s) and `/ matmul` is against that row's value. FLOPs: 4·d (forward) + 10·d (backward) per visible (q, k) pair and head.\n\n\

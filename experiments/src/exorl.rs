@@ -19,7 +19,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
-use workbench::agentic::{
+use workbench::model::agentic::{
     ActionPrediction, AgenticConfig, AgenticTransformer, ChainBatch, TOKENS_PER_STEP, TokenKind,
     predict_action,
 };
@@ -288,7 +288,7 @@ pub struct ExorlSpec {
     pub memory_budget_mib: f64,
     pub data: DataSection,
     pub model: ModelSection,
-    pub train: TrainSection,
+    pub train: ExorlTrainSection,
     #[serde(rename = "task")]
     pub tasks: Vec<TaskSection>,
     #[serde(rename = "config")]
@@ -313,7 +313,7 @@ pub struct ModelSection {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TrainSection {
+pub struct ExorlTrainSection {
     pub steps: usize,
     /// Trajectories per step: a step trains on `trajectories_per_step / k` chains, so that every
     /// configuration sees the same number of (state, action) pairs.

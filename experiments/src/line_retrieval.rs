@@ -35,7 +35,7 @@ struct MetricsRow {
 pub struct TrainSpec {
     pub model: ModelSpec,
     pub ring: RingSpec,
-    pub train: TrainSection,
+    pub train: LineTrainSection,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -65,7 +65,7 @@ pub struct RingSpec {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TrainSection {
+pub struct LineTrainSection {
     pub steps: usize,
     pub batch: usize,
     pub lr: f64,
@@ -388,7 +388,7 @@ where
     F: Fn(usize) -> Vec<Example> + Sync,
     L: Fn(&StepLog) + Sync,
 {
-    let ranked = crate::launcher::as_mpi_rank(options.timeout, |comm| {
+    let ranked = crate::mpi_rank::as_mpi_rank(options.timeout, |comm| {
         let model = model.clone();
         workbench::train::train_on(comm, model, partition, options, &batch_for, &on_step, stop)
     })?;

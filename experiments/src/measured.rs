@@ -10,8 +10,8 @@ use datasets::SplitMix64;
 use indicatif::ProgressBar;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
-use workbench::launch::{AttentionJob, HostTensor, run_attention};
 use workbench::model::LlamaConfig;
+use workbench::ring::jobs::{AttentionJob, HostTensor, run_attention};
 use workbench::train::{Example, TrainOptions, train};
 use workbench::transport::Link;
 use workbench::{Kernel, RingConfig};
@@ -418,7 +418,7 @@ pub struct PeakPerRank {
     /// The process peak over the rank count (rank threads share the process; ranks are symmetric):
     /// what the machine allocated, which depends on its CPU's kernels and on scheduling.
     pub allocator: f64,
-    /// What rank 0's attention engine held at once ([`workbench::ledger`]): shapes only, the same on
+    /// What rank 0's attention engine held at once ([`workbench::ring::ledger`]): shapes only, the same on
     /// every machine; the model's other activations are not in it.
     pub engine: u64,
 }

@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
-use workbench::launch::HostTensor;
+use workbench::ring::jobs::HostTensor;
 
 #[derive(Debug, Error)]
 pub enum NpyError {

@@ -5,8 +5,8 @@ use burn::backend::{Autodiff, Flex};
 use ringbench_tests::{Reference, Rng, reference, rel_diff, rel_err};
 use std::time::Duration;
 use strategies::{PartitionError, by_name, names};
-use workbench::block::Cargo;
-use workbench::launch::{AttentionJob, AttentionResult, HostTensor, run_attention};
+use workbench::ring::block::BlockKind;
+use workbench::ring::jobs::{AttentionJob, AttentionResult, HostTensor, run_attention};
 use workbench::transport::Phase;
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig, RingError};
 
@@ -221,21 +221,21 @@ fn traffic_is_counted_per_cargo() {
                     let (n, bytes) = traffic.count(phase, cargo);
                     (n as u64, bytes)
                 };
-                assert_eq!(count(Phase::Forward, Cargo::K), (hops, hops * kv_bytes));
-                assert_eq!(count(Phase::Forward, Cargo::V), (hops, hops * kv_bytes));
-                let expected: &[(Cargo, u64, u64)] = match backward {
+                assert_eq!(count(Phase::Forward, BlockKind::K), (hops, hops * kv_bytes));
+                assert_eq!(count(Phase::Forward, BlockKind::V), (hops, hops * kv_bytes));
+                let expected: &[(BlockKind, u64, u64)] = match backward {
                     BackwardScheme::Kv | BackwardScheme::KvReverse => &[
-                        (Cargo::K, hops, kv_bytes),
-                        (Cargo::V, hops, kv_bytes),
-                        (Cargo::DK, home, kv_bytes),
-                        (Cargo::DV, home, kv_bytes),
+                        (BlockKind::K, hops, kv_bytes),
+                        (BlockKind::V, hops, kv_bytes),
+                        (BlockKind::DK, home, kv_bytes),
+                        (BlockKind::DV, home, kv_bytes),
                     ],
                     BackwardScheme::Q => &[
-                        (Cargo::Q, hops, q_bytes),
-                        (Cargo::DOut, hops, q_bytes),
-                        (Cargo::Lse, hops, row_bytes),
-                        (Cargo::Delta, hops, row_bytes),
-                        (Cargo::DQ, home, q_bytes),
+                        (BlockKind::Q, hops, q_bytes),
+                        (BlockKind::DOut, hops, q_bytes),
+                        (BlockKind::Lse, hops, row_bytes),
+                        (BlockKind::Delta, hops, row_bytes),
+                        (BlockKind::DQ, home, q_bytes),
                     ],
                 };
                 for &(cargo, n, bytes) in expected {

@@ -5,7 +5,7 @@
 
 use datasets::rng::SplitMix64;
 use std::time::Instant;
-use workbench::fused::{BackwardTile, OnlineSoftmax, TileDims, backward, softmax_delta};
+use workbench::kernels::fused::{BackwardTile, OnlineSoftmax, TileDims, backward, softmax_delta};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -1,26 +1,27 @@
-//! ringbench's engine: exact blockwise attention, the ring schedule, transports and the autodiff op.
+//! ringbench's engine: exact blockwise attention, the ring schedule, transports, and the models and
+//! training built on them.
 //!
 //! Follows Liu, Zaharia, Abbeel (2023), "Ring Attention with Blockwise Transformers for Near-Infinite
 //! Context". Which tokens a rank owns is decided by a [`strategies::Partition`]; nothing here depends
 //! on which one.
+//!
+//! | module | what it is |
+//! |---|---|
+//! | [`ring`] | the algorithm: the ring schedule, what travels, the per-rank context, the autodiff op, one-call jobs |
+//! | [`kernels`] | tile math: the fused CPU kernel and its generic Burn twin behind one dispatch |
+//! | [`transport`] | moving blocks between ranks: threads, MPI, NCCL behind one trait |
+//! | [`model`] | the LLaMA-style decoder and the Agentic Transformer, attending with the ring |
+//! | [`train`] | SPMD training and greedy decoding over in-process or MPI ranks |
 
-pub mod agentic;
-pub mod block;
-pub mod config;
-pub mod engine;
 pub mod error;
-pub mod fused;
 pub mod host;
 pub mod kernels;
-pub mod launch;
-pub mod ledger;
 pub mod model;
-pub mod ops;
-mod tiles;
+pub mod ring;
 pub mod train;
 pub mod transport;
 
-pub use config::{BackwardScheme, Direction, Kernel, RingConfig, RingContext, StepEvent};
 pub use error::{RingError, TransportError};
 pub use host::HostRead;
-pub use ops::{RingBackend, ring_attention};
+pub use ring::context::{BackwardScheme, Direction, Kernel, RingConfig, RingContext, StepEvent};
+pub use ring::op::{RingBackend, ring_attention};

@@ -2,10 +2,10 @@
 //! parameters; gradients are all-reduced through the transport before each AdamW step, so replicas
 //! stay identical (checked by a checksum every few steps).
 
-use crate::config::{RingConfig, RingContext};
 use crate::error::{RingError, TransportError, all_or_root_cause};
 use crate::model::{Llama, LlamaConfig};
-use crate::ops::RingBackend;
+use crate::ring::context::{RingConfig, RingContext};
+use crate::ring::op::RingBackend;
 use crate::transport::{Comm, run_ranks};
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
@@ -101,7 +101,7 @@ pub struct StepLog {
     pub lr: f64,
     pub tokens: usize,
     pub seconds: f64,
-    /// The most bytes rank 0's attention engine held at once during the step ([`crate::ledger`]).
+    /// The most bytes rank 0's attention engine held at once during the step ([`crate::ring::ledger`]).
     pub engine_peak_bytes: u64,
 }
 

@@ -158,7 +158,7 @@ fn bad_shapes_are_typed_errors() {
 
 #[test]
 fn a_rate_limited_link_delays_delivery_but_not_the_sender() {
-    use workbench::block::{Block, Cargo};
+    use workbench::ring::block::{Block, BlockKind};
     use workbench::transport::{Link, Phase, run_ranks_with};
     // 1 MB at 4 MB/s: 0.25 s on the wire, plus 50 ms latency.
     let link = Link {
@@ -177,7 +177,7 @@ fn a_rate_limited_link_delays_delivery_but_not_the_sender() {
             let (rank, peer) = (comm.rank(), 1 - comm.rank());
             comm.barrier()?;
             let block = Arc::new(Block {
-                cargo: Cargo::K,
+                kind: BlockKind::K,
                 shape: vec![250_000],
                 data: vec![rank as f32; 250_000],
             });

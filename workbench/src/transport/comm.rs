@@ -15,7 +15,7 @@ pub enum Phase {
 pub struct SendRecord {
     pub phase: Phase,
     pub step: usize,
-    pub cargo: crate::block::Cargo,
+    pub kind: crate::ring::block::BlockKind,
     pub bytes: u64,
 }
 
@@ -27,11 +27,11 @@ pub struct Traffic {
 }
 
 impl Traffic {
-    /// (blocks, bytes) sent of one cargo kind in one phase.
-    pub fn count(&self, phase: Phase, cargo: crate::block::Cargo) -> (usize, u64) {
+    /// (blocks, bytes) sent of one kind in one phase.
+    pub fn count(&self, phase: Phase, kind: crate::ring::block::BlockKind) -> (usize, u64) {
         self.sends
             .iter()
-            .filter(|s| s.phase == phase && s.cargo == cargo)
+            .filter(|s| s.phase == phase && s.kind == kind)
             .fold((0, 0), |(n, b), s| (n + 1, b + s.bytes))
     }
 
@@ -110,7 +110,7 @@ impl Comm {
             .extend(payload.iter().map(|block| SendRecord {
                 phase,
                 step,
-                cargo: block.cargo,
+                kind: block.kind,
                 bytes: block.bytes(),
             }));
         let posted = self.transport.send_recv(to, from, tag, payload);
@@ -141,7 +141,7 @@ impl Comm {
         self.traffic.sends.push(SendRecord {
             phase: Phase::Collective,
             step: 0,
-            cargo: crate::block::Cargo::Reduce,
+            kind: crate::ring::block::BlockKind::Reduce,
             bytes: (world.saturating_sub(1)) * (data.len() * 4) as u64,
         });
         let reduced = self.transport.all_reduce_sum(tag, data);

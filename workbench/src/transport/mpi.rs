@@ -27,7 +27,7 @@ pub struct MpiTransport {
     timeout: Duration,
 }
 
-// SAFETY: the launcher initializes MPI at `Threading::Serialized` (and refuses a library offering less):
+// SAFETY: `experiments::mpi_rank` initializes MPI at `Threading::Serialized` (and refuses a library offering less):
 // the transport is created, used and dropped by one thread at a time (the rank's `Comm` sits behind a
 // mutex), never concurrently.
 unsafe impl Send for MpiTransport {}

@@ -247,8 +247,8 @@ mod tests {
     fn one_rank_round_trip() {
         let file = std::env::temp_dir().join(format!("ringbench-nccl-one-{}", std::process::id()));
         let mut t = NcclTransport::from_id_file(0, 1, 0, &file, Duration::from_secs(10)).unwrap();
-        let block = crate::block::Block {
-            cargo: crate::block::Cargo::K,
+        let block = crate::ring::block::Block {
+            kind: crate::ring::block::BlockKind::K,
             shape: vec![2, 3],
             data: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
         };

@@ -1,8 +1,8 @@
 //! In-process transport: one std thread per rank, blocks moved through channels without copying.
 
 use super::{Comm, Payload, Pending, Transport};
-use crate::block::{Block, Cargo};
 use crate::error::TransportError;
+use crate::ring::block::{Block, BlockKind};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
@@ -183,7 +183,7 @@ impl Transport for ThreadTransport {
             return Ok(());
         }
         let mine = Arc::new(Block {
-            cargo: Cargo::Reduce,
+            kind: BlockKind::Reduce,
             shape: vec![data.len()],
             data: data.to_vec(),
         });

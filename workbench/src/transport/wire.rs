@@ -1,28 +1,28 @@
 //! The wire format of the multi-process transports: a payload of blocks as one f32 message.
 
 use super::Payload;
-use crate::block::{Block, Cargo};
 use crate::error::TransportError;
+use crate::ring::block::{Block, BlockKind};
 use std::sync::Arc;
 
-const CARGOS: [Cargo; 10] = [
-    Cargo::K,
-    Cargo::V,
-    Cargo::Q,
-    Cargo::DOut,
-    Cargo::Lse,
-    Cargo::Delta,
-    Cargo::DK,
-    Cargo::DV,
-    Cargo::DQ,
-    Cargo::Reduce,
+const KINDS: [BlockKind; 10] = [
+    BlockKind::K,
+    BlockKind::V,
+    BlockKind::Q,
+    BlockKind::DOut,
+    BlockKind::Lse,
+    BlockKind::Delta,
+    BlockKind::DK,
+    BlockKind::DV,
+    BlockKind::DQ,
+    BlockKind::Reduce,
 ];
 
-/// One message: `[blocks, (cargo, ndim, dims…)…, data…]`, every count exact in f32 below 2^24.
+/// One message: `[blocks, (kind, ndim, dims…)…, data…]`, every count exact in f32 below 2^24.
 pub(crate) fn encode(payload: &Payload) -> Vec<f32> {
     let mut header = vec![payload.len() as f32];
     for b in payload {
-        header.push(CARGOS.iter().position(|c| *c == b.cargo).unwrap_or(0) as f32);
+        header.push(KINDS.iter().position(|c| *c == b.kind).unwrap_or(0) as f32);
         header.push(b.shape.len() as f32);
         header.extend(b.shape.iter().map(|&d| d as f32));
     }
@@ -49,19 +49,19 @@ pub(crate) fn decode(message: &[f32], rank: usize, peer: usize) -> Result<Payloa
     let blocks = next()?;
     let mut heads = Vec::with_capacity(blocks);
     for _ in 0..blocks {
-        let cargo = *CARGOS.get(next()?).ok_or_else(bad)?;
+        let kind = *KINDS.get(next()?).ok_or_else(bad)?;
         let ndim = next()?;
         let shape = (0..ndim).map(|_| next()).collect::<Result<Vec<_>, _>>()?;
-        heads.push((cargo, shape));
+        heads.push((kind, shape));
     }
     let mut offset = at;
     heads
         .into_iter()
-        .map(|(cargo, shape)| {
+        .map(|(kind, shape)| {
             let len: usize = shape.iter().product();
             let data = message.get(offset..offset + len).ok_or_else(bad)?.to_vec();
             offset += len;
-            Ok(Arc::new(Block { cargo, shape, data }))
+            Ok(Arc::new(Block { kind, shape, data }))
         })
         .collect()
 }

@@ -5,7 +5,7 @@ use burn::tensor::{Tensor, TensorData, backend::Backend};
 
 /// What a block carries; traffic is counted per kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Cargo {
+pub enum BlockKind {
     K,
     V,
     Q,
@@ -20,25 +20,25 @@ pub enum Cargo {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Block {
-    pub cargo: Cargo,
+    pub kind: BlockKind,
     pub shape: Vec<usize>,
     pub data: Vec<f32>,
 }
 
 impl Block {
-    pub fn zeros(cargo: Cargo, shape: Vec<usize>) -> Self {
+    pub fn zeros(kind: BlockKind, shape: Vec<usize>) -> Self {
         let len = shape.iter().product();
         Self {
-            cargo,
+            kind,
             shape,
             data: vec![0.0; len],
         }
     }
 
-    pub fn from_tensor<B: HostRead, const D: usize>(cargo: Cargo, tensor: Tensor<B, D>) -> Self {
+    pub fn from_tensor<B: HostRead, const D: usize>(kind: BlockKind, tensor: Tensor<B, D>) -> Self {
         let shape = tensor.dims().to_vec();
         let data = B::to_host(tensor);
-        Self { cargo, shape, data }
+        Self { kind, shape, data }
     }
 
     /// The block as a tensor, without copying its data.

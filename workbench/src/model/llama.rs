@@ -4,9 +4,9 @@
 //! One instance runs on every rank over that rank's shard; positions come from the partition, so
 //! striped and zig-zag shards get the right rotations and causal masks.
 
-use crate::config::RingContext;
 use crate::error::RingError;
-use crate::ops::{RingBackend, ring_attention};
+use crate::ring::context::RingContext;
+use crate::ring::op::{RingBackend, ring_attention};
 use burn::config::Config;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
@@ -63,11 +63,11 @@ impl LlamaConfig {
     }
 
     /// The decoder blocks (attention + SwiGLU), shared by every model built on this trunk.
-    pub fn init_blocks<B: Backend>(&self, device: &B::Device) -> Vec<Block<B>> {
+    pub fn init_blocks<B: Backend>(&self, device: &B::Device) -> Vec<DecoderLayer<B>> {
         let linear = |i, o| LinearConfig::new(i, o).with_bias(false).init(device);
         let hd = self.head_dim();
         (0..self.layers)
-            .map(|_| Block {
+            .map(|_| DecoderLayer {
                 attn_norm: RmsNormConfig::new(self.d_model).init(device),
                 wq: linear(self.d_model, self.heads * hd),
                 wk: linear(self.d_model, self.kv_heads * hd),
@@ -118,7 +118,7 @@ pub(crate) fn materialize<B: Backend, M: Module<B>>(module: &M) {
 }
 
 #[derive(Module, Debug)]
-pub struct Block<B: Backend> {
+pub struct DecoderLayer<B: Backend> {
     attn_norm: RmsNorm<B>,
     wq: Linear<B>,
     wk: Linear<B>,
@@ -133,7 +133,7 @@ pub struct Block<B: Backend> {
 #[derive(Module, Debug)]
 pub struct Llama<B: Backend> {
     embed: Embedding<B>,
-    blocks: Vec<Block<B>>,
+    blocks: Vec<DecoderLayer<B>>,
     norm: RmsNorm<B>,
     head: Linear<B>,
     heads: usize,
@@ -187,8 +187,8 @@ pub(crate) struct Trunk {
 }
 
 /// Runs the decoder blocks over this rank's hidden states `x: [b, t, d]` at global `positions`.
-pub(crate) fn decode<B: RingBackend>(
-    blocks: &[Block<B>],
+pub(crate) fn run_layers<B: RingBackend>(
+    blocks: &[DecoderLayer<B>],
     mut x: Tensor<B, 3>,
     positions: &[usize],
     trunk: Trunk,
@@ -240,7 +240,7 @@ impl<B: RingBackend> Llama<B> {
             rope_theta: self.rope_theta,
             ffn_chunk: self.ffn_chunk,
         };
-        let x = decode(
+        let x = run_layers(
             &self.blocks,
             self.embed.forward(tokens),
             positions,

@@ -4,14 +4,14 @@
 //! the send of the next hop is posted before the compute and waited for after it (double buffer).
 //! Forward and every backward scheme are one `ring_pass` each with a different cargo.
 
-use crate::block::{Block, Cargo};
-use crate::config::{BackwardScheme, Direction, RingContext, StepEvent};
 use crate::error::RingError;
-use crate::fused::{BackwardTile, TileDims, softmax_delta};
 use crate::host::HostRead;
-use crate::kernels::Visibility;
-use crate::ledger::{Charge, Ledger};
-use crate::tiles::{ForwardTiles, backward_tile, workspace_bytes};
+use crate::kernels::fused::{BackwardTile, TileDims, softmax_delta};
+use crate::kernels::reference::Visibility;
+use crate::kernels::{ForwardTiles, backward_tile, workspace_bytes};
+use crate::ring::block::{Block, BlockKind};
+use crate::ring::context::{BackwardScheme, Direction, RingContext, StepEvent};
+use crate::ring::ledger::{Charge, Ledger};
 use crate::transport::{Comm, Phase};
 use burn::tensor::Tensor;
 use std::sync::Arc;
@@ -159,7 +159,7 @@ pub fn forward<B: HostRead>(
     let device = q.device();
     let pos_q = ctx.positions(ctx.rank());
     let causal = ctx.config.causal;
-    let q_host = Arc::new(Block::from_tensor(Cargo::Q, q.clone()));
+    let q_host = Arc::new(Block::from_tensor(BlockKind::Q, q.clone()));
     let mut tiles = ForwardTiles::new(
         ctx.config.kernel,
         q,
@@ -171,8 +171,8 @@ pub fn forward<B: HostRead>(
         parallel_units(ctx),
     );
     let (k, v) = (
-        Arc::new(Block::from_tensor(Cargo::K, k)),
-        Arc::new(Block::from_tensor(Cargo::V, v)),
+        Arc::new(Block::from_tensor(BlockKind::K, k)),
+        Arc::new(Block::from_tensor(BlockKind::V, v)),
     );
     let ledger = ctx.ledger();
     let rows = (b * h * t * std::mem::size_of::<f32>()) as u64;
@@ -223,7 +223,7 @@ pub fn forward<B: HostRead>(
         q: q_host,
         k,
         v,
-        lse: Arc::new(Block::from_tensor(Cargo::Lse, lse.clone())),
+        lse: Arc::new(Block::from_tensor(BlockKind::Lse, lse.clone())),
         _charge: Arc::new(saved_charge),
     };
     Ok((out, lse, saved))
@@ -263,9 +263,9 @@ pub fn backward<B: HostRead>(
     let causal = ctx.config.causal;
     let kernel = ctx.config.kernel;
     let parallel = parallel_units(ctx);
-    let d_out = Arc::new(Block::from_tensor(Cargo::DOut, d_out));
+    let d_out = Arc::new(Block::from_tensor(BlockKind::DOut, d_out));
     let delta = Arc::new(Block {
-        cargo: Cargo::Delta,
+        kind: BlockKind::Delta,
         shape: vec![b, h, t],
         data: softmax_delta(&d_out.data, &B::to_host(out), d),
     });
@@ -288,20 +288,20 @@ pub fn backward<B: HostRead>(
     let (cargo, accumulator, mut stay) = if travelling_q {
         (
             vec![q.clone(), d_out.clone(), lse.clone(), delta.clone()],
-            vec![Block::zeros(Cargo::DQ, q_shape.clone())],
+            vec![Block::zeros(BlockKind::DQ, q_shape.clone())],
             vec![
-                Block::zeros(Cargo::DK, kv_shape.clone()),
-                Block::zeros(Cargo::DV, kv_shape.clone()),
+                Block::zeros(BlockKind::DK, kv_shape.clone()),
+                Block::zeros(BlockKind::DV, kv_shape.clone()),
             ],
         )
     } else {
         (
             vec![k.clone(), v.clone()],
             vec![
-                Block::zeros(Cargo::DK, kv_shape.clone()),
-                Block::zeros(Cargo::DV, kv_shape.clone()),
+                Block::zeros(BlockKind::DK, kv_shape.clone()),
+                Block::zeros(BlockKind::DV, kv_shape.clone()),
             ],
-            vec![Block::zeros(Cargo::DQ, q_shape.clone())],
+            vec![Block::zeros(BlockKind::DQ, q_shape.clone())],
         )
     };
     let rank = ctx.rank();
@@ -354,7 +354,7 @@ pub fn backward<B: HostRead>(
                 // The gradients of what stays here accumulate in place; those of the cargo go
                 // into fresh blocks that join the travelling accumulator.
                 if travelling_q {
-                    let mut dq = Block::zeros(Cargo::DQ, q_shape.clone());
+                    let mut dq = Block::zeros(BlockKind::DQ, q_shape.clone());
                     let [dk, dv] = &mut stay[..] else {
                         unreachable!("two stay-at-home blocks: dK, dV")
                     };
@@ -367,8 +367,8 @@ pub fn backward<B: HostRead>(
                     );
                     vec![dq]
                 } else {
-                    let mut dk = Block::zeros(Cargo::DK, kv_shape.clone());
-                    let mut dv = Block::zeros(Cargo::DV, kv_shape.clone());
+                    let mut dk = Block::zeros(BlockKind::DK, kv_shape.clone());
+                    let mut dv = Block::zeros(BlockKind::DV, kv_shape.clone());
                     let dq = &mut stay[0].data;
                     backward_tile::<B>(
                         kernel,

@@ -7,10 +7,10 @@
 //! only its kind's slot is filled, so one linear map acts as four per-kind maps plus a kind embedding,
 //! and each rank embeds only the rows it owns.
 
-use crate::config::{RingConfig, RingContext};
 use crate::error::RingError;
-use crate::model::{Block, LlamaConfig, Trunk, decode, materialize};
-use crate::ops::RingBackend;
+use crate::model::llama::{DecoderLayer, LlamaConfig, Trunk, materialize, run_layers};
+use crate::ring::context::{RingConfig, RingContext};
+use crate::ring::op::RingBackend;
 use crate::train::{Objective, local_rows};
 use crate::transport::run_ranks;
 use burn::config::Config;
@@ -103,7 +103,7 @@ impl AgenticConfig {
 #[derive(Module, Debug)]
 pub struct AgenticTransformer<B: Backend> {
     embed: Linear<B>,
-    blocks: Vec<Block<B>>,
+    blocks: Vec<DecoderLayer<B>>,
     norm: RmsNorm<B>,
     action_head: Linear<B>,
     heads: usize,
@@ -126,7 +126,7 @@ impl<B: RingBackend> AgenticTransformer<B> {
             rope_theta: self.rope_theta,
             ffn_chunk: self.ffn_chunk,
         };
-        let x = decode(
+        let x = run_layers(
             &self.blocks,
             self.embed.forward(features),
             positions,

@@ -1,10 +1,10 @@
 //! Ring attention as a Burn op: a backend extension whose autodiff twin runs the ring backward.
 
-use crate::block::Block;
-use crate::config::RingContext;
-use crate::engine::{self, Saved};
 use crate::error::RingError;
 use crate::host::HostRead;
+use crate::ring::block::Block;
+use crate::ring::context::RingContext;
+use crate::ring::engine::{self, Saved};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;

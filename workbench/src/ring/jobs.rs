@@ -2,10 +2,10 @@
 //!
 //! This is what `ringbench attn` and the exactness test table run.
 
-use crate::config::{RingConfig, RingContext, StepEvent};
 use crate::error::{RingError, all_or_root_cause};
 use crate::host::HostRead;
-use crate::ops::{RingBackend, ring_attention};
+use crate::ring::context::{RingConfig, RingContext, StepEvent};
+use crate::ring::op::{RingBackend, ring_attention};
 use crate::transport::{Comm, Link, Traffic, run_ranks_with};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};

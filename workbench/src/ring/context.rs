@@ -1,7 +1,7 @@
 //! Ring options: directions, backward schemes, and the per-rank context shared by forward and backward.
 
 use crate::error::RingError;
-use crate::ledger::Ledger;
+use crate::ring::ledger::Ledger;
 use crate::transport::{Comm, Traffic};
 use std::fmt;
 use std::str::FromStr;

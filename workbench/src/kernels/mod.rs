@@ -2,14 +2,15 @@
 //!
 //! The engine hands host blocks to these functions and never asks which kernel runs.
 
-use crate::block::Block;
-use crate::config::Kernel;
-use crate::fused::{self, BackwardTile, OnlineSoftmax, TileDims};
+pub mod fused;
+pub mod reference;
+
 use crate::host::via_data;
-use crate::kernels::{
-    Visibility, block_attention, block_attention_backward, causal_bias, merge_block,
-};
+use crate::ring::block::Block;
+use crate::ring::context::Kernel;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
+use fused::{BackwardTile, OnlineSoftmax, TileDims};
+use reference::{Visibility, block_attention, block_attention_backward, causal_bias, merge_block};
 use std::sync::Arc;
 
 fn tensor<B: Backend, const D: usize>(

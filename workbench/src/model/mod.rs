@@ -1,0 +1,7 @@
+//! Models whose attention is ring attention: the LLaMA-style decoder ([`llama`]) and the Agentic
+//! Transformer built on its decoder layers ([`agentic`]).
+
+pub mod agentic;
+pub mod llama;
+
+pub use llama::{Llama, LlamaConfig};

@@ -1,0 +1,10 @@
+//! The ring algorithm (Liu et al. 2023, §3): what travels ([`block`]), the schedule written once
+//! ([`engine`]), each rank's options and context ([`context`]), the bytes a rank holds ([`ledger`]),
+//! ring attention as a Burn autodiff op ([`op`]), and one-call jobs over N ranks ([`jobs`]).
+
+pub mod block;
+pub mod context;
+pub mod engine;
+pub mod jobs;
+pub mod ledger;
+pub mod op;
