@@ -431,7 +431,6 @@ fn train_policy(
         min_lr_ratio: 0.1,
         weight_decay: 0.01,
         grad_clip: Some(1.0),
-        seed,
         checksum_every: 50,
         pad_token: 0,
         timeout: TIMEOUT,

@@ -1,4 +1,4 @@
-//! The `ringbench` command line: NumPy interop, benchmarks and (later) the experiment runner.
+//! The `ringbench` command line: NumPy interop, benchmarks, the experiment runner, training and evaluation.
 
 pub mod alloc;
 pub mod attn;

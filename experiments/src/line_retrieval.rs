@@ -263,7 +263,6 @@ fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> 
         min_lr_ratio: t.min_lr_ratio,
         weight_decay: t.weight_decay,
         grad_clip: t.grad_clip,
-        seed: t.seed,
         checksum_every: t.checksum_every,
         pad_token: EOS,
         timeout: Duration::from_secs(600),

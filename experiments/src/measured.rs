@@ -367,7 +367,6 @@ fn train_steps(
         min_lr_ratio: 1.0,
         weight_decay: 0.0,
         grad_clip: None,
-        seed: 0,
         checksum_every: 0,
         pad_token: 0,
         timeout: TIMEOUT,

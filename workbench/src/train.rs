@@ -3,7 +3,7 @@
 //! stay identical (checked by a checksum every few steps).
 
 use crate::error::{RingError, TransportError, all_or_root_cause};
-use crate::model::{Llama, LlamaConfig};
+use crate::model::Llama;
 use crate::ring::context::{RingConfig, RingContext};
 use crate::ring::op::RingBackend;
 use crate::transport::{Comm, run_ranks};
@@ -85,7 +85,6 @@ pub struct TrainOptions {
     pub weight_decay: f32,
     /// Clip the all-reduced gradient to this global L2 norm.
     pub grad_clip: Option<f32>,
-    pub seed: u64,
     /// Compare parameter checksums across ranks every this many steps (0: never).
     pub checksum_every: usize,
     /// Token used to pad sequences to a length the partition accepts.
@@ -833,21 +832,4 @@ pub fn greedy<B: RingBackend>(
         }
     }
     Ok(replies)
-}
-
-/// Parameters of the model without autodiff, for evaluation.
-pub fn inference_model<B: AutodiffBackend>(model: &Llama<B>) -> Llama<B::InnerBackend>
-where
-    Llama<B>: AutodiffModule<B, InnerModule = Llama<B::InnerBackend>>,
-{
-    model.valid()
-}
-
-impl LlamaConfig {
-    /// Number of float parameters.
-    pub fn num_params(&self) -> usize {
-        let (d, hd, f) = (self.d_model, self.head_dim(), self.ffn_hidden());
-        let block = 2 * d + d * self.heads * hd * 2 + 2 * d * self.kv_heads * hd + 3 * d * f;
-        self.vocab * d * 2 + d + self.layers * block
-    }
 }

@@ -64,7 +64,6 @@ fn options(ranks: usize, backward: BackwardScheme) -> TrainOptions {
         min_lr_ratio: 0.1,
         weight_decay: 0.01,
         grad_clip: Some(1.0),
-        seed: 0,
         checksum_every: 10,
         pad_token: 0,
         timeout: Duration::from_secs(60),

@@ -45,6 +45,13 @@ impl LlamaConfig {
         raw.div_ceil(self.ffn_multiple_of) * self.ffn_multiple_of
     }
 
+    /// Number of float parameters.
+    pub fn num_params(&self) -> usize {
+        let (d, hd, f) = (self.d_model, self.head_dim(), self.ffn_hidden());
+        let layer = 2 * d + d * self.heads * hd * 2 + 2 * d * self.kv_heads * hd + 3 * d * f;
+        self.vocab * d * 2 + d + self.layers * layer
+    }
+
     /// Checks the sizes that must divide each other.
     pub fn validate(&self) -> Result<(), RingError> {
         if self.heads == 0 || self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
