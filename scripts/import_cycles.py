@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Import circles between the files of each library crate: exits 1 and prints them if there are any.
 
-A file's imports are the `crate::a::b` paths it names (in `use` lines and inline); each resolves to the
+A file's imports are the `crate::a::b` and `super::b` paths it names (in `use` lines and inline); each resolves to the
 deepest module file that exists (`src/a/b.rs`, `src/a/b/mod.rs`, else `src/a.rs` ...). A file's own
 `mod` children and the crate root (`lib.rs`, which only declares and re-exports) are not edges.
 Usage: python3 scripts/import_cycles.py [crate ...]   (default: workbench experiments strategies datasets)
@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PATH = re.compile(r"crate((?:::[a-z_][a-z0-9_]*)+)")
+SUPER = re.compile(r"\bsuper((?:::[a-z_][a-z0-9_]*)+)")
 GROUP = re.compile(r"use crate::\{([^;]*)\}", re.S)
 
 
@@ -27,6 +28,11 @@ def module_file(src: Path, parts: list[str]) -> Path | None:
 def imports(src: Path, file: Path) -> set[Path]:
     text = re.sub(r"//[^\n]*", "", file.read_text())
     paths = [m.group(1).strip(":").split("::") for m in PATH.finditer(text)]
+    # `super::x` from src/a/b.rs (module a::b) or src/a/b/mod.rs (module a::b) names a::x.
+    here = list(file.relative_to(src).with_suffix("").parts)
+    if here[-1] == "mod":
+        here = here[:-1]
+    paths += [here[:-1] + m.group(1).strip(":").split("::") for m in SUPER.finditer(text)]
     # `use crate::{a::X, b}`: each top-level name of the group.
     for group in GROUP.finditer(text):
         for item in re.split(r",(?![^{]*\})", group.group(1)):

@@ -11,7 +11,7 @@ use crate::error::RingError;
 use crate::model::llama::{DecoderLayer, LlamaConfig, Trunk, materialize, run_layers};
 use crate::ring::context::{RingConfig, RingContext};
 use crate::ring::op::RingBackend;
-use crate::train::{Objective, local_rows};
+use crate::train::objective::{Objective, local_rows};
 use crate::transport::run_ranks;
 use burn::config::Config;
 use burn::module::Module;

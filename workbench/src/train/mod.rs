@@ -1,0 +1,19 @@
+//! SPMD training on ring attention: every rank holds its shard of the tokens and a replica of the
+//! parameters; gradients are all-reduced through the transport before each AdamW step, so replicas
+//! stay identical (checked by a checksum every few steps).
+//!
+//! [`run`] is the loop, [`objective`] what it optimizes and how batches are laid out for a partition,
+//! [`replicas`] how gradients and parameters travel as one flat vector, [`generation`] greedy decoding
+//! with a trained model.
+
+mod error;
+pub mod generation;
+pub mod objective;
+pub mod replicas;
+pub mod run;
+
+pub use error::TrainError;
+pub use generation::{Decoding, greedy};
+pub use objective::{Example, Objective, padded_len};
+pub use replicas::{flat_params, with_flat_params};
+pub use run::{StepLog, TrainOptions, Trained, global_gradient, train, train_objective, train_on};

@@ -1,0 +1,383 @@
+//! The SPMD training loop: one rank's steps, the ranks run together, and a single step's gradient.
+
+use super::error::TrainError;
+use super::objective::{Example, NextToken, Objective, assemble, assembled};
+use super::replicas::{Flatten, Unflatten, checksum, clip_global_norm};
+use crate::error::{RingError, all_or_root_cause};
+use crate::model::Llama;
+use crate::ring::context::{RingConfig, RingContext};
+use crate::ring::op::RingBackend;
+use crate::transport::{Comm, run_ranks};
+use burn::module::Module;
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::ElementConversion;
+use burn::tensor::backend::AutodiffBackend;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use strategies::Partition;
+
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    pub ranks: usize,
+    pub ring: RingConfig,
+    pub steps: usize,
+    pub lr: f64,
+    pub warmup_steps: usize,
+    /// The cosine schedule decays to `lr · min_lr_ratio`.
+    pub min_lr_ratio: f64,
+    pub weight_decay: f32,
+    /// Clip the all-reduced gradient to this global L2 norm.
+    pub grad_clip: Option<f32>,
+    /// Compare parameter checksums across ranks every this many steps (0: never).
+    pub checksum_every: usize,
+    /// Token used to pad sequences to a length the partition accepts.
+    pub pad_token: u32,
+    pub timeout: Duration,
+}
+
+/// What rank 0 reports after every step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepLog {
+    pub step: usize,
+    pub loss: f64,
+    pub lr: f64,
+    pub tokens: usize,
+    pub seconds: f64,
+    /// The most bytes rank 0's attention engine held at once during the step ([`crate::ring::ledger`]).
+    pub engine_peak_bytes: u64,
+}
+
+/// Rank 0's model after training, and the global loss of every step.
+pub struct Trained<M> {
+    pub model: M,
+    pub losses: Vec<f64>,
+}
+
+fn learning_rate(o: &TrainOptions, step: usize) -> f64 {
+    if step < o.warmup_steps {
+        return o.lr * (step + 1) as f64 / o.warmup_steps as f64;
+    }
+    let progress =
+        (step - o.warmup_steps) as f64 / (o.steps.saturating_sub(o.warmup_steps)).max(1) as f64;
+    let cosine = 0.5 * (1.0 + (std::f64::consts::PI * progress.min(1.0)).cos());
+    o.lr * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * cosine)
+}
+
+/// Trains `model` for `options.steps` steps on `options.ranks` threads.
+///
+/// `batch_for(step)` returns the step's examples (the same on every rank); `on_step` is called by
+/// rank 0 after every step. Setting `stop` ends training after the next step on every rank (rank 0's
+/// view of it travels with the loss all-reduce, so all ranks stop at the same step). Returns rank 0's
+/// model and the global loss of every step.
+pub fn train<B, F, L>(
+    model: Llama<B>,
+    partition: &dyn Partition,
+    options: &TrainOptions,
+    batch_for: F,
+    on_step: L,
+    stop: &AtomicBool,
+) -> Result<Trained<Llama<B>>, TrainError>
+where
+    B: AutodiffBackend + RingBackend,
+    F: Fn(usize) -> Vec<Example> + Sync,
+    L: Fn(&StepLog) + Sync,
+{
+    let batch_for = assembled(&batch_for, partition, options.ranks, options.pad_token);
+    train_ranks(
+        &NextToken, model, partition, options, batch_for, on_step, stop,
+    )
+}
+
+/// [`train`] for any [`Objective`].
+pub fn train_objective<B, O, F, L>(
+    objective: &O,
+    model: O::Model,
+    partition: &dyn Partition,
+    options: &TrainOptions,
+    batch_for: F,
+    on_step: L,
+    stop: &AtomicBool,
+) -> Result<Trained<O::Model>, TrainError>
+where
+    B: AutodiffBackend + RingBackend,
+    O: Objective<B>,
+    F: Fn(usize) -> O::Batch + Sync,
+    L: Fn(&StepLog) + Sync,
+{
+    train_ranks(
+        objective,
+        model,
+        partition,
+        options,
+        |step| Ok(batch_for(step)),
+        on_step,
+        stop,
+    )
+}
+
+/// [`train_objective`] over batches whose making may fail (padding them for the partition).
+fn train_ranks<B, O, F, L>(
+    objective: &O,
+    model: O::Model,
+    partition: &dyn Partition,
+    options: &TrainOptions,
+    batch_for: F,
+    on_step: L,
+    stop: &AtomicBool,
+) -> Result<Trained<O::Model>, TrainError>
+where
+    B: AutodiffBackend + RingBackend,
+    O: Objective<B>,
+    F: Fn(usize) -> Result<O::Batch, TrainError> + Sync,
+    L: Fn(&StepLog) + Sync,
+{
+    // Zero ranks would start no rank thread, so no rank would ever see a layout: check here.
+    strategies::check_ranks(options.ranks)?;
+    let results = run_ranks(options.ranks, options.timeout, |comm| {
+        train_rank(
+            comm, objective, &model, partition, options, &batch_for, &on_step, stop,
+        )
+    });
+    all_or_root_cause(results, TrainError::echo_level)?
+        .into_iter()
+        .flatten()
+        .next()
+        .ok_or(TrainError::NoModel)
+}
+
+/// This process's rank of a training run over `comm` (one process per rank, e.g. under `mpirun`).
+/// Rank 0 returns the model and losses; the other ranks return `None`.
+pub fn train_on<B, F, L>(
+    comm: Comm,
+    model: Llama<B>,
+    partition: &dyn Partition,
+    options: &TrainOptions,
+    batch_for: F,
+    on_step: L,
+    stop: &AtomicBool,
+) -> Result<Option<Trained<Llama<B>>>, TrainError>
+where
+    B: AutodiffBackend + RingBackend,
+    F: Fn(usize) -> Vec<Example>,
+    L: Fn(&StepLog),
+{
+    strategies::check_ranks(options.ranks)?;
+    if comm.world() != options.ranks {
+        return Err(RingError::WorldMismatch {
+            world: comm.world(),
+            layout: options.ranks,
+        }
+        .into());
+    }
+    let batch_for = assembled(&batch_for, partition, options.ranks, options.pad_token);
+    train_rank(
+        comm, &NextToken, &model, partition, options, &batch_for, &on_step, stop,
+    )
+}
+
+/// One step's global loss and all-reduced gradient, as every rank sees them.
+struct StepGradient {
+    /// The batch's loss: the sum over ranks of their local losses.
+    loss: f64,
+    /// Whether rank 0 asked every rank to stop after this step.
+    stop: bool,
+    /// Every parameter's gradient summed over ranks, in module order, before any clipping.
+    flat: Vec<f32>,
+}
+
+/// This rank's loss and gradient for `batch`, all-reduced over the ranks of `ctx`.
+///
+/// A non-finite loss or gradient on any rank is an error on every rank, naming the first such rank,
+/// before any gradient is exchanged (nothing non-finite reaches the parameters).
+fn step_gradient<B, O>(
+    objective: &O,
+    model: &O::Model,
+    batch: &O::Batch,
+    ctx: &Arc<RingContext>,
+    step: usize,
+    stop_requested: bool,
+) -> Result<StepGradient, TrainError>
+where
+    B: AutodiffBackend + RingBackend,
+    O: Objective<B>,
+{
+    let rank = ctx.rank();
+    let loss = objective.local_loss(model, batch, ctx)?;
+    let local_loss = loss.clone().into_scalar().elem::<f32>();
+    let grads = loss.backward();
+    if let Some(error) = ctx.take_backward_error() {
+        return Err(error.into());
+    }
+    let mut params = GradientsParams::from_grads(grads, model);
+    let mut flatten = Flatten {
+        grads: &mut params,
+        flat: Vec::new(),
+    };
+    model.visit(&mut flatten);
+    let mut flat = flatten.flat;
+    // One all-reduce carries the loss, rank 0's stop request and every rank's health (0: finite,
+    // 1: its loss is not, 2: its gradient is not), so all ranks stop at the same step together.
+    let mut reduced = vec![0.0f32; 2 + ctx.world()];
+    reduced[0] = local_loss;
+    reduced[1] = f32::from(u8::from(stop_requested));
+    reduced[2 + rank] = if !local_loss.is_finite() {
+        1.0
+    } else if flat.iter().any(|x| !x.is_finite()) {
+        2.0
+    } else {
+        0.0
+    };
+    ctx.with_comm(|c| c.all_reduce_sum(&mut reduced))?;
+    // A non-finite loss is reported before the gradients it poisoned on the other ranks.
+    for (code, what) in [(1.0, "loss"), (2.0, "gradient")] {
+        if let Some(bad) = reduced[2..].iter().position(|&h| h == code) {
+            return Err(TrainError::NonFinite {
+                step,
+                rank: bad,
+                what,
+            });
+        }
+    }
+    ctx.with_comm(|c| c.all_reduce_sum(&mut flat))?;
+    Ok(StepGradient {
+        loss: f64::from(reduced[0]),
+        stop: reduced[1] > 0.0,
+        flat,
+    })
+}
+
+/// The global loss and the all-reduced gradient (module order, unclipped) of `model` on
+/// `examples`, computed on `ranks` in-process ranks: what one training step applies, for checking
+/// gradients (finite differences, agreement across rank counts).
+pub fn global_gradient<B>(
+    model: &Llama<B>,
+    partition: &dyn Partition,
+    ranks: usize,
+    ring: RingConfig,
+    examples: &[Example],
+    timeout: Duration,
+) -> Result<(f64, Vec<f32>), TrainError>
+where
+    B: AutodiffBackend + RingBackend,
+{
+    strategies::check_ranks(ranks)?;
+    let batch = assemble(examples, partition, ranks, 0)?;
+    let layout = Arc::new(partition.layout(batch.len, ranks)?);
+    let results = run_ranks(ranks, timeout, |comm| -> Result<_, TrainError> {
+        let ctx = Arc::new(RingContext::new(
+            comm,
+            layout.clone(),
+            RingConfig {
+                causal: true,
+                ..ring
+            },
+        )?);
+        // Each rank's own parameters, as in training: shared autodiff tensors would tie the ranks'
+        // graphs together.
+        let model = model.clone().fork(&Default::default());
+        let g = step_gradient(&NextToken, &model, &batch, &ctx, 0, false)?;
+        Ok((g.loss, g.flat))
+    });
+    all_or_root_cause(results, TrainError::echo_level)?
+        .into_iter()
+        .next()
+        .ok_or(TrainError::NoModel)
+}
+
+/// One rank's training loop.
+#[allow(clippy::too_many_arguments)]
+fn train_rank<B, O, F, L>(
+    comm: Comm,
+    objective: &O,
+    model: &O::Model,
+    partition: &dyn Partition,
+    options: &TrainOptions,
+    batch_for: &F,
+    on_step: &L,
+    stop: &AtomicBool,
+) -> Result<Option<Trained<O::Model>>, TrainError>
+where
+    B: AutodiffBackend + RingBackend,
+    O: Objective<B>,
+    F: Fn(usize) -> Result<O::Batch, TrainError>,
+    L: Fn(&StepLog),
+{
+    let ring = RingConfig {
+        causal: true,
+        ..options.ring
+    };
+    let rank = comm.rank();
+    let mut next = Some(batch_for(0)?);
+    let first_len = objective.seq_len(next.as_ref().expect("just set"));
+    let mut ctx = Arc::new(RingContext::new(
+        comm,
+        Arc::new(partition.layout(first_len, options.ranks)?),
+        ring,
+    )?);
+    let mut model = model.clone().fork(&Default::default());
+    let mut optim = AdamWConfig::new()
+        .with_weight_decay(options.weight_decay)
+        .init::<B, O::Model>();
+    let mut losses = Vec::with_capacity(options.steps);
+    for step in 0..options.steps {
+        let start = Instant::now();
+        let batch = match next.take() {
+            Some(batch) => batch,
+            None => batch_for(step)?,
+        };
+        let tokens = objective.tokens(&batch);
+        if tokens == 0 {
+            return Err(TrainError::EmptyBatch { step });
+        }
+        let len = objective.seq_len(&batch);
+        if len != ctx.layout.seq_len {
+            ctx = Arc::new(ctx.with_layout(Arc::new(partition.layout(len, options.ranks)?))?);
+        }
+        let stop_requested = rank == 0 && stop.load(Ordering::Relaxed);
+        ctx.ledger().reset_peak();
+        let StepGradient {
+            loss: step_loss,
+            stop: stop_all,
+            mut flat,
+        } = step_gradient(objective, &model, &batch, &ctx, step, stop_requested)?;
+        if let Some(max_norm) = options.grad_clip {
+            clip_global_norm(&mut flat, max_norm);
+        }
+        let mut unflatten = Unflatten {
+            flat: &flat,
+            offset: 0,
+            grads: GradientsParams::new(),
+        };
+        model.visit(&mut unflatten);
+        let lr = learning_rate(options, step);
+        model = optim.step(lr, model, unflatten.grads);
+        losses.push(step_loss);
+        if options.checksum_every > 0 && (step + 1) % options.checksum_every == 0 {
+            let mine = checksum::<B, _>(&model);
+            let mut sum = mine;
+            ctx.with_comm(|c| c.all_reduce_sum(&mut sum))?;
+            if sum
+                .iter()
+                .zip(&mine)
+                .any(|(s, m)| *s != m * options.ranks as f32)
+            {
+                return Err(TrainError::ReplicaMismatch { step, rank });
+            }
+        }
+        if rank == 0 {
+            on_step(&StepLog {
+                step,
+                loss: step_loss,
+                lr,
+                tokens,
+                seconds: start.elapsed().as_secs_f64(),
+                engine_peak_bytes: ctx.ledger().peak(),
+            });
+        }
+        if stop_all {
+            break;
+        }
+    }
+    Ok((rank == 0).then_some(Trained { model, losses }))
+}
