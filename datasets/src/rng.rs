@@ -4,12 +4,20 @@
 pub struct SplitMix64(u64);
 
 impl SplitMix64 {
+    /// The generator's increment, 2^64 / φ: also what spreads stream numbers apart in [`Self::stream`].
+    pub const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
 
+    /// The `index`-th of a family of streams drawn from one seed (episodes, rows, ...).
+    pub fn stream(seed: u64, index: u64) -> Self {
+        Self(seed ^ index.wrapping_mul(Self::GAMMA))
+    }
+
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.0 = self.0.wrapping_add(Self::GAMMA);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -4,6 +4,7 @@
 //! backward (5 matmuls, recomputing the scores), as FlashAttention-2 counts them. Every ratio is taken
 //! against a matmul rate measured in the same run, since the machines are shared and noisy.
 
+use crate::units::MIB;
 use anyhow::{Context, Result};
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Distribution, Tensor};
@@ -11,6 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM, visible_pairs};
 use workbench::ring::jobs::{AttentionJob, HostTensor, run_attention};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
@@ -89,24 +91,12 @@ pub fn matmul_gflops(n: usize) -> f64 {
 
 /// Seeded uniform values in [−0.5, 0.5).
 pub fn random(shape: Vec<usize>, seed: u64) -> HostTensor {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = datasets::SplitMix64::new(seed);
     let data = (0..shape.iter().product::<usize>())
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
+        .map(|_| rng.uniform() as f32 - 0.5)
         .collect();
     HostTensor::new(shape, data)
 }
-
-fn visible_pairs(seq: usize, causal: bool) -> f64 {
-    let s = seq as f64;
-    if causal { s * (s + 1.0) / 2.0 } else { s * s }
-}
-
-const MIB: f64 = 1024.0 * 1024.0;
 
 struct Measured {
     seconds: f64,
@@ -203,7 +193,9 @@ pub fn run(command: &BenchCommand) -> Result<()> {
         let fwd_bwd = time(true)?;
         // The baseline is re-measured beside every row: these machines are shared and noisy.
         let matmul = matmul_gflops(1024);
-        let flops = visible_pairs(seq, causal) * (b * h * d) as f64;
+        let pair_dims = (visible_pairs(seq, causal) * (b * h * d) as u64) as f64;
+        let fwd_flops = FORWARD_PER_PAIR_DIM as f64 * pair_dims;
+        let fwd_bwd_flops = (FORWARD_PER_PAIR_DIM + BACKWARD_PER_PAIR_DIM) as f64 * pair_dims;
         let single = rows
             .iter()
             .find(|r| {
@@ -223,11 +215,11 @@ pub fn run(command: &BenchCommand) -> Result<()> {
             causal,
             kernel: kernel.to_string(),
             fwd_seconds: fwd.seconds,
-            fwd_gflops: 4.0 * flops / fwd.seconds / 1e9,
+            fwd_gflops: fwd_flops / fwd.seconds / 1e9,
             fwd_bwd_seconds: fwd_bwd.seconds,
-            fwd_bwd_gflops: 14.0 * flops / fwd_bwd.seconds / 1e9,
+            fwd_bwd_gflops: fwd_bwd_flops / fwd_bwd.seconds / 1e9,
             matmul_gflops: matmul,
-            fwd_bwd_over_matmul: 14.0 * flops / fwd_bwd.seconds / 1e9 / matmul,
+            fwd_bwd_over_matmul: fwd_bwd_flops / fwd_bwd.seconds / 1e9 / matmul,
             ring_over_single: single.map(|s| fwd_bwd.seconds / s),
             alloc_mib_per_rank_step: counting
                 .then(|| fwd_bwd.allocated as f64 / (ranks * 2 * ranks) as f64 / MIB),
@@ -279,35 +271,49 @@ fn format_row(r: &AttnBenchRow) -> String {
 }
 
 fn markdown(rows: &[AttnBenchRow], args: &BenchAttnArgs) -> String {
-    let mut s = format!(
-        "batch {}, heads {}, head_dim {}; matmul 1024^3 f32 (flex), best of 5, is measured beside every row \
-         (first row: {:.1} GFLOP/s) and `/ matmul` is against that row's value. FLOPs: 4·d (forward) + 10·d (backward) per visible (q, k) pair and head.\n\n\
-         | S | N | strategy | causal | kernel | fwd s | fwd GFLOP/s | fwd+bwd s | fwd+bwd GFLOP/s | matmul GFLOP/s | / matmul | ring / single | alloc MiB per rank-step | peak MiB per rank | working set MiB per rank |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-        args.batch,
-        args.heads,
-        args.head_dim,
-        rows.first().map_or(0.0, |r| r.matmul_gflops)
-    );
-    for r in rows {
-        s += &format!(
-            "| {} | {} | {} | {} | {} | {:.3} | {:.1} | {:.3} | {:.1} | {:.1} | {:.2} | {} | {} | {} | {:.2} |\n",
-            r.seq,
-            r.ranks,
-            r.strategy,
-            r.causal,
-            r.kernel,
-            r.fwd_seconds,
-            r.fwd_gflops,
-            r.fwd_bwd_seconds,
-            r.fwd_bwd_gflops,
-            r.matmul_gflops,
-            r.fwd_bwd_over_matmul,
+    let header = [
+        "S",
+        "N",
+        "strategy",
+        "causal",
+        "kernel",
+        "fwd s",
+        "fwd GFLOP/s",
+        "fwd+bwd s",
+        "fwd+bwd GFLOP/s",
+        "matmul GFLOP/s",
+        "/ matmul",
+        "ring / single",
+        "alloc MiB per rank-step",
+        "peak MiB per rank",
+        "working set MiB per rank",
+    ];
+    let cells = |r: &AttnBenchRow| {
+        vec![
+            r.seq.to_string(),
+            r.ranks.to_string(),
+            r.strategy.clone(),
+            r.causal.to_string(),
+            r.kernel.clone(),
+            format!("{:.3}", r.fwd_seconds),
+            format!("{:.1}", r.fwd_gflops),
+            format!("{:.3}", r.fwd_bwd_seconds),
+            format!("{:.1}", r.fwd_bwd_gflops),
+            format!("{:.1}", r.matmul_gflops),
+            format!("{:.2}", r.fwd_bwd_over_matmul),
             opt(r.ring_over_single, 2),
             opt(r.alloc_mib_per_rank_step, 2),
             opt(r.peak_mib_per_rank, 2),
-            r.working_set_mib_per_rank,
-        );
-    }
-    s
+            format!("{:.2}", r.working_set_mib_per_rank),
+        ]
+    };
+    format!(
+        "batch {}, heads {}, head_dim {}; matmul 1024^3 f32 (flex), best of 5, is measured beside every row \
+         (first row: {:.1} GFLOP/s) and `/ matmul` is against that row's value. FLOPs: 4·d (forward) + 10·d (backward) per visible (q, k) pair and head.\n\n{}",
+        args.batch,
+        args.heads,
+        args.head_dim,
+        rows.first().map_or(0.0, |r| r.matmul_gflops),
+        crate::markdown::table(&header, rows.iter().map(cells))
+    )
 }

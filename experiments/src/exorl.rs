@@ -3,6 +3,7 @@
 //! trained with ring attention, evaluated by rolling out in the Rust environments.
 
 use crate::alloc;
+use crate::units::MIB;
 use anyhow::{Context, Result, bail, ensure};
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
@@ -500,8 +501,6 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
     let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
     (mean, var.sqrt())
 }
-
-const MIB: f64 = 1024.0 * 1024.0;
 
 fn table(spec_path: &Path) -> Result<()> {
     let text =

@@ -16,3 +16,4 @@ pub mod reproduce;
 pub mod row;
 pub mod runner;
 pub mod simulator;
+pub mod units;

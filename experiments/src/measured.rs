@@ -4,12 +4,14 @@
 
 use crate::bench::{matmul_gflops, random};
 use crate::row::Row;
+use crate::units::MIB;
 use anyhow::Result;
 use burn::backend::{Autodiff, Flex};
 use datasets::SplitMix64;
 use indicatif::ProgressBar;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
+use workbench::kernels::flops::{DENSE_PER_PARAM_TOKEN, MODEL_PER_PAIR_DIM, visible_pairs};
 use workbench::model::LlamaConfig;
 use workbench::ring::jobs::{AttentionJob, HostTensor, run_attention};
 use workbench::train::{Example, TrainOptions, train};
@@ -18,7 +20,6 @@ use workbench::{Kernel, RingConfig};
 
 type Train = Autodiff<Flex>;
 const TIMEOUT: Duration = Duration::from_secs(3600);
-const MIB: f64 = 1024.0 * 1024.0;
 
 /// Seeded random q, k, v of `[1, ranks · block, heads, head_dim]`.
 fn random_qkv(ranks: usize, block: usize, heads: usize, head_dim: usize) -> [HostTensor; 3] {
@@ -470,13 +471,15 @@ pub fn max_context(
     Ok(best)
 }
 
-/// Training FLOPs of one step: 6 · (non-embedding + head parameters) · tokens for the matmuls, and
-/// 12 · d_model · (causal pairs) per layer for attention (QKᵀ and PV forward, twice that backward).
+/// Training FLOPs of one step ([`workbench::kernels::flops`]): 6 · (non-embedding + head
+/// parameters) · tokens for the matmuls, and 12 · d_model · (causal pairs) per layer for attention.
 pub fn model_flops(m: &SmallModel, seq: usize) -> f64 {
     let config = llama(m, seq);
-    let matmul_params = config.num_params() - m.vocab * m.d_model;
-    let pairs = seq as f64 * (seq as f64 + 1.0) / 2.0;
-    6.0 * matmul_params as f64 * seq as f64 + 12.0 * m.d_model as f64 * pairs * m.layers as f64
+    let matmul_params = (config.num_params() - m.vocab * m.d_model) as f64;
+    let dense = DENSE_PER_PARAM_TOKEN as f64 * matmul_params * seq as f64;
+    let attention =
+        (MODEL_PER_PAIR_DIM * visible_pairs(seq, true)) as f64 * m.d_model as f64 * m.layers as f64;
+    dense + attention
 }
 
 /// MFU of training steps: (model FLOPs / step time) over the square-matmul rate measured beside it.

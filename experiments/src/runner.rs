@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use strategies::{Partition, causal_pairs, causal_work_per_rank};
 use workbench::Direction;
+use workbench::kernels::flops::FORWARD_PER_PAIR_DIM;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -316,7 +317,7 @@ fn balance_row(
     let work = causal_work_per_rank(&layout);
     let mean = work.iter().sum::<u64>() as f64 / ranks as f64;
     let max = *work.iter().max().unwrap_or(&0) as f64;
-    let flops_per_pair = 4.0 * (m.head_dim * m.heads) as f64;
+    let flops_per_pair = (FORWARD_PER_PAIR_DIM * (m.head_dim * m.heads) as u64) as f64;
     let compute: Vec<Vec<f64>> = (0..ranks)
         .map(|r| {
             (0..ranks)
@@ -375,7 +376,8 @@ fn balance_row(
 fn overlap_row(p: &Profile, block: usize, m: &ModelShape) -> Row {
     // Balanced full tiles (non-causal) isolate the overlap question.
     let ranks = 8;
-    let tile = 4.0 * (block * block * m.head_dim * m.heads) as f64 / p.flops;
+    let tile =
+        (FORWARD_PER_PAIR_DIM * (block * block * m.head_dim * m.heads) as u64) as f64 / p.flops;
     let link = p.latency_s
         + (2 * block * m.head_dim * m.heads * m.bytes_per_value) as f64 / p.link_bytes_per_s;
     let sim = simulate(&vec![vec![tile; ranks]; ranks], link);
@@ -765,37 +767,27 @@ pub fn run(args: &RunArgs) -> Result<PathBuf> {
             .map(|r| r.iter().map(|(k, _)| k.clone()).collect())
             .unwrap_or_default(),
     };
+    // Each row's cells in header order (a kept row lacks the columns added since it was computed).
+    let cells = |row: &Vec<(String, String)>| {
+        let lookup: BTreeMap<&str, &str> =
+            row.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        header
+            .iter()
+            .map(|h| lookup.get(h.as_str()).copied().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+    };
     let mut w = csv::Writer::from_path(&csv_path)?;
     w.write_record(&header)?;
     for row in &table {
-        let lookup: BTreeMap<&str, &str> =
-            row.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        w.write_record(
-            header
-                .iter()
-                .map(|h| lookup.get(h.as_str()).copied().unwrap_or("")),
-        )?;
+        w.write_record(cells(row))?;
     }
     w.flush()?;
-    let mut md = format!(
-        "# {name}\n\n{}\n\nRegenerate: `ringbench run {}`\n\n| {} |\n|{}|\n",
+    let md = format!(
+        "# {name}\n\n{}\n\nRegenerate: `ringbench run {}`\n\n{}",
         spec.description.trim(),
         args.spec.display(),
-        header.join(" | "),
-        vec!["---"; header.len()].join("|")
+        crate::markdown::table(&header, table.iter().map(cells))
     );
-    for row in &table {
-        let lookup: BTreeMap<&str, &str> =
-            row.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        md += &format!(
-            "| {} |\n",
-            header
-                .iter()
-                .map(|h| lookup.get(h.as_str()).copied().unwrap_or(""))
-                .collect::<Vec<_>>()
-                .join(" | ")
-        );
-    }
     std::fs::write(dir.join("results.md"), &md)?;
     std::fs::write(dir.join("spec.toml"), &text)?;
     figure(&spec, &dir, &table)?;

@@ -3,20 +3,16 @@
 //! The reference builds the full score matrix and softmax in f64, one (batch, head) at a time, with no
 //! blocking, no log-sum-exp merging and no shared code with the engine.
 
-/// xorshift64*: small, seeded, no dependency.
-pub struct Rng(u64);
+/// Seeded test inputs, uniform in [−1, 1) (the project's one generator, `datasets::SplitMix64`).
+pub struct Rng(datasets::SplitMix64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+        Self(datasets::SplitMix64::new(seed))
     }
 
     pub fn next_f32(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let bits = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
-        (bits as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        (self.0.uniform() * 2.0 - 1.0) as f32
     }
 
     pub fn vec(&mut self, len: usize, amplitude: f32) -> Vec<f32> {

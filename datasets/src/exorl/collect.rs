@@ -45,7 +45,7 @@ pub fn collect(
 ) -> Vec<Episode> {
     (0..episodes)
         .map(|i| {
-            let mut rng = SplitMix64::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut rng = SplitMix64::stream(seed, i as u64);
             run_episode(env, policy, interval.max(1), &mut rng)
         })
         .collect()

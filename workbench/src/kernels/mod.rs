@@ -2,6 +2,7 @@
 //!
 //! The engine hands host blocks to these functions and never asks which kernel runs.
 
+pub mod flops;
 pub mod fused;
 pub mod reference;
 

@@ -6,6 +6,7 @@
 
 use crate::error::RingError;
 use crate::host::HostRead;
+use crate::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM};
 use crate::kernels::fused::{BackwardTile, TileDims, softmax_delta};
 use crate::kernels::reference::Visibility;
 use crate::kernels::{ForwardTiles, backward_tile, workspace_bytes};
@@ -212,7 +213,7 @@ pub fn forward<B: HostRead>(
                 step,
                 peer_block: owner,
                 pairs: visibility.pairs(t, pos_k.len()) * (b * h) as u64,
-                flops: 4 * visibility.pairs(t, pos_k.len()) * (b * h * d) as u64,
+                flops: FORWARD_PER_PAIR_DIM * visibility.pairs(t, pos_k.len()) * (b * h * d) as u64,
                 compute_seconds: start.elapsed().as_secs_f64(),
             });
             Ok(None)
@@ -385,7 +386,7 @@ pub fn backward<B: HostRead>(
                 step,
                 peer_block: owner,
                 pairs,
-                flops: 10 * pairs * d as u64,
+                flops: BACKWARD_PER_PAIR_DIM * pairs * d as u64,
                 compute_seconds: start.elapsed().as_secs_f64(),
             });
             Ok(contribution)

@@ -1,0 +1,4 @@
+//! Units the tables report in.
+
+/// Bytes per MiB.
+pub const MIB: f64 = 1024.0 * 1024.0;
