@@ -9,6 +9,39 @@ use workbench::{RingConfig, RingContext, RingError, TransportError, ring_attenti
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
+/// In f32, (1e8 + 1) − 1e8 = 0 but (1e8 − 1e8) + 1 = 1: every rank must get the rank-order sum (0),
+/// whatever order the messages arrived in.
+#[test]
+fn all_reduce_sums_in_rank_order() {
+    let results = run_ranks(3, TIMEOUT, |mut comm| -> Result<f32, RingError> {
+        let mut data = [[1e8f32, 1.0, -1e8][comm.rank()]];
+        comm.all_reduce_sum(&mut data)?;
+        Ok(data[0])
+    });
+    let want = (1e8f32 + 1.0) + -1e8;
+    for r in results {
+        assert_eq!(r.unwrap().to_bits(), want.to_bits());
+    }
+}
+
+#[test]
+fn all_reduce_of_different_lengths_is_a_typed_error() {
+    let results = run_ranks(2, TIMEOUT, |mut comm| -> Result<(), RingError> {
+        let mut data = vec![1.0f32; 2 + comm.rank()];
+        comm.all_reduce_sum(&mut data)?;
+        Ok(())
+    });
+    assert!(matches!(
+        results[0],
+        Err(RingError::Transport(TransportError::LengthMismatch {
+            rank: 0,
+            peer: 1,
+            expected: 2,
+            got: 3
+        }))
+    ));
+}
+
 #[test]
 fn all_reduce_sums_and_every_rank_gets_identical_bits() {
     let results = run_ranks(5, TIMEOUT, |mut comm| -> Result<Vec<f32>, RingError> {

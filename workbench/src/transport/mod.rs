@@ -17,7 +17,7 @@ pub use threads::{
 };
 
 pub use crate::error::TransportError;
-use crate::ring::block::Block;
+use crate::ring::block::{Block, BlockKind};
 use std::sync::Arc;
 
 /// Blocks shared between sender and receiver without copying (in-process) or serialized (MPI).
@@ -55,7 +55,53 @@ pub trait Transport: Send + std::fmt::Debug {
     /// Blocks until the posted receive has arrived.
     fn wait(&mut self, pending: Pending) -> Result<Payload, TransportError>;
     /// Elementwise sum over ranks, identical bits on every rank.
-    fn all_reduce_sum(&mut self, tag: u64, data: &mut [f32]) -> Result<(), TransportError>;
+    ///
+    /// The default sends this rank's vector to every other rank (one exchange per distance round the
+    /// ring, all posted before any is waited for) and sums the N vectors in rank order on every rank,
+    /// so every replica gets the same bits (a tree or ring reduction associates differently on
+    /// different ranks). A transport with a collective that guarantees identical results (NCCL)
+    /// overrides it.
+    fn all_reduce_sum(&mut self, tag: u64, data: &mut [f32]) -> Result<(), TransportError> {
+        let (rank, world) = (self.rank(), self.world());
+        if world == 1 {
+            return Ok(());
+        }
+        let mine = Arc::new(Block {
+            kind: BlockKind::Reduce,
+            shape: vec![data.len()],
+            data: data.to_vec(),
+        });
+        let mut pending = Vec::with_capacity(world - 1);
+        for distance in 1..world {
+            let (to, from) = ((rank + distance) % world, (rank + world - distance) % world);
+            pending.push(self.send_recv(to, from, tag, vec![mine.clone()])?);
+        }
+        self.commit()?;
+        let mut parts: Vec<Option<Arc<Block>>> = vec![None; world];
+        for p in pending {
+            let from = p.from;
+            let mut payload = self.wait(p)?;
+            let block = (!payload.is_empty()).then(|| payload.swap_remove(0));
+            let got = block.as_ref().map_or(0, |b| b.data.len());
+            if got != data.len() {
+                return Err(TransportError::LengthMismatch {
+                    rank,
+                    peer: from,
+                    expected: data.len(),
+                    got,
+                });
+            }
+            parts[from] = block;
+        }
+        parts[rank] = Some(mine);
+        data.fill(0.0);
+        for part in parts.iter().flatten() {
+            for (acc, x) in data.iter_mut().zip(&part.data) {
+                *acc += x;
+            }
+        }
+        Ok(())
+    }
     fn barrier(&mut self, tag: u64) -> Result<(), TransportError> {
         self.all_reduce_sum(tag, &mut [])
     }

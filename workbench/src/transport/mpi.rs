@@ -152,38 +152,4 @@ impl Transport for MpiTransport {
         let message = self.receive(pending.from, pending.tag)?;
         decode(&message, self.rank, pending.from)
     }
-
-    fn all_reduce_sum(&mut self, tag: u64, data: &mut [f32]) -> Result<(), TransportError> {
-        if self.size == 1 {
-            return Ok(());
-        }
-        // Every rank sends its vector to every other and sums in rank order, so that all ranks get
-        // identical bits (an MPI reduction may associate differently on different ranks).
-        let (rank, size) = (self.rank, self.size);
-        for peer in (0..size).filter(|&p| p != rank) {
-            self.post(peer, tag, data.to_vec());
-        }
-        let mine = data.to_vec();
-        data.fill(0.0);
-        for peer in 0..self.size {
-            let theirs = if peer == self.rank {
-                mine.clone()
-            } else {
-                self.receive(peer, tag)?
-            };
-            if theirs.len() != data.len() {
-                return Err(TransportError::LengthMismatch {
-                    rank: self.rank,
-                    peer,
-                    expected: data.len(),
-                    got: theirs.len(),
-                });
-            }
-            for (acc, x) in data.iter_mut().zip(&theirs) {
-                *acc += x;
-            }
-        }
-        self.progress();
-        Ok(())
-    }
 }

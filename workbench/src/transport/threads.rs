@@ -2,9 +2,7 @@
 
 use super::{Comm, Payload, Pending, Transport};
 use crate::error::TransportError;
-use crate::ring::block::{Block, BlockKind};
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
@@ -175,43 +173,6 @@ impl Transport for ThreadTransport {
     /// Closes this rank's sending ends: every peer waiting on it sees `PeerGone` at once.
     fn abort(&mut self) {
         self.to.clear();
-    }
-
-    fn all_reduce_sum(&mut self, tag: u64, data: &mut [f32]) -> Result<(), TransportError> {
-        let world = self.world();
-        if world == 1 {
-            return Ok(());
-        }
-        let mine = Arc::new(Block {
-            kind: BlockKind::Reduce,
-            shape: vec![data.len()],
-            data: data.to_vec(),
-        });
-        let me = self.rank;
-        for peer in (0..world).filter(|&p| p != me) {
-            self.post(peer, tag, vec![mine.clone()])?;
-        }
-        // Sum in rank order on every rank so that all replicas get identical bits.
-        data.fill(0.0);
-        for peer in 0..world {
-            let block = if peer == self.rank {
-                mine.clone()
-            } else {
-                self.receive(peer, tag)?.remove(0)
-            };
-            if block.data.len() != data.len() {
-                return Err(TransportError::LengthMismatch {
-                    rank: self.rank,
-                    peer,
-                    expected: data.len(),
-                    got: block.data.len(),
-                });
-            }
-            for (acc, x) in data.iter_mut().zip(&block.data) {
-                *acc += x;
-            }
-        }
-        Ok(())
     }
 }
 
