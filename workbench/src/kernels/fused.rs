@@ -10,6 +10,7 @@
 //! Inside a unit (batch i, kv head j) the query rows of its `g = h / hk` heads are contiguous:
 //! `g · tq` rows, row r is query `r % tq`.
 
+use super::mask::{Cover, cover, span};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
@@ -187,20 +188,6 @@ fn softmax_grad(dp: &mut [f32], p: &[f32], delta: f32) {
     }
 }
 
-/// What a causal mask leaves of a sub-tile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cover {
-    Empty,
-    Full,
-    Partial,
-}
-
-fn span(positions: &[usize]) -> (usize, usize) {
-    positions
-        .iter()
-        .fold((usize::MAX, 0), |(lo, hi), &p| (lo.min(p), hi.max(p)))
-}
-
 /// Positions of a unit's rows `r0..r1` (row r is query r % tq).
 fn row_span(pos_q: &[usize], r0: usize, r1: usize) -> (usize, usize) {
     let tq = pos_q.len();
@@ -211,16 +198,6 @@ fn row_span(pos_q: &[usize], r0: usize, r1: usize) -> (usize, usize) {
         return (a.min(c), b.max(d));
     }
     span(&pos_q[r0 % tq..=(r1 - 1) % tq])
-}
-
-fn cover(causal: bool, (q_lo, q_hi): (usize, usize), (k_lo, k_hi): (usize, usize)) -> Cover {
-    if !causal || k_hi <= q_lo {
-        Cover::Full
-    } else if k_lo > q_hi {
-        Cover::Empty
-    } else {
-        Cover::Partial
-    }
 }
 
 /// Rows per strip when a partly visible sub-tile is cut along its diagonal.

@@ -4,6 +4,7 @@
 
 pub mod flops;
 pub mod fused;
+pub mod mask;
 pub mod reference;
 
 use crate::host::via_data;
@@ -11,7 +12,8 @@ use crate::ring::block::Block;
 use crate::ring::context::Kernel;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use fused::{BackwardTile, OnlineSoftmax, TileDims};
-use reference::{Visibility, block_attention, block_attention_backward, causal_bias, merge_block};
+use mask::{Visibility, causal_bias};
+use reference::{block_attention, block_attention_backward, merge_block};
 use std::sync::Arc;
 
 fn tensor<B: Backend, const D: usize>(

@@ -10,63 +10,6 @@
 
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 
-/// How much of a tile a causal mask lets through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Visibility {
-    /// No (q, k) pair is visible: the tile is skipped.
-    None,
-    /// Every pair is visible: no mask is built.
-    Full,
-    /// Some pairs are visible (this many).
-    Partial { pairs: u64 },
-}
-
-impl Visibility {
-    /// Derives the tile's visibility from global positions.
-    pub fn of(pos_q: &[usize], pos_k: &[usize], causal: bool) -> Self {
-        if !causal || pos_q.is_empty() || pos_k.is_empty() {
-            return Visibility::Full;
-        }
-        let (q_min, q_max) = min_max(pos_q);
-        let (k_min, k_max) = min_max(pos_k);
-        if k_min > q_max {
-            Visibility::None
-        } else if k_max <= q_min {
-            Visibility::Full
-        } else {
-            Visibility::Partial {
-                pairs: strategies::causal_pairs(pos_q, pos_k),
-            }
-        }
-    }
-
-    /// Visible (q, k) pairs of a `tq × tk` tile.
-    pub fn pairs(&self, tq: usize, tk: usize) -> u64 {
-        match self {
-            Visibility::None => 0,
-            Visibility::Full => (tq * tk) as u64,
-            Visibility::Partial { pairs } => *pairs,
-        }
-    }
-}
-
-fn min_max(xs: &[usize]) -> (usize, usize) {
-    xs.iter()
-        .fold((usize::MAX, 0), |(lo, hi), &x| (lo.min(x), hi.max(x)))
-}
-
-/// Additive causal mask `[tq · tk]`: 0 where key j is visible to query i, −∞ elsewhere.
-pub fn causal_bias(pos_q: &[usize], pos_k: &[usize]) -> Vec<f32> {
-    pos_q
-        .iter()
-        .flat_map(|&q| {
-            pos_k
-                .iter()
-                .map(move |&k| if k <= q { 0.0 } else { f32::NEG_INFINITY })
-        })
-        .collect()
-}
-
 /// A tile's scores `scale · q kᵀ` with the mask applied, laid out `[b, h, tq, tk]`.
 fn scores<B: Backend>(
     q: &Tensor<B, 4>,

@@ -8,7 +8,7 @@ use crate::error::RingError;
 use crate::host::HostRead;
 use crate::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM};
 use crate::kernels::fused::{BackwardTile, TileDims, softmax_delta};
-use crate::kernels::reference::Visibility;
+use crate::kernels::mask::Visibility;
 use crate::kernels::{ForwardTiles, backward_tile, workspace_bytes};
 use crate::ring::block::{Block, BlockKind};
 use crate::ring::context::{BackwardScheme, Direction, RingContext, StepEvent};
