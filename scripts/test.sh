@@ -11,11 +11,10 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
   rustup component add rustfmt clippy
 fi
 
-# apt packages: fontconfig/freetype and a font for the SVG figures (plotters' ttf feature); Open MPI
-# and clang (bindgen) for the `mpi` feature and its multi-process tests.
+# apt packages: Open MPI (found through pkg-config) and clang (bindgen) for the `mpi` feature and its
+# multi-process tests. The SVG figures need no font packages: their text is SVG text.
 missing=()
-pkg-config --exists fontconfig freetype2 2>/dev/null || missing+=(pkg-config libfontconfig1-dev libfreetype6-dev)
-fc-list 2>/dev/null | grep -q . || missing+=(fonts-dejavu-core)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v mpirun >/dev/null 2>&1 && pkg-config --exists ompi 2>/dev/null || missing+=(libopenmpi-dev openmpi-bin)
 command -v clang >/dev/null 2>&1 && ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || missing+=(clang libclang-dev)
 if [ ${#missing[@]} -gt 0 ]; then
