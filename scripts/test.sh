@@ -39,10 +39,14 @@ step "cargo check --features cuda and --features nccl (need no GPU: CUDA librari
 cargo check -p experiments --features cuda --target-dir target/cuda-check
 cargo check -p experiments --features nccl
 
+status=0
+step "the use-it-from-your-own-model example (workbench/examples/own_model.rs): 4 ranks must give the
+1-rank losses"
+cargo run -q -p workbench --example own_model || status=$?
+
 step "cargo test --workspace with the mpi and nccl features (MPI tests start 4 processes with mpirun;
 the NCCL test checks that a machine without CUDA gets an error, not a panic)"
 # As root, mpirun needs --allow-run-as-root; the tests pass it and --oversubscribe (4 ranks, 2 cores).
-status=0
 cargo test --workspace --no-fail-fast --features experiments/mpi,experiments/nccl 2>&1 | tee target/test.log \
   || status=$?
 # Each test binary prints its own summary; add them up into one closing line. A binary that failed to

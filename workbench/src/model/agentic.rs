@@ -8,7 +8,8 @@
 //! and each rank embeds only the rows it owns.
 
 use crate::error::RingError;
-use crate::model::llama::{DecoderLayer, LlamaConfig, Trunk, materialize, run_layers};
+use crate::model::lazy::materialize;
+use crate::model::llama::{DecoderLayer, LlamaConfig, Trunk, run_layers};
 use crate::ring::context::{RingConfig, RingContext};
 use crate::ring::op::RingBackend;
 use crate::train::objective::{Objective, local_rows};

@@ -5,10 +5,11 @@
 //! striped and zig-zag shards get the right rotations and causal masks.
 
 use crate::error::RingError;
+use crate::model::lazy::materialize;
 use crate::ring::context::RingContext;
 use crate::ring::op::{RingBackend, ring_attention};
 use burn::config::Config;
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::activation::silu;
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
@@ -109,19 +110,6 @@ impl LlamaConfig {
         materialize(&model);
         model
     }
-}
-
-/// Runs every parameter's lazy initializer now. Burn initializes parameters on first use, and a
-/// clone made before that gets its own initializer: replicas forked for the ranks would then hold
-/// different random weights.
-pub(crate) fn materialize<B: Backend, M: Module<B>>(module: &M) {
-    struct Touch;
-    impl<B: Backend> ModuleVisitor<B> for Touch {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let _ = param.val();
-        }
-    }
-    module.visit(&mut Touch);
 }
 
 #[derive(Module, Debug)]

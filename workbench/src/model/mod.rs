@@ -2,6 +2,7 @@
 //! Transformer built on its decoder layers ([`agentic`]).
 
 pub mod agentic;
+pub mod lazy;
 pub mod llama;
 
 pub use llama::{Llama, LlamaConfig};

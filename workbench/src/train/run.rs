@@ -5,6 +5,7 @@ use super::objective::{Example, NextToken, Objective, assemble, assembled};
 use super::replicas::{Flatten, Unflatten, checksum, clip_global_norm};
 use crate::error::{RingError, all_or_root_cause};
 use crate::model::Llama;
+use crate::model::lazy::materialize;
 use crate::ring::context::{RingConfig, RingContext};
 use crate::ring::op::RingBackend;
 use crate::transport::{Comm, run_ranks};
@@ -17,15 +18,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use strategies::Partition;
 
+/// How a run trains: ranks, ring options, and AdamW with warmup and a cosine schedule.
 #[derive(Debug, Clone)]
 pub struct TrainOptions {
+    /// In-process ranks (threads), or the world size under MPI.
     pub ranks: usize,
+    /// The ring's options; training always attends causally.
     pub ring: RingConfig,
+    /// Optimizer steps.
     pub steps: usize,
+    /// Peak learning rate, reached after the warmup.
     pub lr: f64,
+    /// Steps of linear warmup from `lr / warmup_steps` to `lr`.
     pub warmup_steps: usize,
     /// The cosine schedule decays to `lr · min_lr_ratio`.
     pub min_lr_ratio: f64,
+    /// AdamW's decoupled weight decay.
     pub weight_decay: f32,
     /// Clip the all-reduced gradient to this global L2 norm.
     pub grad_clip: Option<f32>,
@@ -33,7 +41,28 @@ pub struct TrainOptions {
     pub checksum_every: usize,
     /// Token used to pad sequences to a length the partition accepts.
     pub pad_token: u32,
+    /// How long a rank waits for a silent peer before failing.
     pub timeout: Duration,
+}
+
+impl Default for TrainOptions {
+    /// One rank, 100 steps at a constant 1e-3 without warmup, weight decay or clipping, no
+    /// checksums, pad token 0, a 60 s timeout.
+    fn default() -> Self {
+        Self {
+            ranks: 1,
+            ring: RingConfig::default(),
+            steps: 100,
+            lr: 1e-3,
+            warmup_steps: 0,
+            min_lr_ratio: 1.0,
+            weight_decay: 0.0,
+            grad_clip: None,
+            checksum_every: 0,
+            pad_token: 0,
+            timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 /// What rank 0 reports after every step.
@@ -134,6 +163,8 @@ where
 {
     // Zero ranks would start no rank thread, so no rank would ever see a layout: check here.
     strategies::check_ranks(options.ranks)?;
+    // Every rank forks this model: its lazily initialized parameters must exist before the forks.
+    materialize(&model);
     let results = run_ranks(options.ranks, options.timeout, |comm| {
         train_rank(
             comm, objective, &model, partition, options, &batch_for, &on_step, stop,
@@ -262,6 +293,7 @@ where
     B: AutodiffBackend + RingBackend,
 {
     strategies::check_ranks(ranks)?;
+    materialize(model);
     let batch = assemble(examples, partition, ranks, 0)?;
     let layout = Arc::new(partition.layout(batch.len, ranks)?);
     let results = run_ranks(ranks, timeout, |comm| -> Result<_, TrainError> {
