@@ -4,8 +4,8 @@
 
 pub mod flops;
 pub mod fused;
-pub mod mask;
-pub mod reference;
+pub(crate) mod mask;
+pub(crate) mod reference;
 
 use crate::host::via_data;
 use crate::ring::block::Block;

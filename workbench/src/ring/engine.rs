@@ -234,10 +234,10 @@ pub fn forward<B: HostRead>(
 /// `[b, h|hk, t, d]` and of the log-sum-exp `[b, h, t]`. The output is the caller's to keep.
 #[derive(Debug, Clone)]
 pub struct Saved {
-    pub q: Arc<Block>,
-    pub k: Arc<Block>,
-    pub v: Arc<Block>,
-    pub lse: Arc<Block>,
+    pub(crate) q: Arc<Block>,
+    pub(crate) k: Arc<Block>,
+    pub(crate) v: Arc<Block>,
+    pub(crate) lse: Arc<Block>,
     /// These blocks' bytes on the rank's ledger, held (never read) until the last copy is dropped.
     _charge: Arc<Charge>,
 }

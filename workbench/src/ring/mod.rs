@@ -4,7 +4,8 @@
 
 pub mod block;
 pub mod context;
-pub mod engine;
+pub(crate) mod engine;
 pub mod jobs;
 pub mod ledger;
 pub mod op;
+pub use engine::Saved;
