@@ -1,5 +1,5 @@
 //! The ring algorithm (Liu et al. 2023, §3): what travels ([`block`]), the schedule written once
-//! ([`engine`]), each rank's options and context ([`context`]), the bytes a rank holds ([`ledger`]),
+//! (`engine`), each rank's options and context ([`context`]), the bytes a rank holds ([`ledger`]),
 //! ring attention as a Burn autodiff op ([`op`]), and one-call jobs over N ranks ([`jobs`]).
 
 pub mod block;
@@ -8,4 +8,5 @@ pub(crate) mod engine;
 pub mod jobs;
 pub mod ledger;
 pub mod op;
+
 pub use engine::Saved;
