@@ -35,6 +35,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo clippy with the mpi and nccl features"
 cargo clippy --workspace --all-targets --features experiments/mpi,experiments/nccl -- -D warnings
 
+step "cargo doc --workspace --no-deps, warnings as errors (broken links, stray HTML)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+
 step "cargo check --features cuda and --features nccl (need no GPU: CUDA libraries load at run time)"
 cargo check -p experiments --features cuda --target-dir target/cuda-check
 cargo check -p experiments --features nccl

@@ -32,7 +32,7 @@ const TIMEOUT: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Subcommand)]
 pub enum ExorlCommand {
-    /// Collect episodes with the exploratory policies into ROOT/datasets/<domain>/<algo>/buffer/.
+    /// Collect episodes with the exploratory policies into ROOT/datasets/DOMAIN/ALGO/buffer/.
     Collect(CollectArgs),
     /// Print `file,steps,return,obs_dim,act_dim` for every episode (.npz) under DIR.
     Stats(StatsArgs),

@@ -3,6 +3,7 @@
 use crate::partition::require_divisible;
 use crate::{Partition, PartitionError};
 
+/// Rank p owns the p-th of N equal contiguous blocks.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Contiguous;
 

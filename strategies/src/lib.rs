@@ -4,6 +4,8 @@
 //! causal case). Masks, RoPE angles and work counts are all derived from the positions returned here,
 //! so any strategy is correct by construction.
 
+#![warn(missing_docs)]
+
 mod contiguous;
 mod error;
 mod partition;

@@ -34,13 +34,16 @@ pub trait Partition: Send + Sync + std::fmt::Debug {
 /// The positions of every rank for one (strategy, length, ranks) triple.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
+    /// The strategy's name.
     pub strategy: &'static str,
+    /// Tokens in the whole sequence.
     pub seq_len: usize,
     /// `positions[rank][local]` is the global position of a local token.
     pub positions: Vec<Vec<usize>>,
 }
 
 impl Layout {
+    /// The number of ranks.
     pub fn ranks(&self) -> usize {
         self.positions.len()
     }
@@ -50,6 +53,7 @@ impl Layout {
         self.positions[rank].len()
     }
 
+    /// The global positions `rank` owns, in local order, or an error for a rank past the last.
     pub fn rank_positions(&self, rank: usize) -> Result<&[usize], PartitionError> {
         self.positions
             .get(rank)

@@ -3,6 +3,7 @@
 use crate::partition::require_divisible;
 use crate::{Partition, PartitionError};
 
+/// Token t on rank t mod N.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Striped;
 

@@ -3,6 +3,7 @@
 use crate::partition::require_divisible;
 use crate::{Partition, PartitionError};
 
+/// 2N chunks; rank p owns chunks p and 2N − 1 − p.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ZigZag;
 
