@@ -1,6 +1,8 @@
 //! Data for ringbench: the LongChat line-retrieval task (generator, JSONL reader, tokenizer, scoring)
 //! and ExoRL-style offline RL (environments, collection, episodes in ExoRL's npz layout).
 
+#![warn(missing_docs)]
+
 pub mod exorl;
 pub mod line_retrieval;
 pub mod rng;

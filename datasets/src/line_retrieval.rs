@@ -9,35 +9,55 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
+/// LongChat's prompt preamble, word for word.
 pub const HEADER: &str = "Below is a record of lines I want you to remember. Each line begins with 'line <line index>' and contains a '<REGISTER_CONTENT>' at the end of the line as a numerical value. For each line index, memorize its corresponding <REGISTER_CONTENT>. At the end of the record, I will ask you to retrieve the corresponding <REGISTER_CONTENT> of a certain line index. Now the record start:\n\n";
+/// The question after the record, before the line's name.
 pub const QUESTION_START: &str =
     "\nNow the record is over. Tell me what is the <REGISTER_CONTENT> in line ";
+/// The end of the question.
 pub const QUESTION_END: &str = "? I need the number.";
-/// Register values are uniform in this range.
+/// The smallest register value (values are uniform in `MIN_NUMBER..=MAX_NUMBER`).
 pub const MIN_NUMBER: u64 = 1;
+/// The largest register value.
 pub const MAX_NUMBER: u64 = 50000;
 
+/// Why cases could not be read or generated.
 #[derive(Debug, Error)]
 pub enum DatasetError {
+    /// The file could not be read.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// What the OS said.
         source: std::io::Error,
     },
+    /// A line is not a case.
     #[error("{path}:{line}: {message}")]
     Jsonl {
+        /// The file.
         path: PathBuf,
+        /// The line, from 1.
         line: usize,
+        /// What the JSON reader said.
         message: String,
     },
+    /// The file holds no case.
     #[error("{path}: no cases (the file has no JSON lines)")]
-    NoCases { path: PathBuf },
+    NoCases {
+        /// The file.
+        path: PathBuf,
+    },
+    /// More lines than there are distinct names to give them.
     #[error(
         "{num_lines} lines need {num_lines} distinct names but the {split:?} word lists give {available}"
     )]
     TooManyLines {
+        /// Lines asked for.
         num_lines: usize,
+        /// Names the split offers.
         available: usize,
+        /// The split.
         split: WordSplit,
     },
 }
@@ -67,8 +87,11 @@ impl WordSplit {
 /// One test case, as in LongChat's JSONL files.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Case {
+    /// The whole prompt: preamble, record and question.
     pub prompt: String,
+    /// The register value asked for.
     pub expected_number: u64,
+    /// Lines in the record.
     pub num_lines: usize,
 }
 

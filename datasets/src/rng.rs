@@ -1,5 +1,6 @@
 //! SplitMix64: a tiny seeded generator whose stream never changes with a dependency upgrade.
 
+/// Steele, Lea and Flood's SplitMix64 (2014): 64 bits of state, a Weyl sequence and a mixer.
 #[derive(Debug, Clone)]
 pub struct SplitMix64(u64);
 
@@ -7,6 +8,7 @@ impl SplitMix64 {
     /// The generator's increment, 2^64 / φ: also what spreads stream numbers apart in [`Self::stream`].
     pub const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
+    /// The stream that starts at `seed`.
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
@@ -16,6 +18,7 @@ impl SplitMix64 {
         Self(seed ^ index.wrapping_mul(Self::GAMMA))
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(Self::GAMMA);
         let mut z = self.0;

@@ -9,14 +9,28 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
+/// Why a tokenizer could not be saved, loaded or used.
 #[derive(Debug, Error)]
 pub enum TokenizerError {
+    /// The tokenizer's file could not be written or read as a tokenizer.
     #[error("{path}: {message}")]
-    File { path: PathBuf, message: String },
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// An id past the vocabulary.
     #[error("token id {id} is outside the vocabulary of {vocab}")]
-    UnknownId { id: u32, vocab: usize },
+    UnknownId {
+        /// The id.
+        id: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
 }
 
+/// Bytes, two specials and the pieces, in that order of ids.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tokenizer {
     pieces: Vec<String>,
@@ -24,7 +38,9 @@ pub struct Tokenizer {
 
 /// Ids 0..256 are bytes; then the specials; then the pieces.
 const BYTES: u32 = 256;
+/// Beginning of sequence.
 pub const BOS: u32 = BYTES;
+/// End of sequence (the end of a reply).
 pub const EOS: u32 = BYTES + 1;
 const FIRST_PIECE: u32 = BYTES + 2;
 
@@ -44,6 +60,7 @@ impl Tokenizer {
         }
     }
 
+    /// Ids in use: bytes, specials, pieces.
     pub fn vocab_size(&self) -> usize {
         FIRST_PIECE as usize + self.pieces.len()
     }
@@ -95,6 +112,7 @@ impl Tokenizer {
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
+    /// Writes the tokenizer as JSON.
     pub fn save(&self, path: &Path) -> Result<(), TokenizerError> {
         let file_error = |message: String| TokenizerError::File {
             path: path.to_owned(),
@@ -104,6 +122,7 @@ impl Tokenizer {
         std::fs::write(path, json).map_err(|e| file_error(e.to_string()))
     }
 
+    /// Reads a tokenizer written by [`Tokenizer::save`].
     pub fn load(path: &Path) -> Result<Self, TokenizerError> {
         let file_error = |message: String| TokenizerError::File {
             path: path.to_owned(),

@@ -8,67 +8,116 @@ use npyz::{DType, TypeChar, WriterBuilder};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
+/// Why an episode, a buffer or a task could not be read.
 #[derive(Debug, Error)]
 pub enum ExorlError {
+    /// The file could not be read or written.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// What the OS said.
         source: std::io::Error,
     },
+    /// Not an npz archive, or an array in it is not a readable `.npy`.
     #[error("{path}: not a readable npz archive ({reason})")]
-    Corrupt { path: PathBuf, reason: String },
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What the reader said.
+        reason: String,
+    },
+    /// One of the five arrays of an episode is absent.
     #[error(
         "{path}: missing key `{key}` (an ExoRL episode has observation, action, reward, discount, physics)"
     )]
-    MissingKey { path: PathBuf, key: &'static str },
+    MissingKey {
+        /// The file.
+        path: PathBuf,
+        /// The missing array.
+        key: &'static str,
+    },
+    /// An array is not float32 or float64.
     #[error("{path}: `{key}` has dtype {dtype}; expected float32 or float64")]
     Dtype {
+        /// The file.
         path: PathBuf,
+        /// The array.
         key: &'static str,
+        /// Its NumPy dtype.
         dtype: String,
     },
+    /// An array has the wrong number of axes or columns.
     #[error("{path}: `{key}` has shape {shape:?}; expected {expected}")]
     Shape {
+        /// The file.
         path: PathBuf,
+        /// The array.
         key: &'static str,
+        /// Its shape.
         shape: Vec<u64>,
+        /// The shape wanted, in words.
         expected: String,
     },
+    /// Arrays of one episode disagree on the number of rows.
     #[error(
         "{path}: `{key}` has {rows} rows but `observation` has {expected}; every key needs T+1 rows"
     )]
     LengthMismatch {
+        /// The file.
         path: PathBuf,
+        /// The array.
         key: &'static str,
+        /// Its rows.
         rows: usize,
+        /// The observation's rows.
         expected: usize,
     },
+    /// The step count in the file name disagrees with the arrays.
     #[error("{path}: the file name says {named} steps but the arrays hold {steps}")]
     NamedLength {
+        /// The file.
         path: PathBuf,
+        /// Steps in the name.
         named: usize,
+        /// Steps in the arrays.
         steps: usize,
     },
+    /// A directory holds no episodes.
     #[error("{path}: no .npz episodes found")]
-    Empty { path: PathBuf },
+    Empty {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A task name the environments do not know.
     #[error("unknown task `{task}`; known tasks: {known}")]
-    UnknownTask { task: String, known: String },
+    UnknownTask {
+        /// The name asked for.
+        task: String,
+        /// The known tasks, comma-separated.
+        known: String,
+    },
 }
 
 /// A row-major matrix.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Matrix<T> {
+    /// Rows.
     pub rows: usize,
+    /// Columns.
     pub cols: usize,
+    /// `rows × cols` values, row after row.
     pub data: Vec<T>,
 }
 
 impl<T> Matrix<T> {
+    /// A matrix of `data`, which must hold `rows × cols` values.
     pub fn new(rows: usize, cols: usize, data: Vec<T>) -> Self {
         assert_eq!(data.len(), rows * cols, "matrix data length");
         Self { rows, cols, data }
     }
 
+    /// Row `r`.
     pub fn row(&self, r: usize) -> &[T] {
         &self.data[r * self.cols..(r + 1) * self.cols]
     }
@@ -77,10 +126,15 @@ impl<T> Matrix<T> {
 /// One episode of T steps: every field has T+1 rows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Episode {
+    /// What the agent sees, one row per step.
     pub observation: Matrix<f32>,
+    /// What it did (row 0, the reset row, is zeros).
     pub action: Matrix<f32>,
+    /// The reward each step earned, in [0, 1].
     pub reward: Vec<f32>,
+    /// 1 while the episode goes on.
     pub discount: Vec<f32>,
+    /// The simulator's full state, float64.
     pub physics: Matrix<f64>,
 }
 

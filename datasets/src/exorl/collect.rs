@@ -6,8 +6,10 @@
 use super::{EPISODE_STEPS, Env, Episode, Matrix};
 use crate::SplitMix64;
 
+/// An exploratory behaviour policy, as ExoRL's unsupervised agents are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
+    /// Uniform actions in `[-1, 1]`.
     Random,
     /// `a ← 0.85·a + 0.5·N(0, 1)` per decision, clipped to `[-1, 1]`.
     OuNoise,
@@ -16,6 +18,7 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// Every policy, in the order collection uses them.
     pub const ALL: [Policy; 3] = [Policy::Random, Policy::OuNoise, Policy::Scripted];
 
     /// ExoRL's `<algo>` folder name.

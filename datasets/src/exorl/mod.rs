@@ -22,11 +22,15 @@ pub const EPISODE_STEPS: usize = 1000;
 pub trait Env: Send {
     /// ExoRL's domain folder name.
     fn domain(&self) -> &'static str;
+    /// Length of an observation.
     fn obs_dim(&self) -> usize;
+    /// Length of an action.
     fn act_dim(&self) -> usize;
+    /// Length of the physics state.
     fn phys_dim(&self) -> usize;
     /// Starts an episode from a state drawn with `rng`.
     fn reset(&mut self, rng: &mut SplitMix64);
+    /// What the agent sees now.
     fn observation(&self) -> Vec<f32>;
     /// The full physics state (positions, velocities, and any task state such as a target).
     fn physics(&self) -> Vec<f64>;
@@ -39,6 +43,7 @@ pub trait Env: Send {
 /// The tasks by name: `cartpole_swingup`, `point_mass_reach`.
 pub const TASKS: [&str; 2] = ["cartpole_swingup", "point_mass_reach"];
 
+/// A fresh environment of `task` (one of [`TASKS`]), or an error naming the known ones.
 pub fn make_env(task: &str) -> Result<Box<dyn Env>, ExorlError> {
     match task {
         "cartpole_swingup" => Ok(Box::new(CartpoleSwingup::default())),
