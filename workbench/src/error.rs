@@ -3,72 +3,148 @@
 use strategies::PartitionError;
 use thiserror::Error;
 
+/// Why moving blocks between ranks failed. `rank` is the rank that reports it.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum TransportError {
+    /// The peer closed its end: it failed, and this is the echo of its failure.
     #[error("rank {rank}: peer rank {peer} has gone away")]
-    PeerGone { rank: usize, peer: usize },
+    PeerGone {
+        /// The reporting rank.
+        rank: usize,
+        /// The rank that went away.
+        peer: usize,
+    },
+    /// The peer said nothing for the whole timeout.
     #[error("rank {rank}: no message from rank {peer} within {seconds:.1} s")]
     Timeout {
+        /// The reporting rank.
         rank: usize,
+        /// The silent rank.
         peer: usize,
+        /// The timeout.
         seconds: f64,
     },
+    /// Messages arrived out of the order every rank follows.
     #[error("rank {rank}: message from rank {peer} has tag {got}, expected {expected}")]
     Protocol {
+        /// The reporting rank.
         rank: usize,
+        /// The sender.
         peer: usize,
+        /// The tag awaited.
         expected: u64,
+        /// The tag received.
         got: u64,
     },
+    /// Ranks all-reduced vectors of different lengths.
     #[error("rank {rank}: all_reduce length {got} from rank {peer}, expected {expected}")]
     LengthMismatch {
+        /// The reporting rank.
         rank: usize,
+        /// The sender.
         peer: usize,
+        /// This rank's length.
         expected: usize,
+        /// The sender's length.
         got: usize,
     },
+    /// A library or device the transport needs is missing (CUDA, NCCL).
     #[error("rank {rank}: {what} is not available: {why}")]
     Unavailable {
+        /// The reporting rank.
         rank: usize,
+        /// What is missing.
         what: &'static str,
+        /// Why.
         why: String,
     },
+    /// A failure injected for tests (`--fail-rank R --fail-step S`).
     #[error("rank {rank} failed: injected fault at its ring exchange {step}")]
-    Injected { rank: usize, step: usize },
+    Injected {
+        /// The failing rank.
+        rank: usize,
+        /// Its ring exchange, counted from 0.
+        step: usize,
+    },
+    /// A rank failed on its own (it panicked, or its transport reported an error).
     #[error("rank {rank} failed: {message}")]
-    RankFailed { rank: usize, message: String },
+    RankFailed {
+        /// The failing rank.
+        rank: usize,
+        /// What it said.
+        message: String,
+    },
 }
 
+/// Why ring attention could not run: bad input, a layout that cannot be made, or a transport failure.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum RingError {
+    /// The partition refused the length or rank count.
     #[error(transparent)]
     Partition(#[from] PartitionError),
+    /// Moving blocks failed.
     #[error(transparent)]
     Transport(#[from] TransportError),
+    /// A tensor does not have the shape the others imply.
     #[error("{what}: expected shape {expected:?}, got {got:?}")]
     Shape {
+        /// Which tensor, with its layout.
         what: &'static str,
+        /// The shape it must have.
         expected: Vec<usize>,
+        /// The shape it has.
         got: Vec<usize>,
     },
+    /// An array that must have four axes has another number.
     #[error("{what}: expected 4 dimensions, got shape {got:?}")]
-    Rank { what: &'static str, got: Vec<usize> },
+    Rank {
+        /// Which array, with its layout.
+        what: &'static str,
+        /// Its shape.
+        got: Vec<usize>,
+    },
+    /// The model width does not split into the heads.
     #[error("d_model {d_model} does not split into {heads} heads of an even head_dim")]
-    ModelWidth { d_model: usize, heads: usize },
+    ModelWidth {
+        /// The model width.
+        d_model: usize,
+        /// The query heads.
+        heads: usize,
+    },
+    /// Query heads must be a multiple of key/value heads (grouped-query attention).
     #[error("query heads {heads} are not a multiple of key/value heads {kv_heads}")]
-    Heads { heads: usize, kv_heads: usize },
+    Heads {
+        /// Query heads.
+        heads: usize,
+        /// Key/value heads.
+        kv_heads: usize,
+    },
+    /// The transport's rank count differs from the layout's.
     #[error("transport has {world} ranks but the layout has {layout}")]
-    WorldMismatch { world: usize, layout: usize },
+    WorldMismatch {
+        /// Ranks of the transport.
+        world: usize,
+        /// Ranks of the layout.
+        layout: usize,
+    },
+    /// An input holds a NaN or an infinity.
     #[error("{what}{index:?} is {value}: inputs must be finite")]
     NonFinite {
+        /// Which array.
         what: &'static str,
+        /// The first bad element's index.
         index: Vec<usize>,
+        /// Its value.
         value: f32,
     },
+    /// A name outside a fixed set (direction, scheme, kernel).
     #[error("unknown {what} '{got}'; expected one of: {expected}")]
     UnknownOption {
+        /// What was being named.
         what: &'static str,
+        /// The name given.
         got: String,
+        /// The names accepted.
         expected: &'static str,
     },
 }

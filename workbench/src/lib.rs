@@ -13,6 +13,8 @@
 //! | [`model`] | the LLaMA-style decoder and the Agentic Transformer, attending with the ring |
 //! | [`train`] | SPMD training and greedy decoding over in-process or MPI ranks |
 
+#![warn(missing_docs)]
+
 pub mod error;
 pub mod host;
 pub mod kernels;

@@ -22,11 +22,17 @@ const COLS: usize = 128;
 /// Sizes of one rank's tile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TileDims {
+    /// Batch size.
     pub batch: usize,
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads (a divisor of `heads`).
     pub kv_heads: usize,
+    /// Query rows of the tile.
     pub tq: usize,
+    /// Key rows of the tile.
     pub tk: usize,
+    /// Head dimension.
     pub head_dim: usize,
 }
 
@@ -296,6 +302,7 @@ pub struct OnlineSoftmax {
 }
 
 impl OnlineSoftmax {
+    /// A fresh accumulator for queries at global positions `pos_q`, before any key block.
     pub fn new(dims: TileDims, pos_q: &[usize], causal: bool, scale: f32) -> Self {
         let rows = dims.batch * dims.heads * dims.tq;
         Self {
@@ -317,6 +324,7 @@ impl OnlineSoftmax {
         self
     }
 
+    /// The tile dimensions it was made for.
     pub fn dims(&self) -> TileDims {
         self.dims
     }
@@ -411,16 +419,27 @@ pub fn softmax_delta(d_out: &[f32], out: &[f32], head_dim: usize) -> Vec<f32> {
 /// Inputs of one backward tile; `lse` and `delta` are the final per-row statistics.
 #[derive(Debug, Clone, Copy)]
 pub struct BackwardTile<'a> {
+    /// The tile's dimensions.
     pub dims: TileDims,
+    /// Queries `[b, h, tq, d]`.
     pub q: &'a [f32],
+    /// Keys `[b, hk, tk, d]`.
     pub k: &'a [f32],
+    /// Values `[b, hk, tk, d]`.
     pub v: &'a [f32],
+    /// The output's gradient `[b, h, tq, d]`.
     pub d_out: &'a [f32],
+    /// The forward's log-sum-exp `[b, h, tq]`.
     pub lse: &'a [f32],
+    /// δ = rowsum(dO ∘ O) `[b, h, tq]`.
     pub delta: &'a [f32],
+    /// Global positions of the queries.
     pub pos_q: &'a [usize],
+    /// Global positions of the keys.
     pub pos_k: &'a [usize],
+    /// Whether keys after a query are masked.
     pub causal: bool,
+    /// Softmax scale.
     pub scale: f32,
     /// Units on rayon's pool, or one after another on the calling thread.
     pub parallel: bool,

@@ -26,29 +26,43 @@ use strategies::{Contiguous, Partition};
 /// The four tokens of a step, in sequence order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokenKind {
+    /// The return the chain should reach.
     Target = 0,
+    /// The state the agent sees.
     State = 1,
+    /// The action it took.
     Action = 2,
+    /// The reward it got.
     Reward = 3,
 }
 
+/// Tokens per decision: target return, state, action, reward.
 pub const TOKENS_PER_STEP: usize = 4;
 
 #[derive(Config, Debug, PartialEq)]
+/// Sizes of the Agentic Transformer.
 pub struct AgenticConfig {
+    /// Length of a state.
     pub obs_dim: usize,
+    /// Length of an action.
     pub act_dim: usize,
     #[config(default = 64)]
+    /// Model width.
     pub d_model: usize,
     #[config(default = 2)]
+    /// Decoder layers.
     pub layers: usize,
     #[config(default = 4)]
+    /// Query heads.
     pub heads: usize,
     #[config(default = 2)]
+    /// Key/value heads.
     pub kv_heads: usize,
     #[config(default = 10000.0)]
+    /// RoPE base.
     pub rope_theta: f64,
     #[config(default = 256)]
+    /// Tokens per feed-forward chunk.
     pub ffn_chunk: usize,
 }
 
@@ -68,6 +82,7 @@ impl AgenticConfig {
             .with_ffn_chunk(self.ffn_chunk)
     }
 
+    /// A model with freshly drawn (and materialized) weights, or an error for sizes that do not fit.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<AgenticTransformer<B>, RingError> {
         let trunk = self.trunk();
         trunk.validate()?;
@@ -102,6 +117,7 @@ impl AgenticConfig {
 }
 
 #[derive(Module, Debug)]
+/// The Agentic Transformer: one linear embedding for all four token kinds, the LLaMA-style decoder layers, an action head.
 pub struct AgenticTransformer<B: Backend> {
     embed: Linear<B>,
     blocks: Vec<DecoderLayer<B>>,
@@ -142,12 +158,19 @@ impl<B: RingBackend> AgenticTransformer<B> {
 /// [batch, len, act_dim]` and `weights [batch, len]` (1 on the state tokens whose action is learned).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChainBatch {
+    /// Chains in the batch.
     pub batch: usize,
+    /// Tokens per chain (padded for the partition).
     pub len: usize,
+    /// Length of a token's feature row.
     pub feature_dim: usize,
+    /// Length of an action.
     pub act_dim: usize,
+    /// Feature rows `[batch, len, feature_dim]`.
     pub features: Vec<f32>,
+    /// Target actions `[batch, len, act_dim]`, at state tokens.
     pub targets: Vec<f32>,
+    /// Weight of each token's prediction (1 at state tokens, 0 elsewhere).
     pub weights: Vec<f32>,
 }
 

@@ -16,20 +16,27 @@ use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 use std::sync::Arc;
 
 #[derive(Config, Debug, PartialEq)]
+/// Sizes of the LLaMA-style decoder.
 pub struct LlamaConfig {
+    /// Vocabulary size.
     pub vocab: usize,
     #[config(default = 128)]
+    /// Model width.
     pub d_model: usize,
     #[config(default = 2)]
+    /// Decoder layers.
     pub layers: usize,
     #[config(default = 4)]
+    /// Query heads.
     pub heads: usize,
     #[config(default = 2)]
+    /// Key/value heads (grouped-query attention).
     pub kv_heads: usize,
     /// SwiGLU hidden size is 8/3 · d_model rounded up to a multiple of this (LLaMA's `multiple_of`).
     #[config(default = 32)]
     pub ffn_multiple_of: usize,
     #[config(default = 10000.0)]
+    /// RoPE base.
     pub rope_theta: f64,
     /// Tokens per feed-forward chunk (blockwise FFN).
     #[config(default = 256)]
@@ -37,10 +44,12 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// Width of one head.
     pub fn head_dim(&self) -> usize {
         self.d_model / self.heads
     }
 
+    /// SwiGLU hidden width: 8/3 of the model width, rounded up to `ffn_multiple_of`.
     pub fn ffn_hidden(&self) -> usize {
         let raw = 8 * self.d_model / 3;
         raw.div_ceil(self.ffn_multiple_of) * self.ffn_multiple_of
@@ -89,6 +98,7 @@ impl LlamaConfig {
             .collect()
     }
 
+    /// A model with freshly drawn (and materialized) weights.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Llama<B> {
         let model = Llama {
             embed: EmbeddingConfig::new(self.vocab, self.d_model)
@@ -113,6 +123,7 @@ impl LlamaConfig {
 }
 
 #[derive(Module, Debug)]
+/// One decoder layer: RMSNorm, grouped-query ring attention, RMSNorm, SwiGLU feed-forward.
 pub struct DecoderLayer<B: Backend> {
     attn_norm: RmsNorm<B>,
     wq: Linear<B>,
@@ -126,6 +137,7 @@ pub struct DecoderLayer<B: Backend> {
 }
 
 #[derive(Module, Debug)]
+/// The LLaMA-style language model: embedding, decoder layers, final norm, head.
 pub struct Llama<B: Backend> {
     embed: Embedding<B>,
     blocks: Vec<DecoderLayer<B>>,

@@ -19,9 +19,12 @@ pub enum Direction {
 }
 
 impl Direction {
+    /// The accepted names, for error messages.
     pub const NAMES: &'static str = "cw, ccw";
+    /// Every direction.
     pub const ALL: [Direction; 2] = [Direction::Cw, Direction::Ccw];
 
+    /// The other direction.
     pub fn reversed(self) -> Self {
         match self {
             Direction::Cw => Direction::Ccw,
@@ -65,7 +68,9 @@ pub enum BackwardScheme {
 }
 
 impl BackwardScheme {
+    /// The accepted names, for error messages.
     pub const NAMES: &'static str = "kv, kv-reverse, q";
+    /// Every scheme.
     pub const ALL: [BackwardScheme; 3] = [
         BackwardScheme::Kv,
         BackwardScheme::KvReverse,
@@ -84,7 +89,9 @@ pub enum Kernel {
 }
 
 impl Kernel {
+    /// The accepted names, for error messages.
     pub const NAMES: &'static str = "fused, generic";
+    /// Every kernel.
     pub const ALL: [Kernel; 2] = [Kernel::Fused, Kernel::Generic];
 }
 
@@ -114,11 +121,15 @@ named_enum!(BackwardScheme, "backward scheme", BackwardScheme::Kv => "kv",
 /// Options of one ring attention layer.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct RingConfig {
+    /// Whether a query sees only keys at or before its position.
     pub causal: bool,
+    /// Where K/V travel in the forward.
     pub forward: Direction,
+    /// What travels in the backward.
     pub backward: BackwardScheme,
     /// Softmax scale; `None` means 1/sqrt(head_dim).
     pub scale: Option<f32>,
+    /// Which implementation computes the tiles.
     pub kernel: Kernel,
     /// Measurement mode: ranks compute their tiles one at a time (a process-wide lock), so that N
     /// thread ranks sharing a few cores do not slow each other's tile timings. Communication is not
@@ -129,13 +140,17 @@ pub struct RingConfig {
 /// Work done by one rank in one ring step, for measurement and simulation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepEvent {
+    /// Forward or backward.
     pub phase: crate::transport::Phase,
+    /// The ring step (0 is the rank's own block).
     pub step: usize,
     /// Rank whose block was combined with this rank's at this step.
     pub peer_block: usize,
     /// Visible (q, k) pairs summed over batch and heads.
     pub pairs: u64,
+    /// FLOPs of the tile ([`crate::kernels::flops`]).
     pub flops: u64,
+    /// Seconds the tile took.
     pub compute_seconds: f64,
 }
 
@@ -144,7 +159,9 @@ pub struct StepEvent {
 /// Shared (behind `Arc`) by the forward call and its autodiff backward, which may run later.
 #[derive(Debug)]
 pub struct RingContext {
+    /// The ring's options.
     pub config: RingConfig,
+    /// Which global positions each rank owns.
     pub layout: Arc<Layout>,
     rank: usize,
     comm: Arc<Mutex<Comm>>,
@@ -154,6 +171,7 @@ pub struct RingContext {
 }
 
 impl RingContext {
+    /// This rank's context over `comm`; the transport's and the layout's rank counts must agree.
     pub fn new(comm: Comm, layout: Arc<Layout>, config: RingConfig) -> Result<Self, RingError> {
         if comm.world() != layout.ranks() {
             return Err(RingError::WorldMismatch {
@@ -172,6 +190,7 @@ impl RingContext {
         })
     }
 
+    /// This rank.
     pub fn rank(&self) -> usize {
         self.rank
     }
@@ -201,10 +220,12 @@ impl RingContext {
         })
     }
 
+    /// The number of ranks.
     pub fn world(&self) -> usize {
         self.layout.ranks()
     }
 
+    /// The global positions `rank` owns, in local order.
     pub fn positions(&self, rank: usize) -> &[usize] {
         &self.layout.positions[rank]
     }
@@ -213,10 +234,12 @@ impl RingContext {
         lock(&self.comm)
     }
 
+    /// What this rank has sent so far.
     pub fn traffic(&self) -> Traffic {
         self.comm().traffic().clone()
     }
 
+    /// What this rank has sent, handing it over and starting afresh.
     pub fn take_traffic(&self) -> Traffic {
         self.comm().take_traffic()
     }
@@ -225,6 +248,7 @@ impl RingContext {
         lock(&self.events).push(event);
     }
 
+    /// This rank's step events, handing them over.
     pub fn take_events(&self) -> Vec<StepEvent> {
         std::mem::take(&mut *lock(&self.events))
     }

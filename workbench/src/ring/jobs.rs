@@ -16,11 +16,14 @@ use strategies::{Layout, Partition};
 /// A dense f32 array in row-major order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostTensor {
+    /// Dimensions.
     pub shape: Vec<usize>,
+    /// Values, row-major.
     pub data: Vec<f32>,
 }
 
 impl HostTensor {
+    /// An array of `shape` holding `data`.
     pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Self {
         debug_assert_eq!(shape.iter().product::<usize>(), data.len());
         Self { shape, data }
@@ -55,13 +58,21 @@ impl HostTensor {
 /// Inputs in the (batch, seq, heads, head_dim) layout NumPy and PyTorch users have.
 #[derive(Debug, Clone)]
 pub struct AttentionJob<'a> {
+    /// Queries `[batch, seq, heads, head_dim]`.
     pub q: &'a HostTensor,
+    /// Keys `[batch, seq, kv_heads, head_dim]`.
     pub k: &'a HostTensor,
+    /// Values, shaped like the keys.
     pub v: &'a HostTensor,
+    /// The output's gradient, shaped like the queries; `None`: forward only.
     pub d_out: Option<&'a HostTensor>,
+    /// Ranks to run.
     pub ranks: usize,
+    /// Which positions each rank owns.
     pub strategy: &'a dyn Partition,
+    /// The ring's options.
     pub config: RingConfig,
+    /// How long a rank waits for a silent peer.
     pub timeout: Duration,
     /// Fault injection for tests: `(rank, step)` fails that rank at its `step`-th ring exchange.
     pub fault: Option<(usize, usize)>,
@@ -72,17 +83,22 @@ pub struct AttentionJob<'a> {
 /// Gradients with respect to q, k, v, in the inputs' layout.
 #[derive(Debug, Clone)]
 pub struct Grads {
+    /// Queries' gradient.
     pub dq: HostTensor,
+    /// Keys' gradient.
     pub dk: HostTensor,
+    /// Values' gradient.
     pub dv: HostTensor,
 }
 
 #[derive(Debug, Clone)]
+/// What a job computed, in the inputs' layout, with what each rank sent and did.
 pub struct AttentionResult {
     /// `[b, s, h, d]`.
     pub out: HostTensor,
     /// `[b, h, s]`, natural log.
     pub lse: HostTensor,
+    /// With `d_out`: the gradients.
     pub grads: Option<Grads>,
     /// Per rank.
     pub traffic: Vec<Traffic>,

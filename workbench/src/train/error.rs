@@ -4,24 +4,41 @@
 use crate::error::{RingError, TransportError};
 use thiserror::Error;
 
+/// Why training stopped early.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum TrainError {
+    /// The ring or a transport failed, or the batch does not fit the partition.
     #[error(transparent)]
     Ring(#[from] RingError),
+    /// The periodic checksum found parameter replicas that differ.
     #[error(
         "step {step}: parameter replicas differ between ranks (checksum mismatch on rank {rank})"
     )]
-    ReplicaMismatch { step: usize, rank: usize },
+    ReplicaMismatch {
+        /// The step checked.
+        step: usize,
+        /// The rank whose replica differs.
+        rank: usize,
+    },
+    /// A batch with no tokens.
     #[error("step {step}: the batch is empty")]
-    EmptyBatch { step: usize },
+    EmptyBatch {
+        /// The step.
+        step: usize,
+    },
+    /// A loss or gradient went NaN or infinite; nothing of that step was applied.
     #[error(
         "step {step}: the {what} of rank {rank} is not finite (NaN or infinite); training stopped before applying it"
     )]
     NonFinite {
+        /// The step.
         step: usize,
+        /// The first rank whose loss (or, if every loss is finite, gradient) is not finite.
         rank: usize,
+        /// `loss` or `gradient`.
         what: &'static str,
     },
+    /// No rank returned the model (no rank ran).
     #[error("training ended without rank 0's model")]
     NoModel,
 }

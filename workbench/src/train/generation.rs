@@ -11,24 +11,26 @@ use std::sync::Arc;
 use std::time::Duration;
 use strategies::Partition;
 
-/// Greedy continuation of each prompt (up to `max_new` tokens, stopping at `stop`), on `ranks` ranks.
-///
-/// See [`Decoding`] for the options.
-///
-/// Each step runs the full sequence through the ring (no KV cache): evaluation, not serving.
 /// How [`greedy`] decodes and where it runs.
 #[derive(Debug, Clone, Copy)]
 pub struct Decoding<'a> {
+    /// Tokens to generate at most.
     pub max_new: usize,
     /// Generation of a row ends at this token (not included in the reply).
     pub stop: u32,
     /// Pads rows to a length the partition accepts; causal attention keeps it out of real positions.
     pub pad: u32,
+    /// Which positions each rank owns.
     pub partition: &'a dyn Partition,
+    /// Ranks to run.
     pub ranks: usize,
+    /// How long a rank waits for a silent peer.
     pub timeout: Duration,
 }
 
+/// Greedy continuation of each prompt (up to `max_new` tokens, stopping at `stop`), on `ranks` ranks.
+///
+/// Each step runs the full sequence through the ring (no KV cache): evaluation, not serving.
 pub fn greedy<B: RingBackend>(
     model: &Llama<B>,
     prompts: &[Vec<u32>],

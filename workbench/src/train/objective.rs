@@ -19,7 +19,9 @@ use strategies::{Layout, Partition, PartitionError};
 /// tokens.len() - 1`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Example {
+    /// Token ids.
     pub tokens: Vec<u32>,
+    /// `weights[i]` weighs the prediction of `tokens[i + 1]`.
     pub weights: Vec<f32>,
 }
 
@@ -27,7 +29,9 @@ pub struct Example {
 /// this rank's share of the global loss. Next-token prediction and the Agentic Transformer are two
 /// objectives of the one training loop below.
 pub trait Objective<B: AutodiffBackend + RingBackend>: Sync {
+    /// The model trained.
     type Model: AutodiffModule<B> + Sync;
+    /// What one step sees.
     type Batch;
     /// The batch's global sequence length (one the partition accepts for the run's rank count).
     fn seq_len(&self, batch: &Self::Batch) -> usize;

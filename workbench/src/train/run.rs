@@ -68,10 +68,15 @@ impl Default for TrainOptions {
 /// What rank 0 reports after every step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepLog {
+    /// The step, from 0.
     pub step: usize,
+    /// The batch's global loss.
     pub loss: f64,
+    /// The learning rate applied.
     pub lr: f64,
+    /// Tokens in the batch.
     pub tokens: usize,
+    /// Seconds the step took.
     pub seconds: f64,
     /// The most bytes rank 0's attention engine held at once during the step ([`crate::ring::ledger`]).
     pub engine_peak_bytes: u64,
@@ -79,7 +84,9 @@ pub struct StepLog {
 
 /// Rank 0's model after training, and the global loss of every step.
 pub struct Trained<M> {
+    /// Rank 0's trained model.
     pub model: M,
+    /// The global loss of every step.
     pub losses: Vec<f64>,
 }
 

@@ -4,23 +4,33 @@ use super::{Payload, Pending, Transport};
 use crate::error::TransportError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Which part of the work a message belongs to.
 pub enum Phase {
+    /// The forward ring pass.
     Forward,
+    /// A backward ring pass.
     Backward,
+    /// All-reduces and barriers.
     Collective,
 }
 
 /// One block sent by this rank.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SendRecord {
+    /// Forward, backward or collective.
     pub phase: Phase,
+    /// The ring step.
     pub step: usize,
+    /// What the block carried.
     pub kind: crate::ring::block::BlockKind,
+    /// Its bytes.
     pub bytes: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
+/// What one rank sent, and how long it waited.
 pub struct Traffic {
+    /// Every block sent, in order.
     pub sends: Vec<SendRecord>,
     /// Seconds this rank spent blocked waiting for ring blocks (communication it could not hide).
     pub wait_seconds: f64,
@@ -35,6 +45,7 @@ impl Traffic {
             .fold((0, 0), |(n, b), s| (n + 1, b + s.bytes))
     }
 
+    /// Bytes sent in all.
     pub fn total_bytes(&self) -> u64 {
         self.sends.iter().map(|s| s.bytes).sum()
     }
@@ -51,6 +62,7 @@ pub struct Comm {
 }
 
 impl Comm {
+    /// A communicator over `transport`, with tags from 1 and no traffic yet.
     pub fn new(transport: Box<dyn Transport>) -> Self {
         Self {
             transport,
@@ -66,18 +78,22 @@ impl Comm {
         self.fail_at = Some(step);
     }
 
+    /// This rank.
     pub fn rank(&self) -> usize {
         self.transport.rank()
     }
 
+    /// The number of ranks.
     pub fn world(&self) -> usize {
         self.transport.world()
     }
 
+    /// What this rank has sent so far.
     pub fn traffic(&self) -> &Traffic {
         &self.traffic
     }
 
+    /// What this rank has sent, handing it over and starting afresh.
     pub fn take_traffic(&mut self) -> Traffic {
         std::mem::take(&mut self.traffic)
     }
@@ -128,6 +144,7 @@ impl Comm {
         result
     }
 
+    /// Waits for a posted receive; the time blocked counts as waiting.
     pub fn wait(&mut self, pending: Pending) -> Result<Payload, TransportError> {
         let start = std::time::Instant::now();
         let received = self.transport.wait(pending);
@@ -135,6 +152,7 @@ impl Comm {
         self.failed(received)
     }
 
+    /// Elementwise sum over ranks, identical bits on every rank.
     pub fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), TransportError> {
         let tag = self.tag();
         let world = self.world() as u64;
@@ -148,6 +166,7 @@ impl Comm {
         self.failed(reduced)
     }
 
+    /// Returns once every rank has called it.
     pub fn barrier(&mut self) -> Result<(), TransportError> {
         let tag = self.tag();
         let done = self.transport.barrier(tag);

@@ -34,13 +34,17 @@ pub fn launched_by_mpirun() -> bool {
 /// A posted receive, redeemed with [`Transport::wait`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pending {
+    /// The rank it comes from.
     pub from: usize,
+    /// Its tag.
     pub tag: u64,
 }
 
 /// What a multi-rank engine must provide. Calls are made in the same order on every rank.
 pub trait Transport: Send + std::fmt::Debug {
+    /// This rank.
     fn rank(&self) -> usize;
+    /// The number of ranks.
     fn world(&self) -> usize;
     /// Posts a send of `payload` to `to` and a receive from `from`, both with `tag`; returns at once.
     fn send_recv(
@@ -102,6 +106,7 @@ pub trait Transport: Send + std::fmt::Debug {
         }
         Ok(())
     }
+    /// Returns once every rank has called it (by default an all-reduce of nothing, which waits for every rank's message).
     fn barrier(&mut self, tag: u64) -> Result<(), TransportError> {
         self.all_reduce_sum(tag, &mut [])
     }

@@ -19,6 +19,7 @@ struct InFlight {
     buffer: *mut [f32],
 }
 
+/// One rank of an MPI job: nonblocking sends, polled receives, and a timeout on silent peers.
 pub struct MpiTransport {
     world: SimpleCommunicator,
     rank: usize,

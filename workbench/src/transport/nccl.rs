@@ -19,6 +19,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// One rank of an NCCL communicator: each exchange is a send and a receive queued on its CUDA stream.
 pub struct NcclTransport {
     comm: Comm,
     stream: Arc<CudaStream>,

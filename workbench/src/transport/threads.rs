@@ -19,7 +19,9 @@ struct Envelope {
 /// a NIC's DMA; the receiver's wait ends when the message has arrived.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Link {
+    /// Link bandwidth.
     pub bytes_per_s: f64,
+    /// Time from a message's last byte leaving to its arrival.
     pub latency: Duration,
 }
 
