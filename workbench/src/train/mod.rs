@@ -2,7 +2,7 @@
 //! parameters; gradients are all-reduced through the transport before each AdamW step, so replicas
 //! stay identical (checked by a checksum every few steps).
 //!
-//! [`run`] is the loop, [`objective`] what it optimizes and how batches are laid out for a partition,
+//! [`run`] is the loop, [`step`] one step's gradient, [`objective`] what it optimizes and how batches are laid out for a partition,
 //! [`replicas`] how gradients and parameters travel as one flat vector, [`generation`] greedy decoding
 //! with a trained model.
 
@@ -11,9 +11,11 @@ pub mod generation;
 pub mod objective;
 pub mod replicas;
 pub mod run;
+pub mod step;
 
 pub use error::TrainError;
 pub use generation::{Decoding, greedy};
 pub use objective::{Example, Objective, padded_len};
 pub use replicas::{flat_params, with_flat_params};
-pub use run::{StepLog, TrainOptions, Trained, global_gradient, train, train_objective, train_on};
+pub use run::{StepLog, TrainOptions, Trained, train, train_objective, train_on};
+pub use step::global_gradient;

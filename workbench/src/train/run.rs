@@ -1,8 +1,9 @@
-//! The SPMD training loop: one rank's steps, the ranks run together, and a single step's gradient.
+//! The SPMD training loop: one rank's steps, and the ranks run together.
 
 use super::error::TrainError;
-use super::objective::{Example, NextToken, Objective, assemble, assembled};
-use super::replicas::{Flatten, Unflatten, checksum, clip_global_norm};
+use super::objective::{Example, NextToken, Objective, assembled};
+use super::replicas::{Unflatten, checksum, clip_global_norm};
+use super::step::{StepGradient, step_gradient};
 use crate::error::{RingError, all_or_root_cause};
 use crate::model::Llama;
 use crate::model::lazy::materialize;
@@ -11,7 +12,6 @@ use crate::ring::op::RingBackend;
 use crate::transport::{Comm, run_ranks};
 use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
-use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -212,116 +212,6 @@ where
     train_rank(
         comm, &NextToken, &model, partition, options, &batch_for, &on_step, stop,
     )
-}
-
-/// One step's global loss and all-reduced gradient, as every rank sees them.
-struct StepGradient {
-    /// The batch's loss: the sum over ranks of their local losses.
-    loss: f64,
-    /// Whether rank 0 asked every rank to stop after this step.
-    stop: bool,
-    /// Every parameter's gradient summed over ranks, in module order, before any clipping.
-    flat: Vec<f32>,
-}
-
-/// This rank's loss and gradient for `batch`, all-reduced over the ranks of `ctx`.
-///
-/// A non-finite loss or gradient on any rank is an error on every rank, naming the first such rank,
-/// before any gradient is exchanged (nothing non-finite reaches the parameters).
-fn step_gradient<B, O>(
-    objective: &O,
-    model: &O::Model,
-    batch: &O::Batch,
-    ctx: &Arc<RingContext>,
-    step: usize,
-    stop_requested: bool,
-) -> Result<StepGradient, TrainError>
-where
-    B: AutodiffBackend + RingBackend,
-    O: Objective<B>,
-{
-    let rank = ctx.rank();
-    let loss = objective.local_loss(model, batch, ctx)?;
-    let local_loss = loss.clone().into_scalar().elem::<f32>();
-    let grads = loss.backward();
-    if let Some(error) = ctx.take_backward_error() {
-        return Err(error.into());
-    }
-    let mut params = GradientsParams::from_grads(grads, model);
-    let mut flatten = Flatten {
-        grads: &mut params,
-        flat: Vec::new(),
-    };
-    model.visit(&mut flatten);
-    let mut flat = flatten.flat;
-    // One all-reduce carries the loss, rank 0's stop request and every rank's health (0: finite,
-    // 1: its loss is not, 2: its gradient is not), so all ranks stop at the same step together.
-    let mut reduced = vec![0.0f32; 2 + ctx.world()];
-    reduced[0] = local_loss;
-    reduced[1] = f32::from(u8::from(stop_requested));
-    reduced[2 + rank] = if !local_loss.is_finite() {
-        1.0
-    } else if flat.iter().any(|x| !x.is_finite()) {
-        2.0
-    } else {
-        0.0
-    };
-    ctx.with_comm(|c| c.all_reduce_sum(&mut reduced))?;
-    // A non-finite loss is reported before the gradients it poisoned on the other ranks.
-    for (code, what) in [(1.0, "loss"), (2.0, "gradient")] {
-        if let Some(bad) = reduced[2..].iter().position(|&h| h == code) {
-            return Err(TrainError::NonFinite {
-                step,
-                rank: bad,
-                what,
-            });
-        }
-    }
-    ctx.with_comm(|c| c.all_reduce_sum(&mut flat))?;
-    Ok(StepGradient {
-        loss: f64::from(reduced[0]),
-        stop: reduced[1] > 0.0,
-        flat,
-    })
-}
-
-/// The global loss and the all-reduced gradient (module order, unclipped) of `model` on
-/// `examples`, computed on `ranks` in-process ranks: what one training step applies, for checking
-/// gradients (finite differences, agreement across rank counts).
-pub fn global_gradient<B>(
-    model: &Llama<B>,
-    partition: &dyn Partition,
-    ranks: usize,
-    ring: RingConfig,
-    examples: &[Example],
-    timeout: Duration,
-) -> Result<(f64, Vec<f32>), TrainError>
-where
-    B: AutodiffBackend + RingBackend,
-{
-    strategies::check_ranks(ranks)?;
-    materialize(model);
-    let batch = assemble(examples, partition, ranks, 0)?;
-    let layout = Arc::new(partition.layout(batch.len, ranks)?);
-    let results = run_ranks(ranks, timeout, |comm| -> Result<_, TrainError> {
-        let ctx = Arc::new(RingContext::new(
-            comm,
-            layout.clone(),
-            RingConfig {
-                causal: true,
-                ..ring
-            },
-        )?);
-        // Each rank's own parameters, as in training: shared autodiff tensors would tie the ranks'
-        // graphs together.
-        let model = model.clone().fork(&Default::default());
-        let g = step_gradient(&NextToken, &model, &batch, &ctx, 0, false)?;
-        Ok((g.loss, g.flat))
-    });
-    all_or_root_cause(results, TrainError::echo_level)?
-        .into_iter()
-        .next()
-        .ok_or(TrainError::NoModel)
 }
 
 /// One rank's training loop.
