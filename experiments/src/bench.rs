@@ -4,16 +4,16 @@
 //! backward (5 matmuls, recomputing the scores), as FlashAttention-2 counts them. Every ratio is taken
 //! against a matmul rate measured in the same run, since the machines are shared and noisy.
 
+use crate::measure::baseline::{matmul_gflops, random};
 use crate::units::MIB;
 use anyhow::{Context, Result};
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::{Distribution, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM, visible_pairs};
-use workbench::ring::jobs::{AttentionJob, HostTensor, run_attention};
+use workbench::ring::jobs::{AttentionJob, run_attention};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 #[derive(Debug, clap::Subcommand)]
@@ -71,31 +71,6 @@ pub struct AttnBenchRow {
     pub peak_mib_per_rank: Option<f64>,
     /// What one rank must hold in the backward: q, dO, dQ, out, 2 × (K, V, dK, dV), 4 row statistics.
     pub working_set_mib_per_rank: f64,
-}
-
-/// Best-of-5 GFLOP/s of a square f32 `n³` matmul on the Flex backend.
-pub fn matmul_gflops(n: usize) -> f64 {
-    let device = Default::default();
-    let a = Tensor::<Flex, 2>::random([n, n], Distribution::Default, &device);
-    let b = Tensor::<Flex, 2>::random([n, n], Distribution::Default, &device);
-    let _ = a.clone().matmul(b.clone()).into_data();
-    let best = (0..5)
-        .map(|_| {
-            let start = Instant::now();
-            let _ = a.clone().matmul(b.clone()).into_data();
-            start.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min);
-    2.0 * (n as f64).powi(3) / best / 1e9
-}
-
-/// Seeded uniform values in [−0.5, 0.5).
-pub fn random(shape: Vec<usize>, seed: u64) -> HostTensor {
-    let mut rng = datasets::SplitMix64::new(seed);
-    let data = (0..shape.iter().product::<usize>())
-        .map(|_| rng.uniform() as f32 - 0.5)
-        .collect();
-    HostTensor::new(shape, data)
 }
 
 struct Measured {

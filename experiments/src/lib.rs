@@ -1,19 +1,22 @@
-//! The `ringbench` command line: NumPy interop, benchmarks, the experiment runner, training and evaluation.
+//! The `ringbench` command line: NumPy interop, benchmarks, the experiment runner and its kinds,
+//! training and evaluation.
 
 pub mod alloc;
 pub mod attn;
 pub mod bench;
 pub mod exorl;
 pub mod hardware;
+pub mod kinds;
 pub mod line_retrieval;
 pub mod markdown;
-pub mod measured;
+pub mod measure;
 pub mod memory_model;
 pub mod mpi_rank;
 pub mod npy;
 pub mod plot;
 pub mod reproduce;
-pub mod row;
+pub mod results;
 pub mod runner;
 pub mod simulator;
+pub mod spec;
 pub mod units;

@@ -123,6 +123,51 @@ pub fn load_spec(path: &Path) -> Result<TrainSpec> {
         .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().replace('\n', " ")))
 }
 
+/// How training prompts are drawn: `batch` fresh cases per step, each of `min_lines..=num_lines`
+/// lines with names from the training word list.
+#[derive(Debug, Clone, Copy)]
+pub struct Prompts {
+    /// Seeds every step's cases.
+    pub seed: u64,
+    /// Prompts per step.
+    pub batch: usize,
+    /// Fewest lines in a prompt (at least 1).
+    pub min_lines: usize,
+    /// Most lines in a prompt.
+    pub num_lines: usize,
+    /// Loss weight of the prompt's own tokens ([`example`]).
+    pub lm_weight: f32,
+}
+
+impl Prompts {
+    /// An error naming the line counts unless `1 <= min_lines <= num_lines`.
+    pub fn check(&self) -> Result<()> {
+        if self.min_lines == 0 || self.min_lines > self.num_lines {
+            bail!(
+                "min_lines = {} must be in 1..=num_lines = {}",
+                self.min_lines,
+                self.num_lines
+            );
+        }
+        Ok(())
+    }
+
+    /// The examples of training step `step` (the same on every rank and every run).
+    pub fn batch(&self, tokenizer: &Tokenizer, step: usize) -> Vec<Example> {
+        let mut rng =
+            SplitMix64::new(self.seed ^ (step as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
+        (0..self.batch)
+            .map(|_| {
+                let lines =
+                    rng.range_inclusive(self.min_lines as u64, self.num_lines as u64) as usize;
+                let case = generate(&mut rng, lines, WordSplit::Train)
+                    .expect("line counts checked by Prompts::check");
+                example(tokenizer, &case, self.lm_weight)
+            })
+            .collect()
+    }
+}
+
 /// `[BOS] prompt answer [EOS]`: the answer and EOS weigh 1, the prompt's tokens `lm_weight`.
 pub fn example(tokenizer: &Tokenizer, case: &Case, lm_weight: f32) -> Example {
     let mut tokens = vec![BOS];
@@ -246,13 +291,6 @@ fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> 
     let config = spec.model.config(tokenizer.vocab_size());
     config.validate()?;
     let t = &spec.train;
-    if t.min_lines == 0 || t.min_lines > t.num_lines {
-        bail!(
-            "train.min_lines = {} must be in 1..=num_lines = {}",
-            t.min_lines,
-            t.num_lines
-        );
-    }
     let partition = strategies::by_name(&spec.ring.strategy)?;
     let options = TrainOptions {
         ranks: spec.ring.ranks,
@@ -281,17 +319,15 @@ fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> 
         t.min_lines,
         t.num_lines
     );
-    let batch_for = |step: usize| {
-        let mut rng = SplitMix64::new(t.seed ^ (step as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
-        (0..t.batch)
-            .map(|_| {
-                let lines = rng.range_inclusive(t.min_lines as u64, t.num_lines as u64) as usize;
-                let case =
-                    generate(&mut rng, lines, WordSplit::Train).expect("line counts checked above");
-                example(&tokenizer, &case, t.lm_weight)
-            })
-            .collect()
+    let prompts = Prompts {
+        seed: t.seed,
+        batch: t.batch,
+        min_lines: t.min_lines,
+        num_lines: t.num_lines,
+        lm_weight: t.lm_weight,
     };
+    prompts.check().context("train")?;
+    let batch_for = |step: usize| prompts.batch(&tokenizer, step);
     let bar = ProgressBar::new(t.steps as u64).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} eta {eta} {msg}")
             .context("template")?,
@@ -432,44 +468,9 @@ pub fn run_eval(args: &EvalArgs) -> Result<Vec<AccuracyRow>> {
     let (model, _, tokenizer) = load_checkpoint(&args.checkpoint)?;
     let cases = read_jsonl(&args.cases)?;
     let partition = strategies::by_name(&args.strategy)?;
-    let bar = ProgressBar::new(cases.len() as u64);
-    let mut tally: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
-    for chunk in cases.chunks(args.batch.max(1)) {
-        let prompts: Vec<Vec<u32>> = chunk
-            .iter()
-            .map(|c| {
-                std::iter::once(BOS)
-                    .chain(tokenizer.encode(&c.prompt))
-                    .collect()
-            })
-            .collect();
-        let decoding = Decoding {
-            max_new: 8,
-            stop: EOS,
-            pad: EOS,
-            partition,
-            ranks: args.ranks,
-            timeout: Duration::from_secs(600),
-        };
-        let replies = greedy(&model, &prompts, &decoding)?;
-        for (case, reply) in chunk.iter().zip(replies) {
-            let text = tokenizer.decode(&reply)?;
-            let entry = tally.entry(case.num_lines).or_default();
-            entry.0 += 1;
-            entry.1 += usize::from(score_reply(&text) == Some(case.expected_number));
-        }
-        bar.inc(chunk.len() as u64);
-    }
-    bar.finish_and_clear();
-    let rows: Vec<AccuracyRow> = tally
-        .into_iter()
-        .map(|(num_lines, (cases, correct))| AccuracyRow {
-            num_lines,
-            cases,
-            correct,
-            accuracy: correct as f64 / cases as f64,
-        })
-        .collect();
+    let rows = accuracy(
+        &model, &tokenizer, &cases, partition, args.ranks, args.batch,
+    )?;
     let mut w = csv::Writer::from_path(&args.out)
         .with_context(|| format!("writing {}", args.out.display()))?;
     println!("num_lines,cases,correct,accuracy");
@@ -496,6 +497,57 @@ pub fn run_eval(args: &EvalArgs) -> Result<Vec<AccuracyRow>> {
             }],
         )?;
     }
+    Ok(rows)
+}
+
+/// Exact-match accuracy per number of lines of greedy replies to `cases`, decoded `batch` prompts at a
+/// time on `ranks` ranks.
+pub fn accuracy<B: RingBackend>(
+    model: &Llama<B>,
+    tokenizer: &Tokenizer,
+    cases: &[Case],
+    partition: &dyn strategies::Partition,
+    ranks: usize,
+    batch: usize,
+) -> Result<Vec<AccuracyRow>> {
+    let bar = ProgressBar::new(cases.len() as u64);
+    let mut tally: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+    for chunk in cases.chunks(batch.max(1)) {
+        let prompts: Vec<Vec<u32>> = chunk
+            .iter()
+            .map(|c| {
+                std::iter::once(BOS)
+                    .chain(tokenizer.encode(&c.prompt))
+                    .collect()
+            })
+            .collect();
+        let decoding = Decoding {
+            max_new: 8,
+            stop: EOS,
+            pad: EOS,
+            partition,
+            ranks: ranks,
+            timeout: Duration::from_secs(600),
+        };
+        let replies = greedy(model, &prompts, &decoding)?;
+        for (case, reply) in chunk.iter().zip(replies) {
+            let text = tokenizer.decode(&reply)?;
+            let entry = tally.entry(case.num_lines).or_default();
+            entry.0 += 1;
+            entry.1 += usize::from(score_reply(&text) == Some(case.expected_number));
+        }
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    let rows: Vec<AccuracyRow> = tally
+        .into_iter()
+        .map(|(num_lines, (cases, correct))| AccuracyRow {
+            num_lines,
+            cases,
+            correct,
+            accuracy: correct as f64 / cases as f64,
+        })
+        .collect();
     Ok(rows)
 }
 

@@ -47,7 +47,7 @@ fn main() {
         Command::Train(args) => line_retrieval::run_train(args),
         Command::EvalLines(args) => line_retrieval::run_eval(args).map(|_| ()),
         Command::GenLines(args) => line_retrieval::run_gen(args),
-        Command::Run(args) => runner::run(args).map(|_| ()),
+        Command::Run(args) => runner::run_command(args),
         Command::Exorl(command) => exorl::run(command),
         Command::Reproduce(args) => reproduce::run(args),
     };

@@ -6,8 +6,22 @@ use std::path::Path;
 
 /// One named series of (x, y) points.
 pub struct Series {
+    /// Legend text.
     pub name: String,
+    /// (x, y) in drawing order.
     pub points: Vec<(f64, f64)>,
+}
+
+impl Series {
+    /// Named series from a map of unsorted points, each sorted by x.
+    pub fn sorted(map: std::collections::BTreeMap<String, Vec<(f64, f64)>>) -> Vec<Series> {
+        map.into_iter()
+            .map(|(name, mut points)| {
+                points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                Series { name, points }
+            })
+            .collect()
+    }
 }
 
 /// Writes an SVG line chart with markers and a legend.

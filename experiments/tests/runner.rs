@@ -1,7 +1,7 @@
 //! The experiment runner: the paper-analog tables' acceptance numbers, resuming, and malformed specs.
 
 use experiments::hardware::PROFILES;
-use experiments::runner::{RunArgs, run};
+use experiments::runner::run;
 use std::path::{Path, PathBuf};
 
 fn temp(name: &str) -> PathBuf {
@@ -33,12 +33,7 @@ fn balance_table_meets_the_paper_level_speedups() {
         "kind = \"balance\"\n[sweep]\nstrategies = [\"contiguous\", \"striped\", \"zigzag\"]\nranks = [8]\nblock_sizes = [8192]\nprofiles = [\"a100-nvlink\"]\n",
     )
     .unwrap();
-    let dir = run(&RunArgs {
-        spec: spec.clone(),
-        force: false,
-        results: root.clone(),
-    })
-    .unwrap();
+    let dir = run(&spec.clone(), &root, false).map(|s| s.dir).unwrap();
     let (s, speed, theory) = (
         column(&dir, "strategy"),
         column(&dir, "speedup_over_contiguous"),
@@ -64,12 +59,7 @@ fn balance_table_meets_the_paper_level_speedups() {
 
     // Resume: a second run keeps every row and computes none.
     let before = std::fs::read_to_string(dir.join("results.csv")).unwrap();
-    run(&RunArgs {
-        spec,
-        force: false,
-        results: root.clone(),
-    })
-    .unwrap();
+    run(&spec, &root, false).map(|s| s.dir).unwrap();
     assert_eq!(
         std::fs::read_to_string(dir.join("results.csv")).unwrap(),
         before
@@ -100,12 +90,7 @@ fn exposed_communication_has_its_knee_at_c_min() {
     let root = temp("overlap");
     let spec = root.join("overlap.toml");
     std::fs::write(&spec, "kind = \"overlap\"\n[sweep]\nprofiles = [\"tpu-v4\"]\nblock_sizes = [512, 820, 1230, 2048]\n").unwrap();
-    let dir = run(&RunArgs {
-        spec,
-        force: false,
-        results: root.clone(),
-    })
-    .unwrap();
+    let dir = run(&spec, &root, false).map(|s| s.dir).unwrap();
     let exposed: Vec<f64> = rows(&dir)
         .iter()
         .map(|r| r[column(&dir, "exposed_comm_fraction")].parse().unwrap())
@@ -131,7 +116,7 @@ fn malformed_specs_name_the_key_and_line() {
         ),
         (
             "kind = \"balance\"\n[sweep]\nstrategies = [\"zigzag\"]\nranks = []\nblock_sizes = [64]\nprofiles = [\"a100-nvlink\"]\n",
-            ":4: sweep.ranks is empty",
+            ":4: sweep.ranks: is empty",
         ),
         (
             "kind = \"mfu\"\n[sweep]\nranks = [1, 0]\n",
@@ -139,23 +124,40 @@ fn malformed_specs_name_the_key_and_line() {
         ),
         (
             "kind = \"overlap\"\n[sweep]\nprofiles = [\"tpu-v9\"]\nblock_sizes = [64]\n",
-            ":3: unknown profile 'tpu-v9'",
+            ":3: sweep.profiles: unknown profile 'tpu-v9'",
         ),
         (
             "kind = \"overlap\"\n[sweep]\nprofiles = [\"tpu-v4\"]\nblock_sizes = [64]\nranks = [2]\n",
-            ":5: sweep.ranks is not used",
+            ":5: unknown field `ranks`",
+        ),
+        (
+            "kind = \"overlap\"\n[sweep]\nprofiles = [\"tpu-v4\"]\nblock_sizes = \"64\"\n",
+            ":4: invalid type: string \"64\", expected a sequence",
+        ),
+        (
+            "kind = \"spiral\"\n[sweep]\n",
+            ":1: kind: unknown kind 'spiral'; known: attn, train",
+        ),
+        (
+            "kind = \"attn\"\n[sweep]\nranks = [2]\nseq_lens = [64]\nbackward = [\"kv\", \"sideways\"]\n",
+            ":5: sweep.backward: unknown backward scheme 'sideways'",
+        ),
+        (
+            "kind = \"attn\"\n[sweep]\nranks = [2]\nseq_lens = [64]\nkv_heads = []\n",
+            ":5: sweep.kv_heads: is empty",
+        ),
+        (
+            "kind = \"train\"\n[sweep]\nranks = [1]\n[task]\nname = \"chess\"\nmin_lines = 1\nnum_lines = 2\n[model]\nd_model = 32\nlayers = 1\nheads = 2\nkv_heads = 1\nffn_multiple_of = 16\nrope_theta = 10000.0\nffn_chunk = 64\n[train]\nsteps = 1\nbatch = 1\nlr = 1e-3\n",
+            ":5: task.name: unknown task 'chess'",
         ),
     ];
     for (i, (text, message)) in cases.iter().enumerate() {
         let spec = root.join(format!("bad{i}.toml"));
         std::fs::write(&spec, text).unwrap();
-        let err = run(&RunArgs {
-            spec,
-            force: false,
-            results: root.clone(),
-        })
-        .unwrap_err()
-        .to_string();
+        let err = run(&spec, &root, false)
+            .map(|s| s.dir)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(message), "expected '{message}' in: {err}");
         if i == 0 {
             assert!(
@@ -192,7 +194,7 @@ fn ring_engine_memory_per_rank_is_flat_so_max_context_grows_with_ranks() {
     let dir = run_binary(
         &root,
         "memory",
-        "kind = \"memory\"\n[sweep]\nranks = [1, 2, 4, 8]\nblock_sizes = [128]\n[measure]\nbudget_mib = 7.5\nmax_seq = 2048\nd_model = 64\nlayers = 1\nheads = 2\nvocab = 64\nmethods = [\"blockwise-attn+ffn\", \"ring\"]\n",
+        "kind = \"memory\"\n[sweep]\nranks = [1, 2, 4, 8]\nblock_sizes = [128]\n[measure]\nbudget_mib = 7.5\nmax_seq = 2048\nmethods = [\"blockwise-attn+ffn\", \"ring\"]\n[model]\nd_model = 64\nlayers = 1\nheads = 2\nvocab = 64\n",
     );
     let (kind, method, ranks, seq, allocator, engine) = (
         column(&dir, "row_type"),
@@ -251,4 +253,156 @@ fn ring_engine_memory_per_rank_is_flat_so_max_context_grows_with_ranks() {
         let mib: f64 = r[allocator].parse().unwrap();
         assert!(mib > 0.0, "allocator peak not measured: {r:?}");
     }
+}
+
+/// A strategy that exists only in this test: reversed contiguous shards (rank 0 holds the last).
+#[derive(Debug)]
+struct Reversed;
+
+impl strategies::Partition for Reversed {
+    fn name(&self) -> &'static str {
+        "reversed"
+    }
+    fn validate(&self, seq_len: usize, ranks: usize) -> Result<(), strategies::PartitionError> {
+        strategies::Contiguous.validate(seq_len, ranks)
+    }
+    fn owned_positions(&self, seq_len: usize, ranks: usize, rank: usize) -> Vec<usize> {
+        strategies::Contiguous.owned_positions(seq_len, ranks, ranks - 1 - rank)
+    }
+}
+
+#[test]
+fn attn_sweep_measures_every_point_exactly_and_resumes() {
+    strategies::register(&Reversed).unwrap();
+    let root = temp("attn");
+    let spec = root.join("ablation.toml");
+    let text = "kind = \"attn\"\n[sweep]\nstrategies = [\"zigzag\", \"reversed\"]\nforward = [\"cw\", \"ccw\"]\nbackward = [\"kv\", \"q\"]\nranks = [1, 2]\nseq_lens = [48, 50]\ncausal = [true, false]\nkv_heads = [2, 3]\n[attention]\nheads = 2\nhead_dim = 8\n[measure]\nrepeats = 1\ncheck_tokens_per_rank = 6\n";
+    std::fs::write(&spec, text).unwrap();
+    let summary = run(&spec, &root, false).unwrap();
+    let dir = summary.dir;
+    // 2 strategies × 2 directions × 2 schemes × 2 rank counts × 2 lengths × 2 × 2.
+    assert_eq!(summary.computed, 128);
+    let all = rows(&dir);
+    assert_eq!(all.len(), 128, "every point is a row, skipped or not");
+    let (status, error, strategy, ranks, seq, kv, single) = (
+        column(&dir, "status"),
+        column(&dir, "max_rel_error"),
+        column(&dir, "strategy"),
+        column(&dir, "ranks"),
+        column(&dir, "seq_len"),
+        column(&dir, "kv_heads"),
+        column(&dir, "ring_over_single"),
+    );
+    let mut ok = 0;
+    for r in &all {
+        let skip =
+            &r[kv] == "3" || (&r[seq] == "50" && &r[ranks] == "2" && &r[strategy] == "zigzag");
+        if skip {
+            assert!(r[status].starts_with("skipped: "), "{r:?}");
+            assert_eq!(&r[error], "", "{r:?}");
+            continue;
+        }
+        assert_eq!(&r[status], "ok", "{r:?}");
+        let e: f64 = r[error].parse().unwrap();
+        assert!(e <= 1e-5, "max_rel_error {e} in {r:?}");
+        if &r[ranks] == "2" {
+            assert!(r[single].parse::<f64>().unwrap() > 0.0, "{r:?}");
+        }
+        ok += 1;
+    }
+    // kv_heads = 3 does not divide 2 heads (64 rows); zig-zag cannot split 50 over 2 ranks (8 rows).
+    assert_eq!(ok, 128 - 64 - 8);
+    assert!(
+        all.iter()
+            .any(|r| &r[strategy] == "reversed" && &r[status] == "ok")
+    );
+    let msg = all.iter().find(|r| &r[kv] == "3").unwrap()[status].to_string();
+    assert!(msg.contains("kv_heads = 3"), "{msg}");
+
+    // A rerun computes nothing and changes no byte; a grown sweep computes only its new points.
+    let before = std::fs::read(dir.join("results.csv")).unwrap();
+    assert_eq!(run(&spec, &root, false).unwrap().computed, 0);
+    assert_eq!(std::fs::read(dir.join("results.csv")).unwrap(), before);
+    std::fs::write(
+        &spec,
+        text.replace("seq_lens = [48, 50]", "seq_lens = [48, 50, 32]"),
+    )
+    .unwrap();
+    assert_eq!(run(&spec, &root, false).unwrap().computed, 64);
+    assert_eq!(rows(&dir).len(), 192);
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+#[test]
+fn train_sweep_losses_agree_across_strategies_ranks_and_schemes() {
+    let root = temp("train");
+    let spec = root.join("train.toml");
+    std::fs::write(&spec, include_str!("../train_quick.toml")).unwrap();
+    let summary = run(&spec, &root, false).unwrap();
+    let dir = summary.dir;
+    let all = rows(&dir);
+    // 3 strategies × N ∈ {1, 4} × 2 schemes.
+    assert_eq!(all.len(), 12);
+    let (diff, steps, loss) = (
+        column(&dir, "max_rel_loss_diff"),
+        column(&dir, "steps"),
+        column(&dir, "final_loss"),
+    );
+    let first: f64 = all[0][loss].parse().unwrap();
+    for r in &all {
+        let d: f64 = r[diff].parse().unwrap();
+        assert!(d <= 1e-4, "max_rel_loss_diff {d} in {r:?}");
+        assert_eq!(&r[steps], "20");
+        assert!(r[loss].parse::<f64>().unwrap() < first * 1.5);
+    }
+    let curves = csv::Reader::from_path(dir.join("curves.csv"))
+        .unwrap()
+        .records()
+        .count();
+    assert_eq!(curves, 12 * 20);
+    assert!(dir.join("curves.svg").exists());
+    assert_eq!(run(&spec, &root, false).unwrap().computed, 0);
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+#[test]
+fn every_kind_resumes_without_recomputing() {
+    // The cheap kinds here; attn and train resume in their own tests, the measured ones share the
+    // runner's resume path (a point is done when its rows are in results.csv).
+    let root = temp("resume");
+    for (name, text) in [
+        (
+            "b",
+            "kind = \"balance\"\n[sweep]\nstrategies = [\"striped\"]\nranks = [2, 4]\nblock_sizes = [64]\nprofiles = [\"tpu-v4\"]\n",
+        ),
+        (
+            "o",
+            "kind = \"overlap\"\n[sweep]\nprofiles = [\"tpu-v4\"]\nblock_sizes = [512]\n",
+        ),
+        ("m", "kind = \"memory-model\"\n"),
+        (
+            "k",
+            "kind = \"knee\"\n[sweep]\nranks = [2]\nblock_sizes = [32, 64]\n[model]\nheads = 1\nhead_dim = 8\n[measure]\nset_knee_tokens = 64\nrepeats = 1\n",
+        ),
+        (
+            "f",
+            "kind = \"mfu\"\n[sweep]\nranks = [1, 2]\nblock_sizes = [16]\n[model]\nd_model = 16\nlayers = 1\nheads = 2\nvocab = 16\n[measure]\nsteps = 1\n",
+        ),
+    ] {
+        let spec = root.join(format!("{name}.toml"));
+        std::fs::write(&spec, text).unwrap();
+        let first = run(&spec, &root, false).unwrap();
+        assert!(first.computed > 0, "{name}");
+        let csv = std::fs::read(first.dir.join("results.csv")).unwrap();
+        let again = run(&spec, &root, false).unwrap();
+        assert_eq!((again.computed, again.kept), (0, first.computed), "{name}");
+        assert_eq!(
+            std::fs::read(first.dir.join("results.csv")).unwrap(),
+            csv,
+            "{name}"
+        );
+        let forced = run(&spec, &root, true).unwrap();
+        assert_eq!(forced.computed, first.computed, "{name}");
+    }
+    std::fs::remove_dir_all(root).unwrap();
 }

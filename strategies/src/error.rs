@@ -47,6 +47,12 @@ pub enum PartitionError {
         /// The layout's rank count.
         ranks: usize,
     },
+    /// [`crate::register`] was given a second strategy under a name already registered.
+    #[error("a strategy named '{name}' is already registered")]
+    NameTaken {
+        /// The name both strategies give.
+        name: String,
+    },
     /// A name the registry does not know.
     #[error("unknown strategy '{name}'; known strategies: {known}")]
     UnknownStrategy {

@@ -17,7 +17,7 @@ mod zigzag;
 pub use contiguous::Contiguous;
 pub use error::PartitionError;
 pub use partition::{Layout, Partition, check_ranks};
-pub use registry::{by_name, names};
+pub use registry::{by_name, names, register};
 pub use striped::Striped;
 pub use work::{causal_pairs, causal_work_per_rank};
 pub use zigzag::ZigZag;

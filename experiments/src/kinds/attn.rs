@@ -1,0 +1,549 @@
+//! Kind `attn`: the ring's ablation, measured. Every point of strategy × forward direction ×
+//! backward scheme × ranks × length × causal × key/value heads × kernel runs a forward and a
+//! forward + backward pass on in-process thread ranks, with the traffic each rank sent, the measured
+//! load balance, and the error against a float64 reference on a small copy of the point.
+
+use super::experiment::{Experiment, Plan, Point, PointContext};
+use crate::measure::baseline::{matmul_gflops, random};
+use crate::plot::{Series, line_chart};
+use crate::results::{Record, Table};
+use crate::spec::SpecText;
+use anyhow::{Result, anyhow};
+use burn::backend::{Autodiff, Flex};
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use strategies::Partition;
+use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM, visible_pairs};
+use workbench::ring::jobs::{AttentionJob, AttentionResult, HostTensor, run_attention};
+use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
+
+/// The kind.
+pub struct Attn;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Spec {
+    #[serde(rename = "kind")]
+    _kind: IgnoredAny,
+    #[serde(default, rename = "description")]
+    _description: IgnoredAny,
+    sweep: Sweep,
+    #[serde(default)]
+    attention: Shape,
+    #[serde(default)]
+    measure: Measure,
+}
+
+/// Every list but `ranks` and `seq_lens` has a default.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sweep {
+    /// Default: every registered strategy.
+    strategies: Option<Vec<String>>,
+    /// Default: `["cw"]`.
+    forward: Option<Vec<String>>,
+    /// Default: `["kv"]`.
+    backward: Option<Vec<String>>,
+    ranks: Option<Vec<usize>>,
+    /// Total tokens.
+    seq_lens: Option<Vec<usize>>,
+    /// Default: `[true]`.
+    causal: Option<Vec<bool>>,
+    /// Default: `[heads]` (multi-head attention); fewer is GQA, 1 is MQA.
+    kv_heads: Option<Vec<usize>>,
+    /// Default: `["fused"]`.
+    kernels: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct Shape {
+    heads: usize,
+    head_dim: usize,
+    batch: usize,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Shape {
+            heads: 4,
+            head_dim: 64,
+            batch: 1,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct Measure {
+    /// Timed passes per point; the fastest counts.
+    repeats: usize,
+    /// Tokens per rank of the small copy checked against the float64 reference.
+    check_tokens_per_rank: usize,
+}
+
+impl Default for Measure {
+    fn default() -> Self {
+        Measure {
+            repeats: 3,
+            check_tokens_per_rank: 16,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct AttnPoint {
+    strategy: &'static dyn Partition,
+    forward: Direction,
+    backward: BackwardScheme,
+    ranks: usize,
+    seq_len: usize,
+    causal: bool,
+    kv_heads: usize,
+    kernel: Kernel,
+}
+
+/// One row; every measured column is empty on a skipped row.
+#[derive(Debug, Default, Serialize)]
+struct Row {
+    strategy: String,
+    forward: String,
+    backward: String,
+    ranks: usize,
+    seq_len: usize,
+    causal: bool,
+    kv_heads: usize,
+    kernel: String,
+    heads: usize,
+    head_dim: usize,
+    batch: usize,
+    /// `ok`, or `skipped: <the typed error>`.
+    status: String,
+    fwd_seconds: Option<f64>,
+    fwd_bwd_seconds: Option<f64>,
+    fwd_bwd_gflops: Option<f64>,
+    matmul_gflops: Option<f64>,
+    fwd_bwd_over_matmul: Option<f64>,
+    /// Bytes one rank sent in the forward and backward (mean over ranks).
+    bytes_per_rank: Option<f64>,
+    /// Messages one rank sent in the forward and backward (mean over ranks).
+    messages_per_rank: Option<f64>,
+    /// Busiest rank's tile compute time over the mean (forward and backward): the measured balance.
+    busy_max_over_mean: Option<f64>,
+    /// fwd+bwd seconds over the one-rank row of the same length, causality, heads and kernel.
+    ring_over_single: Option<f64>,
+    /// Largest error of out, lse, dq, dk, dv against float64, each relative to its scale, on the
+    /// same point at `check_tokens_per_rank` tokens per rank.
+    max_rel_error: Option<f64>,
+}
+
+struct AttnPlan {
+    points: Vec<AttnPoint>,
+    shape: Shape,
+    measure: Measure,
+}
+
+const KEYS: &[&str] = &[
+    "strategy", "forward", "backward", "ranks", "seq_len", "causal", "kv_heads", "kernel",
+];
+
+impl Experiment for Attn {
+    fn name(&self) -> &'static str {
+        "attn"
+    }
+    fn about(&self) -> &'static str {
+        "measured: ring attention forward and backward over strategy x direction x scheme x ranks x length"
+    }
+    fn sweep_keys(&self) -> &'static [&'static str] {
+        &[
+            "strategies",
+            "forward",
+            "backward",
+            "ranks",
+            "seq_lens",
+            "causal",
+            "kv_heads",
+            "kernels",
+        ]
+    }
+    fn key_columns(&self) -> &'static [&'static str] {
+        KEYS
+    }
+    fn headline_columns(&self) -> &'static [&'static str] {
+        &[
+            "fwd_bwd_seconds",
+            "busy_max_over_mean",
+            "ring_over_single",
+            "max_rel_error",
+        ]
+    }
+
+    fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {
+        let parsed: Spec = spec.parse()?;
+        let s = &parsed.sweep;
+        let shape = parsed.attention;
+        if shape.heads == 0 || shape.head_dim == 0 || shape.batch == 0 {
+            return Err(spec.error(
+                "attention",
+                "heads",
+                &format!(
+                    "heads, head_dim and batch must be at least 1, got {}, {}, {}",
+                    shape.heads, shape.head_dim, shape.batch
+                ),
+            ));
+        }
+        let all_names: Vec<String> = strategies::names().into_iter().map(String::from).collect();
+        let strategies = spec.strategies(
+            "sweep",
+            "strategies",
+            &spec.list_or("sweep", "strategies", &s.strategies, all_names)?,
+        )?;
+        let forward: Vec<Direction> = spec.parsed(
+            "sweep",
+            "forward",
+            &spec.list_or("sweep", "forward", &s.forward, vec!["cw".into()])?,
+        )?;
+        let backward: Vec<BackwardScheme> = spec.parsed(
+            "sweep",
+            "backward",
+            &spec.list_or("sweep", "backward", &s.backward, vec!["kv".into()])?,
+        )?;
+        let kernels: Vec<Kernel> = spec.parsed(
+            "sweep",
+            "kernels",
+            &spec.list_or("sweep", "kernels", &s.kernels, vec!["fused".into()])?,
+        )?;
+        let mut ranks = spec.ranks("sweep", &s.ranks)?.to_vec();
+        // One rank first: it is every row's ring_over_single baseline.
+        ranks.sort_unstable();
+        let seq_lens = spec.list("sweep", "seq_lens", &s.seq_lens)?;
+        if let Some(&bad) = seq_lens.iter().find(|&&s| s == 0) {
+            return Err(spec.error(
+                "sweep",
+                "seq_lens",
+                &format!("lengths must be at least 1, got {bad}"),
+            ));
+        }
+        let causal = &spec.list_or("sweep", "causal", &s.causal, vec![true])?;
+        let kv_heads = &spec.list_or("sweep", "kv_heads", &s.kv_heads, vec![shape.heads])?;
+        let mut points = Vec::new();
+        for &ranks in &ranks {
+            for &seq_len in seq_lens {
+                for &causal in causal {
+                    for &kv_heads in kv_heads {
+                        for &kernel in &kernels {
+                            for &strategy in &strategies {
+                                for &forward in &forward {
+                                    for &backward in &backward {
+                                        points.push(AttnPoint {
+                                            strategy,
+                                            forward,
+                                            backward,
+                                            ranks,
+                                            seq_len,
+                                            causal,
+                                            kv_heads,
+                                            kernel,
+                                        });
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Box::new(AttnPlan {
+            points,
+            shape,
+            measure: parsed.measure,
+        }))
+    }
+
+    fn figure(&self, table: &Table, dir: &Path) -> Result<()> {
+        // One line per (strategy, length, causal): the fastest direction/scheme at each rank count.
+        let mut best: BTreeMap<(String, String), f64> = BTreeMap::new();
+        for row in table.rows.iter().filter(|r| r.get("status") == Some("ok")) {
+            let name = format!(
+                "{} S={}{}",
+                row.get("strategy").unwrap_or(""),
+                row.get("seq_len").unwrap_or(""),
+                if row.get("causal") == Some("true") {
+                    " causal"
+                } else {
+                    ""
+                }
+            );
+            let x = row.get("ranks").unwrap_or("").to_owned();
+            let t = row.num("fwd_bwd_seconds");
+            let slot = best.entry((name, x)).or_insert(f64::INFINITY);
+            *slot = slot.min(t);
+        }
+        let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+        for ((name, x), t) in best {
+            series
+                .entry(name)
+                .or_default()
+                .push((x.parse().unwrap_or(f64::NAN), t));
+        }
+        if series.is_empty() {
+            return Ok(());
+        }
+        line_chart(
+            &dir.join("attn.svg"),
+            "Ring attention forward + backward (fastest direction and scheme)",
+            "ranks N",
+            "fwd+bwd seconds",
+            &Series::sorted(series),
+        )
+    }
+}
+
+fn key(p: &AttnPoint) -> Record {
+    Record::new([
+        ("strategy", p.strategy.name().to_string()),
+        ("forward", p.forward.to_string()),
+        ("backward", p.backward.to_string()),
+        ("ranks", p.ranks.to_string()),
+        ("seq_len", p.seq_len.to_string()),
+        ("causal", p.causal.to_string()),
+        ("kv_heads", p.kv_heads.to_string()),
+        ("kernel", p.kernel.to_string()),
+    ])
+}
+
+/// Why a point cannot run, as the typed error says it; `None` if it can.
+fn unsupported(p: &AttnPoint, heads: usize) -> Option<String> {
+    if p.kv_heads == 0 || !heads.is_multiple_of(p.kv_heads) {
+        return Some(format!(
+            "heads = {heads} is not a multiple of kv_heads = {}",
+            p.kv_heads
+        ));
+    }
+    p.strategy
+        .layout(p.seq_len, p.ranks)
+        .err()
+        .map(|e| e.to_string())
+}
+
+impl Plan for AttnPlan {
+    fn points(&self) -> Vec<Point> {
+        self.points.iter().map(|p| Point::single(key(p))).collect()
+    }
+
+    fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
+        let p = self.points[index];
+        let Shape {
+            heads,
+            head_dim,
+            batch,
+        } = self.shape;
+        let mut row = Row {
+            strategy: p.strategy.name().to_owned(),
+            forward: p.forward.to_string(),
+            backward: p.backward.to_string(),
+            ranks: p.ranks,
+            seq_len: p.seq_len,
+            causal: p.causal,
+            kv_heads: p.kv_heads,
+            kernel: p.kernel.to_string(),
+            heads,
+            head_dim,
+            batch,
+            ..Row::default()
+        };
+        if let Some(reason) = unsupported(&p, heads) {
+            row.status = format!("skipped: {reason}");
+            return Ok(vec![Record::of(&row)?]);
+        }
+        let config = RingConfig {
+            causal: p.causal,
+            forward: p.forward,
+            backward: p.backward,
+            kernel: p.kernel,
+            scale: None,
+            lockstep: false,
+        };
+        let (b, s, h, hk, d) = (batch, p.seq_len, heads, p.kv_heads, head_dim);
+        let q = random(vec![b, s, h, d], 1);
+        let k = random(vec![b, s, hk, d], 2);
+        let v = random(vec![b, s, hk, d], 3);
+        let d_out = random(vec![b, s, h, d], 4);
+        let job = |with_grad: bool| AttentionJob {
+            q: &q,
+            k: &k,
+            v: &v,
+            d_out: with_grad.then_some(&d_out),
+            ranks: p.ranks,
+            strategy: p.strategy,
+            config,
+            timeout: Duration::from_secs(3600),
+            fault: None,
+            link: None,
+        };
+        let (fwd, _) = fastest(&job(false), self.measure.repeats)?;
+        let (fwd_bwd, result) = fastest(&job(true), self.measure.repeats)?;
+        // The baseline is re-measured beside every row: these machines are shared and noisy.
+        let matmul = matmul_gflops(1024);
+        let flops = ((FORWARD_PER_PAIR_DIM + BACKWARD_PER_PAIR_DIM)
+            * visible_pairs(s, p.causal)
+            * (b * h * d) as u64) as f64;
+        let n = p.ranks as f64;
+        let busy: Vec<f64> = result
+            .events
+            .iter()
+            .map(|e| e.iter().map(|e| e.compute_seconds).sum())
+            .collect();
+        let busy_mean = busy.iter().sum::<f64>() / busy.len().max(1) as f64;
+        let single = context
+            .table
+            .rows
+            .iter()
+            .find(|r| {
+                r.get("status") == Some("ok")
+                    && r.get("ranks") == Some("1")
+                    && r.get("seq_len") == Some(&p.seq_len.to_string())
+                    && r.get("causal") == Some(&p.causal.to_string())
+                    && r.get("kv_heads") == Some(&p.kv_heads.to_string())
+                    && r.get("kernel") == Some(&p.kernel.to_string())
+            })
+            .map(|r| r.num("fwd_bwd_seconds"));
+        context
+            .bar
+            .set_message(format!("{} float64 check", point_label(&p)));
+        row.status = "ok".into();
+        row.fwd_seconds = Some(fwd);
+        row.fwd_bwd_seconds = Some(fwd_bwd);
+        row.fwd_bwd_gflops = Some(flops / fwd_bwd / 1e9);
+        row.matmul_gflops = Some(matmul);
+        row.fwd_bwd_over_matmul = Some(flops / fwd_bwd / 1e9 / matmul);
+        row.bytes_per_rank = Some(
+            result
+                .traffic
+                .iter()
+                .map(|t| t.total_bytes() as f64)
+                .sum::<f64>()
+                / n,
+        );
+        row.messages_per_rank = Some(
+            result
+                .traffic
+                .iter()
+                .map(|t| t.sends.len() as f64)
+                .sum::<f64>()
+                / n,
+        );
+        row.busy_max_over_mean =
+            Some(busy.iter().copied().fold(0.0, f64::max) / busy_mean.max(f64::MIN_POSITIVE));
+        row.ring_over_single = single.map(|t| fwd_bwd / t);
+        row.max_rel_error = Some(float64_check(
+            &p,
+            config,
+            &self.shape,
+            self.measure.check_tokens_per_rank,
+        )?);
+        Ok(vec![Record::of(&row)?])
+    }
+}
+
+fn point_label(p: &AttnPoint) -> String {
+    format!(
+        "{} {}/{} N={} S={} causal={} hk={} {}",
+        p.strategy.name(),
+        p.forward,
+        p.backward,
+        p.ranks,
+        p.seq_len,
+        p.causal,
+        p.kv_heads,
+        p.kernel
+    )
+}
+
+/// The fastest of `repeats` runs of `job`: its wall seconds and result.
+fn fastest(job: &AttentionJob, repeats: usize) -> Result<(f64, AttentionResult)> {
+    let mut best: Option<(f64, AttentionResult)> = None;
+    for _ in 0..repeats.max(1) {
+        let start = Instant::now();
+        let result = run_attention::<Autodiff<Flex>>(job, &Default::default())?;
+        let seconds = start.elapsed().as_secs_f64();
+        if best.as_ref().is_none_or(|(t, _)| seconds < *t) {
+            best = Some((seconds, result));
+        }
+    }
+    best.ok_or_else(|| anyhow!("no timed run"))
+}
+
+/// The point at about `tokens_per_rank` tokens per rank (the shortest length from there that the
+/// strategy accepts) against the float64 reference: the largest relative error of out, lse, dq, dk,
+/// dv.
+fn float64_check(
+    p: &AttnPoint,
+    config: RingConfig,
+    shape: &Shape,
+    tokens_per_rank: usize,
+) -> Result<f64> {
+    let start = tokens_per_rank.max(1) * p.ranks;
+    let s = (start..start + 4 * p.ranks * tokens_per_rank.max(1))
+        .find(|&s| p.strategy.validate(s, p.ranks).is_ok())
+        .ok_or_else(|| {
+            anyhow!(
+                "{} accepts no length from {start} to {} on {} ranks for the float64 check",
+                p.strategy.name(),
+                start + 4 * p.ranks * tokens_per_rank,
+                p.ranks
+            )
+        })?;
+    let (b, h, hk, d) = (1, shape.heads, p.kv_heads, shape.head_dim);
+    let mut rng = ringbench_tests::Rng::new(0x5EED ^ s as u64);
+    let q = rng.vec(b * s * h * d, 1.0);
+    let k = rng.vec(b * s * hk * d, 1.0);
+    let v = rng.vec(b * s * hk * d, 1.0);
+    let d_out = rng.vec(b * s * h * d, 1.0);
+    let tensor = |data: &[f32], heads: usize| HostTensor::new(vec![b, s, heads, d], data.to_vec());
+    let (qt, kt, vt, dt) = (
+        tensor(&q, h),
+        tensor(&k, hk),
+        tensor(&v, hk),
+        tensor(&d_out, h),
+    );
+    let result = run_attention::<Autodiff<Flex>>(
+        &AttentionJob {
+            q: &qt,
+            k: &kt,
+            v: &vt,
+            d_out: Some(&dt),
+            ranks: p.ranks,
+            strategy: p.strategy,
+            config,
+            timeout: Duration::from_secs(600),
+            fault: None,
+            link: None,
+        },
+        &Default::default(),
+    )?;
+    let want = ringbench_tests::reference(
+        &q,
+        &k,
+        &v,
+        &d_out,
+        [b, s, h, d],
+        hk,
+        p.causal,
+        1.0 / (d as f64).sqrt(),
+    );
+    let grads = result
+        .grads
+        .ok_or_else(|| anyhow!("the check asked for gradients"))?;
+    let errors = [
+        ringbench_tests::rel_err(&result.out.data, &want.out),
+        ringbench_tests::rel_err(&result.lse.data, &want.lse),
+        ringbench_tests::rel_err(&grads.dq.data, &want.dq),
+        ringbench_tests::rel_err(&grads.dk.data, &want.dk),
+        ringbench_tests::rel_err(&grads.dv.data, &want.dv),
+    ];
+    Ok(errors.into_iter().fold(0.0, f64::max))
+}

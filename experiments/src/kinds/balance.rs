@@ -1,0 +1,270 @@
+//! Kind `balance`: the causal load balance of the partition strategies, one forward ring pass
+//! simulated on a hardware profile, with tile costs from exact FLOP counts or timed on this machine.
+
+use super::experiment::{Experiment, Plan, Point, PointContext};
+use super::shape::{ModelShape, TileCosts};
+use crate::hardware::{Profile, profile, profile_names};
+use crate::plot::{Series, line_chart};
+use crate::results::{Record, Table};
+use crate::simulator::simulate;
+use crate::spec::SpecText;
+use anyhow::{Result, anyhow};
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+use strategies::{Partition, causal_pairs, causal_work_per_rank};
+use workbench::Direction;
+use workbench::kernels::flops::FORWARD_PER_PAIR_DIM;
+
+/// The kind.
+pub struct Balance;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Spec {
+    #[serde(rename = "kind")]
+    _kind: IgnoredAny,
+    #[serde(default, rename = "description")]
+    _description: IgnoredAny,
+    sweep: Sweep,
+    #[serde(default)]
+    model: ModelShape,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sweep {
+    strategies: Option<Vec<String>>,
+    ranks: Option<Vec<usize>>,
+    /// Tokens per rank (the ring's block size c).
+    block_sizes: Option<Vec<usize>>,
+    profiles: Option<Vec<String>>,
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    strategy: &'static str,
+    ranks: usize,
+    block_size: usize,
+    profile: &'static str,
+    tile_costs: &'static str,
+    work_max_over_mean: f64,
+    makespan_ms: f64,
+    speedup_over_contiguous: f64,
+    theoretical_speedup: f64,
+    contiguous_imbalance_2n_minus_1_over_n: f64,
+    overlap_efficiency: f64,
+}
+
+/// Profiles by name; an unknown one names the key and line.
+pub fn profiles(spec: &SpecText, names: &[String]) -> Result<Vec<&'static Profile>> {
+    names
+        .iter()
+        .map(|n| {
+            profile(n).ok_or_else(|| {
+                spec.error(
+                    "sweep",
+                    "profiles",
+                    &format!("unknown profile '{n}'; known: {}", profile_names()),
+                )
+            })
+        })
+        .collect()
+}
+
+struct BalancePlan {
+    points: Vec<(&'static dyn Partition, usize, usize, &'static Profile)>,
+    model: ModelShape,
+    /// This machine's matmul rate, measured once per run (measured tile costs only).
+    matmul_flops: Option<f64>,
+}
+
+impl Experiment for Balance {
+    fn name(&self) -> &'static str {
+        "balance"
+    }
+    fn about(&self) -> &'static str {
+        "causal load balance of each strategy: a simulated forward ring pass on a hardware profile"
+    }
+    fn sweep_keys(&self) -> &'static [&'static str] {
+        &["strategies", "ranks", "block_sizes", "profiles"]
+    }
+    fn key_columns(&self) -> &'static [&'static str] {
+        &["strategy", "ranks", "block_size", "profile"]
+    }
+    fn headline_columns(&self) -> &'static [&'static str] {
+        &["work_max_over_mean", "speedup_over_contiguous"]
+    }
+
+    fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {
+        let parsed: Spec = spec.parse()?;
+        let s = &parsed.sweep;
+        let strategies = spec.strategies(
+            "sweep",
+            "strategies",
+            spec.list("sweep", "strategies", &s.strategies)?,
+        )?;
+        let ranks = spec.ranks("sweep", &s.ranks)?;
+        let blocks = spec.list("sweep", "block_sizes", &s.block_sizes)?;
+        let profiles = profiles(spec, spec.list("sweep", "profiles", &s.profiles)?)?;
+        let mut points = Vec::new();
+        for &p in &profiles {
+            for &block in blocks {
+                for &n in ranks {
+                    // Contiguous first: it is every other strategy's baseline.
+                    let mut order = strategies.clone();
+                    order.sort_by_key(|s| s.name() != strategies::Contiguous.name());
+                    for strategy in order {
+                        points.push((strategy, n, block, p));
+                    }
+                }
+            }
+        }
+        Ok(Box::new(BalancePlan {
+            points,
+            model: parsed.model,
+            matmul_flops: None,
+        }))
+    }
+
+    fn figure(&self, table: &Table, dir: &Path) -> Result<()> {
+        let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+        for row in &table.rows {
+            let name = format!(
+                "{} c={} {}",
+                row.get("strategy").unwrap_or(""),
+                row.get("block_size").unwrap_or(""),
+                row.get("profile").unwrap_or("")
+            );
+            series
+                .entry(name)
+                .or_default()
+                .push((row.num("ranks"), row.num("speedup_over_contiguous")));
+        }
+        line_chart(
+            &dir.join("speedup.svg"),
+            "Causal ring pass: simulated speedup over contiguous",
+            "ranks N",
+            "speedup",
+            &Series::sorted(series),
+        )
+    }
+}
+
+fn key(strategy: &str, ranks: usize, block: usize, p: &Profile) -> Record {
+    Record::new([
+        ("strategy", strategy.to_string()),
+        ("ranks", ranks.to_string()),
+        ("block_size", block.to_string()),
+        ("profile", p.name.to_string()),
+    ])
+}
+
+impl Plan for BalancePlan {
+    fn points(&self) -> Vec<Point> {
+        self.points
+            .iter()
+            .map(|&(s, n, c, p)| Point::single(key(s.name(), n, c, p)))
+            .collect()
+    }
+
+    fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
+        let (strategy, ranks, block, p) = self.points[index];
+        // Contiguous is its own baseline; any other strategy reads contiguous's makespan from the
+        // table when it is there (measured tiles are noisy: one baseline per point), else
+        // simulates it.
+        let contiguous = if strategy.name() == strategies::Contiguous.name() {
+            None
+        } else {
+            match context
+                .table
+                .find(&key(strategies::Contiguous.name(), ranks, block, p))
+            {
+                Some(row) => Some(row.num("makespan_ms") / 1e3),
+                None => Some(
+                    self.simulate_pass(&strategies::Contiguous, ranks, block, p)?
+                        .1,
+                ),
+            }
+        };
+        let (work, makespan, overlap_efficiency) = self.simulate_pass(strategy, ranks, block, p)?;
+        let mean = work.iter().sum::<u64>() as f64 / ranks as f64;
+        let max = *work.iter().max().unwrap_or(&0) as f64;
+        let contiguous_max = (2 * ranks - 1) as f64 / ranks as f64 * mean;
+        Ok(vec![Record::of(&Row {
+            strategy: strategy.name(),
+            ranks,
+            block_size: block,
+            profile: p.name,
+            tile_costs: match self.model.tile_costs {
+                TileCosts::Flops => "flops",
+                TileCosts::Measured => "measured",
+            },
+            work_max_over_mean: max / mean,
+            makespan_ms: makespan * 1e3,
+            speedup_over_contiguous: contiguous.unwrap_or(makespan) / makespan,
+            theoretical_speedup: contiguous_max / max,
+            contiguous_imbalance_2n_minus_1_over_n: (2 * ranks - 1) as f64 / ranks as f64,
+            overlap_efficiency,
+        })?])
+    }
+}
+
+impl BalancePlan {
+    /// (causal work per rank, makespan seconds, overlap efficiency) of one simulated pass.
+    fn simulate_pass(
+        &mut self,
+        partition: &dyn Partition,
+        ranks: usize,
+        block: usize,
+        p: &Profile,
+    ) -> Result<(Vec<u64>, f64, f64)> {
+        let m = &self.model;
+        let layout = partition.layout(ranks * block, ranks)?;
+        let measured = match m.tile_costs {
+            TileCosts::Flops => None,
+            TileCosts::Measured => {
+                let matmul = *self
+                    .matmul_flops
+                    .get_or_insert_with(|| crate::measure::baseline::matmul_gflops(1024) * 1e9);
+                let seconds = crate::measure::ring::lockstep_tile_seconds(
+                    partition,
+                    ranks,
+                    block,
+                    m.measured_heads,
+                    m.measured_head_dim,
+                )?;
+                Some((seconds, matmul))
+            }
+        };
+        let flops_per_pair = (FORWARD_PER_PAIR_DIM * (m.head_dim * m.heads) as u64) as f64;
+        let shape_ratio =
+            (m.heads * m.head_dim) as f64 / (m.measured_heads * m.measured_head_dim) as f64;
+        let compute: Vec<Vec<f64>> = (0..ranks)
+            .map(|r| {
+                (0..ranks)
+                    .map(|s| match &measured {
+                        // Time on this machine → FLOPs at the model's shape → time on the profile.
+                        Some((t, matmul)) => t[r][s] * matmul * shape_ratio / p.flops,
+                        None => {
+                            let owner = Direction::Cw.owner(r, s, ranks);
+                            causal_pairs(&layout.positions[r], &layout.positions[owner]) as f64
+                                * flops_per_pair
+                                / p.flops
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let sim = simulate(&compute, m.link_seconds(block, p));
+        if !sim.makespan.is_finite() {
+            return Err(anyhow!("simulated makespan is not finite"));
+        }
+        Ok((
+            causal_work_per_rank(&layout),
+            sim.makespan,
+            sim.overlap_efficiency,
+        ))
+    }
+}

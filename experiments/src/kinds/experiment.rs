@@ -1,0 +1,81 @@
+//! What an experiment kind is to the runner: a spec parsed into sweep points, rows for one point, a
+//! figure of the table.
+
+use crate::results::{Record, Table};
+use crate::spec::SpecText;
+use anyhow::Result;
+use indicatif::ProgressBar;
+use std::path::Path;
+
+/// One experiment kind. It is registered once, in [`super::KINDS`]; the runner knows nothing else
+/// about it.
+pub trait Experiment: Sync {
+    /// The spec's `kind = "..."`.
+    fn name(&self) -> &'static str;
+
+    /// One line: what a table of this kind shows.
+    fn about(&self) -> &'static str;
+
+    /// The `[sweep]` keys it reads (for `ringbench run --kinds` and error messages).
+    fn sweep_keys(&self) -> &'static [&'static str];
+
+    /// The columns that identify a row: a row with the same values is the same measurement.
+    fn key_columns(&self) -> &'static [&'static str];
+
+    /// The columns `ringbench reproduce` compares against the committed reference.
+    fn headline_columns(&self) -> &'static [&'static str];
+
+    /// The spec parsed and checked (every error names its key and line) into a plan of points.
+    fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>>;
+
+    /// Draws the table into `dir` (one or more SVG files).
+    fn figure(&self, table: &Table, dir: &Path) -> Result<()>;
+}
+
+/// One unit of computation of a sweep.
+#[derive(Debug, Clone)]
+pub struct Point {
+    /// Its identity: rows matching it belong to it (and are replaced when it is recomputed).
+    pub key: Record,
+    /// The keys of the rows it produces: the point is done when all of them are in the table.
+    pub rows: Vec<Record>,
+    /// What the progress bar shows while it runs.
+    pub label: String,
+}
+
+impl Point {
+    /// A point that produces exactly one row, identified by `key`.
+    pub fn single(key: Record) -> Point {
+        let label = key
+            .0
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        Point {
+            rows: vec![key.clone()],
+            key,
+            label,
+        }
+    }
+}
+
+/// What a point may look at while it computes.
+pub struct PointContext<'a> {
+    /// The table so far (rows kept from an earlier run and rows computed in this one): baselines
+    /// such as the one-rank or contiguous row are read from here.
+    pub table: &'a Table,
+    /// The results directory (for a kind's side files, e.g. training curves).
+    pub dir: &'a Path,
+    /// The runner's progress bar (for messages inside long points).
+    pub bar: &'a ProgressBar,
+}
+
+/// A parsed spec: its points, in the order they must run (baselines first).
+pub trait Plan {
+    /// Every point of the sweep.
+    fn points(&self) -> Vec<Point>;
+
+    /// The rows of `points()[index]`.
+    fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>>;
+}

@@ -1,0 +1,298 @@
+//! Kind `knee`: the overlap knee measured on this machine. A thread ring's link is rate-limited so
+//! that sending one K/V block takes as long as computing one tile at `measure.set_knee_tokens` tokens
+//! per rank (F/B set there); exposed communication is measured against block size, and the knee is
+//! found from the measurements alone (the paper's Table 2 claim, tested).
+//!
+//! A rank count is one sweep point: its rows share one link rate and one fitted knee, so they are
+//! computed (and recomputed, when the block sizes change) together.
+
+use super::experiment::{Experiment, Plan, Point, PointContext};
+use crate::measure::ring::{RingTiming, time_ring};
+use crate::plot::{Series, line_chart};
+use crate::results::{Record, Table};
+use crate::spec::SpecText;
+use anyhow::Result;
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+use workbench::transport::Link;
+
+/// The kind.
+pub struct Knee;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Spec {
+    #[serde(rename = "kind")]
+    _kind: IgnoredAny,
+    #[serde(default, rename = "description")]
+    _description: IgnoredAny,
+    sweep: Sweep,
+    #[serde(default)]
+    model: super::shape::ModelShape,
+    measure: Measure,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sweep {
+    ranks: Option<Vec<usize>>,
+    block_sizes: Option<Vec<usize>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Measure {
+    /// The block size at which the link is set to take as long as the compute.
+    set_knee_tokens: usize,
+    /// Timed passes per configuration; the fastest counts.
+    #[serde(default = "three")]
+    repeats: usize,
+}
+
+fn three() -> usize {
+    3
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    ranks: usize,
+    block_size: usize,
+    set_knee_tokens: usize,
+    link_mb_per_s: f64,
+    compute_ms_per_step: f64,
+    comm_ms_per_step: f64,
+    wait_ms_free_link: f64,
+    wait_ms_limited_link: f64,
+    exposed_comm_fraction: f64,
+    theory_exposed_fraction: f64,
+    measured_link_mb_per_s: Option<f64>,
+    measured_knee_tokens: Option<f64>,
+    measured_over_set: Option<f64>,
+}
+
+struct KneePlan {
+    ranks: Vec<usize>,
+    blocks: Vec<usize>,
+    set_tokens: usize,
+    heads: usize,
+    head_dim: usize,
+    repeats: usize,
+}
+
+impl Experiment for Knee {
+    fn name(&self) -> &'static str {
+        "knee"
+    }
+    fn about(&self) -> &'static str {
+        "measured: exposed communication of a rate-limited thread ring against block size, and its knee"
+    }
+    fn sweep_keys(&self) -> &'static [&'static str] {
+        &["ranks", "block_sizes"]
+    }
+    fn key_columns(&self) -> &'static [&'static str] {
+        &["ranks", "block_size"]
+    }
+    fn headline_columns(&self) -> &'static [&'static str] {
+        &["exposed_comm_fraction", "measured_over_set"]
+    }
+
+    fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {
+        let parsed: Spec = spec.parse()?;
+        let ranks = spec.ranks("sweep", &parsed.sweep.ranks)?.to_vec();
+        let blocks = spec
+            .list("sweep", "block_sizes", &parsed.sweep.block_sizes)?
+            .to_vec();
+        Ok(Box::new(KneePlan {
+            ranks,
+            blocks,
+            set_tokens: parsed.measure.set_knee_tokens,
+            heads: parsed.model.heads,
+            head_dim: parsed.model.head_dim,
+            repeats: parsed.measure.repeats,
+        }))
+    }
+
+    fn figure(&self, table: &Table, dir: &Path) -> Result<()> {
+        let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+        for row in &table.rows {
+            for (name, column) in [
+                ("measured", "exposed_comm_fraction"),
+                ("theory", "theory_exposed_fraction"),
+            ] {
+                series
+                    .entry(format!("{name} N={}", row.get("ranks").unwrap_or("")))
+                    .or_default()
+                    .push((row.num("block_size"), row.num(column)));
+            }
+        }
+        line_chart(
+            &dir.join("knee.svg"),
+            "Rate-limited thread ring: exposed communication vs block size",
+            "block size c (tokens per rank)",
+            "exposed / ring time",
+            &Series::sorted(series),
+        )
+    }
+}
+
+impl Plan for KneePlan {
+    fn points(&self) -> Vec<Point> {
+        self.ranks
+            .iter()
+            .map(|&n| Point {
+                key: Record::new([("ranks", n)]),
+                rows: self
+                    .blocks
+                    .iter()
+                    .map(|c| Record::new([("ranks", n), ("block_size", *c)]))
+                    .collect(),
+                label: format!("knee N={n}"),
+            })
+            .collect()
+    }
+
+    fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
+        let ranks = self.ranks[index];
+        let (heads, head_dim, repeats) = (self.heads, self.head_dim, self.repeats);
+        let set_tokens = self.set_tokens;
+        let blocks = &self.blocks;
+        let bar = context.bar;
+        let block_bytes = |c: usize| (2 * c * heads * head_dim * 4) as f64;
+        let mut free: Vec<RingTiming> = Vec::new();
+        for &c in blocks {
+            bar.set_message(format!("knee N={ranks} c={c}, free link"));
+            free.push(time_ring(ranks, c, heads, head_dim, None, repeats)?);
+        }
+        let at_set = match blocks.iter().position(|&c| c == set_tokens) {
+            Some(i) => free[i],
+            None => time_ring(ranks, set_tokens, heads, head_dim, None, repeats)?,
+        };
+        let bytes_per_s = block_bytes(set_tokens) / at_set.compute_per_step;
+        let link = Link {
+            bytes_per_s,
+            latency: Duration::ZERO,
+        };
+        let mut points = Vec::new();
+        let mut limited = Vec::new();
+        for (&c, f) in blocks.iter().zip(&free) {
+            bar.set_message(format!("knee N={ranks} c={c}, limited link"));
+            let l = time_ring(ranks, c, heads, head_dim, Some(link), repeats)?;
+            points.push(KneePoint {
+                block: c,
+                exposed: (l.wait_per_pass - f.wait_per_pass).max(0.0),
+                compute: f.compute_per_step,
+            });
+            limited.push(l);
+        }
+        let knee = measured_knee(&points, ranks);
+        points
+            .iter()
+            .zip(free.iter().zip(&limited))
+            .map(|(p, (f, l))| {
+                let t_comm = block_bytes(p.block) / bytes_per_s;
+                // Theory: each of the N − 1 transfers exposes max(0, T_comm − T_comp).
+                let theory = (ranks - 1) as f64 * (t_comm - p.compute).max(0.0);
+                let pass = ranks as f64 * p.compute;
+                Record::of(&Row {
+                    ranks,
+                    block_size: p.block,
+                    set_knee_tokens: set_tokens,
+                    link_mb_per_s: bytes_per_s / 1e6,
+                    compute_ms_per_step: p.compute * 1e3,
+                    comm_ms_per_step: t_comm * 1e3,
+                    wait_ms_free_link: f.wait_per_pass * 1e3,
+                    wait_ms_limited_link: l.wait_per_pass * 1e3,
+                    exposed_comm_fraction: p.exposed / (p.exposed + pass),
+                    theory_exposed_fraction: theory / (theory + pass),
+                    measured_link_mb_per_s: knee.map(|k| k.link_bytes_per_s(heads, head_dim) / 1e6),
+                    measured_knee_tokens: knee.map(|k| k.tokens),
+                    measured_over_set: knee.map(|k| k.tokens / set_tokens as f64),
+                })
+            })
+            .collect()
+    }
+}
+
+/// One block size of the knee sweep: exposed seconds per pass (limited minus free wait) and the
+/// tile compute seconds per step.
+#[derive(Debug, Clone, Copy)]
+struct KneePoint {
+    block: usize,
+    exposed: f64,
+    compute: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct FittedKnee {
+    tokens: f64,
+    /// Seconds per token of a block on the link, as the ranks saw it.
+    seconds_per_token: f64,
+}
+
+impl FittedKnee {
+    fn link_bytes_per_s(&self, heads: usize, head_dim: usize) -> f64 {
+        (2 * heads * head_dim * 4) as f64 / self.seconds_per_token
+    }
+}
+
+/// The knee from the measurements alone. Below it a rank waits `T_comm − T_comp` per transfer, so
+/// on the link-bound block sizes (from the smallest up to the first whose exposed share is within
+/// noise, ≤ 5%) `exposed / (N − 1) + T_comp` is the link time of a block: fit it as `β·c` (least
+/// squares through the origin), then find where the measured compute time per step `T_comp(c)`
+/// overtakes `β·c` (linear interpolation between block sizes).
+fn measured_knee(points: &[KneePoint], ranks: usize) -> Option<FittedKnee> {
+    let transfers = ranks.saturating_sub(1).max(1) as f64;
+    let bound: Vec<&KneePoint> = points
+        .iter()
+        .take_while(|p| p.exposed / (p.exposed + ranks as f64 * p.compute) > 0.05)
+        .collect();
+    if bound.is_empty() {
+        return None;
+    }
+    let (sxy, sxx) = bound.iter().fold((0.0, 0.0), |(xy, xx), p| {
+        let c = p.block as f64;
+        (xy + c * (p.exposed / transfers + p.compute), xx + c * c)
+    });
+    let beta = sxy / sxx;
+    let gap = |p: &KneePoint| p.compute - beta * p.block as f64;
+    points.windows(2).find_map(|w| {
+        let (g0, g1) = (gap(&w[0]), gap(&w[1]));
+        (g0 < 0.0 && g1 >= 0.0).then(|| {
+            let (c0, c1) = (w[0].block as f64, w[1].block as f64);
+            FittedKnee {
+                tokens: c0 + (c1 - c0) * (-g0) / (g1 - g0),
+                seconds_per_token: beta,
+            }
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_knee_estimate_recovers_the_crossing_of_the_model() {
+        // Two ranks; a block takes βc on the link and γc² to compute: the knee is β/γ = 500.
+        let (beta, gamma) = (1e-5, 2e-8);
+        let points: Vec<KneePoint> = [100, 200, 300, 400, 450, 550, 600, 800]
+            .iter()
+            .map(|&c| {
+                let c_f = c as f64;
+                KneePoint {
+                    block: c,
+                    exposed: (beta * c_f - gamma * c_f * c_f).max(0.0),
+                    compute: gamma * c_f * c_f,
+                }
+            })
+            .collect();
+        let knee = measured_knee(&points, 2).unwrap();
+        assert!((knee.seconds_per_token - beta).abs() < 1e-12);
+        // Linear interpolation of γc² − βc between 450 and 550.
+        assert!((knee.tokens - 500.0).abs() < 5.0, "{knee:?}");
+        assert_eq!(measured_knee(&points[5..], 2), None);
+    }
+}

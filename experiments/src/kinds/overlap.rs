@@ -1,0 +1,146 @@
+//! Kind `overlap`: the minimal block size for overlap (c_min = F/B, the paper's Table 2) per hardware
+//! profile, and the exposed communication of a simulated balanced ring pass against block size.
+
+use super::experiment::{Experiment, Plan, Point, PointContext};
+use super::shape::ModelShape;
+use crate::hardware::Profile;
+use crate::plot::{Series, line_chart};
+use crate::results::{Record, Table};
+use crate::simulator::simulate;
+use crate::spec::SpecText;
+use anyhow::Result;
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+use workbench::kernels::flops::FORWARD_PER_PAIR_DIM;
+
+/// The kind.
+pub struct Overlap;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Spec {
+    #[serde(rename = "kind")]
+    _kind: IgnoredAny,
+    #[serde(default, rename = "description")]
+    _description: IgnoredAny,
+    sweep: Sweep,
+    #[serde(default)]
+    model: ModelShape,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sweep {
+    block_sizes: Option<Vec<usize>>,
+    profiles: Option<Vec<String>>,
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    profile: &'static str,
+    block_size: usize,
+    tflops: f64,
+    link_gb_per_s: f64,
+    c_min_tokens: f64,
+    s_min_tokens: f64,
+    paper_c_min_tokens: Option<f64>,
+    c_min_over_paper: Option<f64>,
+    exposed_comm_fraction: f64,
+}
+
+struct OverlapPlan {
+    points: Vec<(&'static Profile, usize)>,
+    model: ModelShape,
+}
+
+impl Experiment for Overlap {
+    fn name(&self) -> &'static str {
+        "overlap"
+    }
+    fn about(&self) -> &'static str {
+        "c_min = F/B per hardware profile and simulated exposed communication against block size"
+    }
+    fn sweep_keys(&self) -> &'static [&'static str] {
+        &["block_sizes", "profiles"]
+    }
+    fn key_columns(&self) -> &'static [&'static str] {
+        &["profile", "block_size"]
+    }
+    fn headline_columns(&self) -> &'static [&'static str] {
+        &["c_min_over_paper", "exposed_comm_fraction"]
+    }
+
+    fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {
+        let parsed: Spec = spec.parse()?;
+        let blocks = spec.list("sweep", "block_sizes", &parsed.sweep.block_sizes)?;
+        let profiles = super::balance::profiles(
+            spec,
+            spec.list("sweep", "profiles", &parsed.sweep.profiles)?,
+        )?;
+        let points = profiles
+            .iter()
+            .flat_map(|&p| blocks.iter().map(move |&c| (p, c)))
+            .collect();
+        Ok(Box::new(OverlapPlan {
+            points,
+            model: parsed.model,
+        }))
+    }
+
+    fn figure(&self, table: &Table, dir: &Path) -> Result<()> {
+        let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+        for row in &table.rows {
+            series
+                .entry(row.get("profile").unwrap_or("").to_owned())
+                .or_default()
+                .push((
+                    row.num("block_size").log2(),
+                    row.num("exposed_comm_fraction"),
+                ));
+        }
+        line_chart(
+            &dir.join("exposed_comm.svg"),
+            "Exposed communication vs block size (simulated)",
+            "log2(block size c, tokens)",
+            "exposed / makespan",
+            &Series::sorted(series),
+        )
+    }
+}
+
+impl Plan for OverlapPlan {
+    fn points(&self) -> Vec<Point> {
+        self.points
+            .iter()
+            .map(|(p, c)| {
+                Point::single(Record::new([
+                    ("profile", p.name.to_string()),
+                    ("block_size", c.to_string()),
+                ]))
+            })
+            .collect()
+    }
+
+    fn compute(&mut self, index: usize, _: &PointContext) -> Result<Vec<Record>> {
+        let (p, block) = self.points[index];
+        let m = &self.model;
+        // Balanced full tiles (non-causal) on 8 ranks isolate the overlap question.
+        let ranks = 8;
+        let tile =
+            (FORWARD_PER_PAIR_DIM * (block * block * m.head_dim * m.heads) as u64) as f64 / p.flops;
+        let sim = simulate(&vec![vec![tile; ranks]; ranks], m.link_seconds(block, p));
+        Ok(vec![Record::of(&Row {
+            profile: p.name,
+            block_size: block,
+            tflops: p.flops / 1e12,
+            link_gb_per_s: p.link_bytes_per_s / 1e9,
+            c_min_tokens: p.c_min(),
+            s_min_tokens: 6.0 * p.c_min(),
+            paper_c_min_tokens: p.paper_c_min,
+            c_min_over_paper: p.paper_c_min.map(|c| p.c_min() / c),
+            exposed_comm_fraction: sim.exposed_comm / sim.makespan,
+        })?])
+    }
+}

@@ -1,0 +1,31 @@
+//! Measurements every table is taken against: this machine's matmul rate, and seeded random inputs.
+
+use burn::backend::Flex;
+use burn::tensor::{Distribution, Tensor};
+use std::time::Instant;
+use workbench::ring::jobs::HostTensor;
+
+/// Best-of-5 GFLOP/s of a square f32 `n³` matmul on the Flex backend.
+pub fn matmul_gflops(n: usize) -> f64 {
+    let device = Default::default();
+    let a = Tensor::<Flex, 2>::random([n, n], Distribution::Default, &device);
+    let b = Tensor::<Flex, 2>::random([n, n], Distribution::Default, &device);
+    let _ = a.clone().matmul(b.clone()).into_data();
+    let best = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            let _ = a.clone().matmul(b.clone()).into_data();
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    2.0 * (n as f64).powi(3) / best / 1e9
+}
+
+/// Seeded uniform values in [−0.5, 0.5).
+pub fn random(shape: Vec<usize>, seed: u64) -> HostTensor {
+    let mut rng = datasets::SplitMix64::new(seed);
+    let data = (0..shape.iter().product::<usize>())
+        .map(|_| rng.uniform() as f32 - 0.5)
+        .collect();
+    HostTensor::new(shape, data)
+}

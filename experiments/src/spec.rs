@@ -1,0 +1,236 @@
+//! An experiment spec (TOML) as read from disk: its kind, and errors that name the key and its line.
+//!
+//! Every kind parses the same text into its own typed spec (unknown keys and wrong types are TOML
+//! errors, which carry their line); the checks TOML cannot make (an empty sweep list, an unknown
+//! strategy name, ranks = 0) go through [`SpecText::error`] so that they name the key and line too.
+
+use anyhow::{Context, Result, anyhow};
+use serde::de::DeserializeOwned;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// The text of a spec file, its `kind` and `description`.
+#[derive(Debug, Clone)]
+pub struct SpecText {
+    /// Where it was read from.
+    pub path: PathBuf,
+    /// The whole file.
+    pub text: String,
+    /// `kind = "..."`.
+    pub kind: String,
+    /// `description = "..."` (empty if absent).
+    pub description: String,
+}
+
+impl SpecText {
+    /// Reads `path` and its top-level `kind` and `description`.
+    pub fn load(path: &Path) -> Result<SpecText> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Self::from_text(path, text)
+    }
+
+    /// A spec from its text (`path` names it in errors).
+    pub fn from_text(path: &Path, text: String) -> Result<SpecText> {
+        let mut spec = SpecText {
+            path: path.to_path_buf(),
+            text,
+            kind: String::new(),
+            description: String::new(),
+        };
+        let table: toml::Table = spec.parse()?;
+        spec.kind = match table.get("kind") {
+            Some(toml::Value::String(kind)) => kind.clone(),
+            Some(other) => {
+                return Err(spec.error("", "kind", &format!("must be a string, got {other}")));
+            }
+            None => return Err(anyhow!("{}: no `kind = \"...\"` line", path.display())),
+        };
+        spec.description = match table.get("description") {
+            Some(toml::Value::String(d)) => d.trim().to_owned(),
+            Some(other) => {
+                return Err(spec.error(
+                    "",
+                    "description",
+                    &format!("must be a string, got {other}"),
+                ));
+            }
+            None => String::new(),
+        };
+        Ok(spec)
+    }
+
+    /// The spec as `T`; a TOML error becomes one line: `path:line: message`.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T> {
+        toml::from_str(&self.text).map_err(|e| {
+            let line = e
+                .span()
+                .map_or(0, |span| self.text[..span.start].matches('\n').count() + 1);
+            let line = if line == 0 {
+                String::new()
+            } else {
+                format!("{line}:")
+            };
+            anyhow!(
+                "{}:{line} {}",
+                self.path.display(),
+                e.message().trim().replace('\n', " ")
+            )
+        })
+    }
+
+    /// The line of `key = ...` inside `[section]` (`""`: the top level), or 0 if it is not there.
+    pub fn line(&self, section: &str, key: &str) -> usize {
+        let mut current = String::new();
+        for (i, line) in self.text.lines().enumerate() {
+            let line = line.trim();
+            if let Some(header) = line.strip_prefix('[') {
+                current = header
+                    .trim_matches(|c| c == '[' || c == ']')
+                    .trim()
+                    .to_owned();
+                continue;
+            }
+            let is_key = line
+                .split('=')
+                .next()
+                .is_some_and(|k| k.trim().trim_matches('"') == key);
+            if current == section && is_key && line.contains('=') {
+                return i + 1;
+            }
+        }
+        0
+    }
+
+    /// `path:line: section.key: message`.
+    pub fn error(&self, section: &str, key: &str, message: &str) -> anyhow::Error {
+        let dotted = if section.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{section}.{key}")
+        };
+        anyhow!(
+            "{}:{}: {dotted}: {message}",
+            self.path.display(),
+            self.line(section, key)
+        )
+    }
+
+    /// A sweep list that must be present and not empty.
+    pub fn list<'a, T>(
+        &self,
+        section: &str,
+        key: &str,
+        value: &'a Option<Vec<T>>,
+    ) -> Result<&'a [T]> {
+        match value {
+            None => Err(anyhow!(
+                "{}: kind {} needs {section}.{key}",
+                self.path.display(),
+                self.kind
+            )),
+            Some(v) if v.is_empty() => Err(self.error(section, key, "is empty")),
+            Some(v) => Ok(v),
+        }
+    }
+
+    /// A sweep list with a default: `default` if absent, an error if present but empty.
+    pub fn list_or<T: Clone>(
+        &self,
+        section: &str,
+        key: &str,
+        value: &Option<Vec<T>>,
+        default: Vec<T>,
+    ) -> Result<Vec<T>> {
+        match value {
+            None => Ok(default),
+            Some(v) => self.list(section, key, &Some(v.clone())).map(<[T]>::to_vec),
+        }
+    }
+
+    /// Each name of a list parsed as `T` (a direction, a scheme, a kernel ...); the first that does
+    /// not parse is an error naming the key and line.
+    pub fn parsed<T>(&self, section: &str, key: &str, names: &[String]) -> Result<Vec<T>>
+    where
+        T: FromStr,
+        T::Err: std::fmt::Display,
+    {
+        names
+            .iter()
+            .map(|n| {
+                n.parse::<T>()
+                    .map_err(|e| self.error(section, key, &e.to_string()))
+            })
+            .collect()
+    }
+
+    /// Strategies by name ([`strategies::by_name`]: built-in and registered ones).
+    pub fn strategies(
+        &self,
+        section: &str,
+        key: &str,
+        names: &[String],
+    ) -> Result<Vec<&'static dyn strategies::Partition>> {
+        names
+            .iter()
+            .map(|n| strategies::by_name(n).map_err(|e| self.error(section, key, &e.to_string())))
+            .collect()
+    }
+
+    /// Rank counts, each checked by the one rank-count rule ([`strategies::check_ranks`]).
+    pub fn ranks<'a>(&self, section: &str, value: &'a Option<Vec<usize>>) -> Result<&'a [usize]> {
+        let ranks = self.list(section, "ranks", value)?;
+        for &n in ranks {
+            strategies::check_ranks(n).map_err(|e| self.error(section, "ranks", &e.to_string()))?;
+        }
+        Ok(ranks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(text: &str) -> SpecText {
+        SpecText::from_text(Path::new("s.toml"), text.into()).unwrap()
+    }
+
+    #[test]
+    fn a_key_is_found_in_its_own_section() {
+        let s = spec("kind = \"x\"\n[a]\nheads = 1\n[b]\nheads = 2\n");
+        assert_eq!(
+            (
+                s.line("a", "heads"),
+                s.line("b", "heads"),
+                s.line("", "kind")
+            ),
+            (3, 5, 1)
+        );
+        assert_eq!(s.line("c", "heads"), 0);
+        let e = s.error("b", "heads", "too few").to_string();
+        assert_eq!(e, "s.toml:5: b.heads: too few");
+    }
+
+    #[test]
+    fn a_toml_error_is_one_line_with_the_line_number() {
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Only {
+            kind: String,
+            n: usize,
+        }
+        let e = spec("kind = \"x\"\nn = 1\nm = 2\n")
+            .parse::<Only>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("s.toml:3: unknown field `m`"), "{e}");
+        assert!(!e.contains('\n'));
+        let e = spec("kind = \"x\"\nn = \"one\"\n")
+            .parse::<Only>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("s.toml:2:") && e.contains("usize"), "{e}");
+        assert!(SpecText::from_text(Path::new("s.toml"), "n = 1\n".into()).is_err());
+    }
+}
