@@ -5,6 +5,7 @@
 //! against a matmul rate measured in the same run, since the machines are shared and noisy.
 
 use crate::measure::baseline::{matmul_gflops, random};
+use crate::results::{Record, Table};
 use crate::units::MIB;
 use anyhow::{Context, Result};
 use burn::backend::{Autodiff, Flex};
@@ -210,16 +211,14 @@ pub fn run(command: &BenchCommand) -> Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let table = markdown(&rows, args);
-    println!("\n{table}");
-    if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir)?;
-        let mut csv = csv::Writer::from_path(dir.join("bench_attn.csv"))?;
-        for row in &rows {
-            csv.serialize(row)?;
+    let about = about(&rows, args);
+    let table = Table::of(rows.iter().map(Record::of).collect::<Result<_>>()?);
+    match &args.out {
+        Some(dir) => {
+            let md = table.write(dir, "bench_attn", "bench attn", &about)?;
+            println!("\n{md}");
         }
-        csv.flush()?;
-        std::fs::write(dir.join("bench_attn.md"), table)?;
+        None => println!("\n{about}\n\n{}", table.markdown()),
     }
     Ok(())
 }
@@ -245,50 +244,14 @@ fn format_row(r: &AttnBenchRow) -> String {
     )
 }
 
-fn markdown(rows: &[AttnBenchRow], args: &BenchAttnArgs) -> String {
-    let header = [
-        "S",
-        "N",
-        "strategy",
-        "causal",
-        "kernel",
-        "fwd s",
-        "fwd GFLOP/s",
-        "fwd+bwd s",
-        "fwd+bwd GFLOP/s",
-        "matmul GFLOP/s",
-        "/ matmul",
-        "ring / single",
-        "alloc MiB per rank-step",
-        "peak MiB per rank",
-        "working set MiB per rank",
-    ];
-    let cells = |r: &AttnBenchRow| {
-        vec![
-            r.seq.to_string(),
-            r.ranks.to_string(),
-            r.strategy.clone(),
-            r.causal.to_string(),
-            r.kernel.clone(),
-            format!("{:.3}", r.fwd_seconds),
-            format!("{:.1}", r.fwd_gflops),
-            format!("{:.3}", r.fwd_bwd_seconds),
-            format!("{:.1}", r.fwd_bwd_gflops),
-            format!("{:.1}", r.matmul_gflops),
-            format!("{:.2}", r.fwd_bwd_over_matmul),
-            opt(r.ring_over_single, 2),
-            opt(r.alloc_mib_per_rank_step, 2),
-            opt(r.peak_mib_per_rank, 2),
-            format!("{:.2}", r.working_set_mib_per_rank),
-        ]
-    };
+fn about(rows: &[AttnBenchRow], args: &BenchAttnArgs) -> String {
     format!(
         "batch {}, heads {}, head_dim {}; matmul 1024^3 f32 (flex), best of 5, is measured beside every row \
-         (first row: {:.1} GFLOP/s) and `/ matmul` is against that row's value. FLOPs: 4·d (forward) + 10·d (backward) per visible (q, k) pair and head.\n\n{}",
+         (first row: {:.1} GFLOP/s) and `fwd_bwd_over_matmul` is against that row's value. FLOPs: 4·d (forward) + \
+         10·d (backward) per visible (q, k) pair and head.",
         args.batch,
         args.heads,
         args.head_dim,
         rows.first().map_or(0.0, |r| r.matmul_gflops),
-        crate::markdown::table(&header, rows.iter().map(cells))
     )
 }

@@ -192,6 +192,8 @@ pub fn shown(cell: &str) -> String {
     }
     let fractional = cell.contains('.') || cell.contains('e') || cell.contains('E');
     match cell.parse::<f64>() {
+        // A whole number written as a float (a mean of equal counts) is shown whole.
+        Ok(x) if fractional && x.fract() == 0.0 && x.abs() < 1e15 => format!("{x:.0}"),
         Ok(x) if fractional && x.is_finite() => significant(x, 4),
         _ => cell.to_owned(),
     }
@@ -271,6 +273,7 @@ mod tests {
         assert_eq!(shown("0.123456"), "0.1235");
         assert_eq!(shown("1234.5678"), "1235");
         assert_eq!(shown("12"), "12");
+        assert_eq!(shown("44.0"), "44");
         assert_eq!(shown("0.0000012345"), "1.234e-6");
         assert_eq!(shown("true"), "true");
         assert_eq!(shown(""), "-");

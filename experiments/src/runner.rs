@@ -65,8 +65,8 @@ pub fn run(path: &Path, results: &Path, force: bool) -> Result<RunSummary> {
         Table::read(&csv_path)?
     };
     if force {
-        // Side files of an earlier run (training curves) belong to the rows being discarded.
-        for side in ["curves.csv"] {
+        // A kind's side files (training curves) belong to the rows being discarded.
+        for side in kind.side_files() {
             let _ = std::fs::remove_file(dir.join(side));
         }
     }

@@ -5,6 +5,7 @@
 
 use super::experiment::{Experiment, Plan, Point, PointContext};
 use crate::measure::baseline::{matmul_gflops, random};
+use crate::measure::exactness::{Heads, max_rel_error};
 use crate::plot::{Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
@@ -17,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use strategies::Partition;
 use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM, visible_pairs};
-use workbench::ring::jobs::{AttentionJob, AttentionResult, HostTensor, run_attention};
+use workbench::ring::jobs::{AttentionJob, AttentionResult, run_attention};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 /// The kind.
@@ -439,10 +440,15 @@ impl Plan for AttnPlan {
         row.busy_max_over_mean =
             Some(busy.iter().copied().fold(0.0, f64::max) / busy_mean.max(f64::MIN_POSITIVE));
         row.ring_over_single = single.map(|t| fwd_bwd / t);
-        row.max_rel_error = Some(float64_check(
-            &p,
+        row.max_rel_error = Some(max_rel_error(
+            p.strategy,
+            p.ranks,
+            Heads {
+                heads,
+                kv_heads: p.kv_heads,
+                head_dim,
+            },
             config,
-            &self.shape,
             self.measure.check_tokens_per_rank,
         )?);
         Ok(vec![Record::of(&row)?])
@@ -475,75 +481,4 @@ fn fastest(job: &AttentionJob, repeats: usize) -> Result<(f64, AttentionResult)>
         }
     }
     best.ok_or_else(|| anyhow!("no timed run"))
-}
-
-/// The point at about `tokens_per_rank` tokens per rank (the shortest length from there that the
-/// strategy accepts) against the float64 reference: the largest relative error of out, lse, dq, dk,
-/// dv.
-fn float64_check(
-    p: &AttnPoint,
-    config: RingConfig,
-    shape: &Shape,
-    tokens_per_rank: usize,
-) -> Result<f64> {
-    let start = tokens_per_rank.max(1) * p.ranks;
-    let s = (start..start + 4 * p.ranks * tokens_per_rank.max(1))
-        .find(|&s| p.strategy.validate(s, p.ranks).is_ok())
-        .ok_or_else(|| {
-            anyhow!(
-                "{} accepts no length from {start} to {} on {} ranks for the float64 check",
-                p.strategy.name(),
-                start + 4 * p.ranks * tokens_per_rank,
-                p.ranks
-            )
-        })?;
-    let (b, h, hk, d) = (1, shape.heads, p.kv_heads, shape.head_dim);
-    let mut rng = ringbench_tests::Rng::new(0x5EED ^ s as u64);
-    let q = rng.vec(b * s * h * d, 1.0);
-    let k = rng.vec(b * s * hk * d, 1.0);
-    let v = rng.vec(b * s * hk * d, 1.0);
-    let d_out = rng.vec(b * s * h * d, 1.0);
-    let tensor = |data: &[f32], heads: usize| HostTensor::new(vec![b, s, heads, d], data.to_vec());
-    let (qt, kt, vt, dt) = (
-        tensor(&q, h),
-        tensor(&k, hk),
-        tensor(&v, hk),
-        tensor(&d_out, h),
-    );
-    let result = run_attention::<Autodiff<Flex>>(
-        &AttentionJob {
-            q: &qt,
-            k: &kt,
-            v: &vt,
-            d_out: Some(&dt),
-            ranks: p.ranks,
-            strategy: p.strategy,
-            config,
-            timeout: Duration::from_secs(600),
-            fault: None,
-            link: None,
-        },
-        &Default::default(),
-    )?;
-    let want = ringbench_tests::reference(
-        &q,
-        &k,
-        &v,
-        &d_out,
-        [b, s, h, d],
-        hk,
-        p.causal,
-        1.0 / (d as f64).sqrt(),
-    );
-    let grads = result
-        .grads
-        .ok_or_else(|| anyhow!("the check asked for gradients"))?;
-    let errors = [
-        ringbench_tests::rel_err(&result.out.data, &want.out),
-        ringbench_tests::rel_err(&result.lse.data, &want.lse),
-        ringbench_tests::rel_err(&grads.dq.data, &want.dq),
-        ringbench_tests::rel_err(&grads.dk.data, &want.dk),
-        ringbench_tests::rel_err(&grads.dv.data, &want.dv),
-    ];
-    Ok(errors.into_iter().fold(0.0, f64::max))
 }

@@ -28,6 +28,11 @@ pub trait Experiment: Sync {
     /// The spec parsed and checked (every error names its key and line) into a plan of points.
     fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>>;
 
+    /// Files it writes beside results.csv that hold per-row data (removed by `--force`).
+    fn side_files(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// Draws the table into `dir` (one or more SVG files).
     fn figure(&self, table: &Table, dir: &Path) -> Result<()>;
 }

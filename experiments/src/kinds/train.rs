@@ -224,6 +224,10 @@ impl Experiment for TrainKind {
         }))
     }
 
+    fn side_files(&self) -> &'static [&'static str] {
+        &[CURVES, "curves.svg"]
+    }
+
     fn figure(&self, _: &Table, dir: &Path) -> Result<()> {
         let curves = Table::read(&dir.join(CURVES))?;
         let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();

@@ -1,6 +1,7 @@
 //! Measurement on this machine, shared by the measured kinds and `bench`: baselines, timed ring
-//! passes, training steps of a small model.
+//! passes, the float64 check, training steps of a small model.
 
 pub mod baseline;
+pub mod exactness;
 pub mod ring;
 pub mod training;

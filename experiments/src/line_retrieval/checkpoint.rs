@@ -1,0 +1,101 @@
+//! A trained line-retrieval model on disk: `model.mpk`, `config.json`, `tokenizer.json`, checked
+//! against each other when loaded.
+
+use anyhow::{Context, Result, bail};
+use burn::backend::Flex;
+use burn::config::Config;
+use burn::module::Module;
+use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
+use burn::tensor::backend::Backend;
+use datasets::Tokenizer;
+use std::path::Path;
+use workbench::model::{Llama, LlamaConfig};
+
+fn recorder() -> NamedMpkFileRecorder<FullPrecisionSettings> {
+    NamedMpkFileRecorder::<FullPrecisionSettings>::new()
+}
+
+/// Writes `model.mpk`, `config.json` and `tokenizer.json` into `dir`.
+pub fn save_checkpoint<B: Backend>(
+    dir: &Path,
+    model: &Llama<B>,
+    config: &LlamaConfig,
+    tokenizer: &Tokenizer,
+) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    model
+        .clone()
+        .save_file(dir.join("model"), &recorder())
+        .context("saving model")?;
+    config
+        .save(dir.join("config.json"))
+        .context("saving config")?;
+    tokenizer.save(&dir.join("tokenizer.json"))?;
+    Ok(())
+}
+
+/// Loads a checkpoint written by `ringbench train`, checking it against its config.
+pub fn load_checkpoint(dir: &Path) -> Result<(Llama<Flex>, LlamaConfig, Tokenizer)> {
+    if !dir.is_dir() {
+        bail!(
+            "{}: no such checkpoint directory (ringbench train writes one)",
+            dir.display()
+        );
+    }
+    let config = LlamaConfig::load(dir.join("config.json"))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", dir.join("config.json").display()))?;
+    config.validate()?;
+    let tokenizer = Tokenizer::load(&dir.join("tokenizer.json"))?;
+    if tokenizer.vocab_size() != config.vocab {
+        bail!(
+            "{}: tokenizer has {} tokens but config.json says vocab = {}",
+            dir.display(),
+            tokenizer.vocab_size(),
+            config.vocab
+        );
+    }
+    let file = dir.join("model.mpk");
+    let fresh = config.init::<Flex>(&Default::default());
+    let expected = param_shapes(&fresh);
+    let model = fresh
+        .load_file(dir.join("model"), &recorder(), &Default::default())
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{}: checkpoint does not match config.json: {e}",
+                file.display()
+            )
+        })?;
+    // Loading replaces parameters whatever their shapes: compare them with what the config builds.
+    let found = param_shapes(&model);
+    if let Some((want, got)) = expected.iter().zip(&found).find(|(a, b)| a != b) {
+        bail!(
+            "{}: checkpoint does not match config.json: a parameter has shape {got:?} where the config gives {want:?}",
+            file.display()
+        );
+    }
+    if expected.len() != found.len() {
+        bail!(
+            "{}: checkpoint does not match config.json: {} parameters, config gives {}",
+            file.display(),
+            found.len(),
+            expected.len()
+        );
+    }
+    Ok((model, config, tokenizer))
+}
+
+/// Shapes of every float parameter, in module order.
+fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<Vec<usize>> {
+    struct Shapes(Vec<Vec<usize>>);
+    impl<B: Backend> burn::module::ModuleVisitor<B> for Shapes {
+        fn visit_float<const D: usize>(
+            &mut self,
+            param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
+        ) {
+            self.0.push(param.val().dims().to_vec());
+        }
+    }
+    let mut shapes = Shapes(Vec::new());
+    module.visit(&mut shapes);
+    shapes.0
+}

@@ -1,0 +1,177 @@
+//! `ringbench eval-lines` and `ringbench gen-lines`: exact-match accuracy per number of lines, and
+//! fresh cases in LongChat's JSONL format.
+
+use super::checkpoint::load_checkpoint;
+use anyhow::{Context, Result, bail};
+use datasets::tokenizer::{BOS, EOS};
+use datasets::{Case, SplitMix64, Tokenizer, WordSplit, generate, read_jsonl, score_reply};
+use indicatif::ProgressBar;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+use workbench::RingBackend;
+use workbench::model::Llama;
+use workbench::train::{Decoding, greedy};
+
+#[derive(Debug, clap::Args)]
+pub struct EvalArgs {
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// LongChat test cases (JSONL with prompt, expected_number, num_lines).
+    #[arg(long)]
+    pub cases: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    pub ranks: usize,
+    #[arg(long, default_value = "zigzag")]
+    pub strategy: String,
+    /// Prompts decoded together.
+    #[arg(long, default_value_t = 25)]
+    pub batch: usize,
+    /// Writes the CSV here; with `--plot`, an SVG of accuracy against the number of lines too.
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AccuracyRow {
+    pub num_lines: usize,
+    pub cases: usize,
+    pub correct: usize,
+    pub accuracy: f64,
+}
+
+pub fn run_eval(args: &EvalArgs) -> Result<Vec<AccuracyRow>> {
+    let (model, _, tokenizer) = load_checkpoint(&args.checkpoint)?;
+    let cases = read_jsonl(&args.cases)?;
+    let partition = strategies::by_name(&args.strategy)?;
+    let rows = accuracy(
+        &model, &tokenizer, &cases, partition, args.ranks, args.batch,
+    )?;
+    let mut w = csv::Writer::from_path(&args.out)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    println!("num_lines,cases,correct,accuracy");
+    for r in &rows {
+        w.serialize(r)?;
+        println!(
+            "{},{},{},{:.4}",
+            r.num_lines, r.cases, r.correct, r.accuracy
+        );
+    }
+    w.flush()?;
+    if let Some(plot) = &args.plot {
+        crate::plot::line_chart(
+            plot,
+            "Line retrieval: exact match vs number of lines",
+            "lines in the prompt",
+            "accuracy",
+            &[crate::plot::Series {
+                name: format!("checkpoint {}", args.checkpoint.display()),
+                points: rows
+                    .iter()
+                    .map(|r| (r.num_lines as f64, r.accuracy))
+                    .collect(),
+            }],
+        )?;
+    }
+    Ok(rows)
+}
+
+/// Exact-match accuracy per number of lines of greedy replies to `cases`, decoded `batch` prompts at a
+/// time on `ranks` ranks.
+pub fn accuracy<B: RingBackend>(
+    model: &Llama<B>,
+    tokenizer: &Tokenizer,
+    cases: &[Case],
+    partition: &dyn strategies::Partition,
+    ranks: usize,
+    batch: usize,
+) -> Result<Vec<AccuracyRow>> {
+    let bar = ProgressBar::new(cases.len() as u64);
+    let mut tally: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+    for chunk in cases.chunks(batch.max(1)) {
+        let prompts: Vec<Vec<u32>> = chunk
+            .iter()
+            .map(|c| {
+                std::iter::once(BOS)
+                    .chain(tokenizer.encode(&c.prompt))
+                    .collect()
+            })
+            .collect();
+        let decoding = Decoding {
+            max_new: 8,
+            stop: EOS,
+            pad: EOS,
+            partition,
+            ranks,
+            timeout: Duration::from_secs(600),
+        };
+        let replies = greedy(model, &prompts, &decoding)?;
+        for (case, reply) in chunk.iter().zip(replies) {
+            let text = tokenizer.decode(&reply)?;
+            let entry = tally.entry(case.num_lines).or_default();
+            entry.0 += 1;
+            entry.1 += usize::from(score_reply(&text) == Some(case.expected_number));
+        }
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    let rows: Vec<AccuracyRow> = tally
+        .into_iter()
+        .map(|(num_lines, (cases, correct))| AccuracyRow {
+            num_lines,
+            cases,
+            correct,
+            accuracy: correct as f64 / cases as f64,
+        })
+        .collect();
+    Ok(rows)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GenArgs {
+    /// Line counts to generate, e.g. 4,8,12.
+    #[arg(long, value_delimiter = ',')]
+    pub num_lines: Vec<usize>,
+    /// Cases per line count.
+    #[arg(long, default_value_t = 200)]
+    pub cases: usize,
+    /// Word lists: eval (never seen in training), train or all.
+    #[arg(long, default_value = "eval")]
+    pub split: String,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn run_gen(args: &GenArgs) -> Result<()> {
+    let split = match args.split.as_str() {
+        "eval" => WordSplit::Eval,
+        "train" => WordSplit::Train,
+        "all" => WordSplit::All,
+        other => bail!("unknown --split '{other}'; expected eval, train or all"),
+    };
+    let mut rng = SplitMix64::new(args.seed);
+    let mut out = String::new();
+    for &n in &args.num_lines {
+        for _ in 0..args.cases {
+            let case = generate(&mut rng, n, split)?;
+            out += &serde_json::to_string(&serde_json::json!({
+                "prompt": case.prompt,
+                "expected_number": case.expected_number,
+                "num_lines": case.num_lines,
+            }))?;
+            out.push('\n');
+        }
+    }
+    std::fs::write(&args.out, out).with_context(|| format!("writing {}", args.out.display()))?;
+    println!(
+        "wrote {} cases to {}",
+        args.num_lines.len() * args.cases,
+        args.out.display()
+    );
+    Ok(())
+}

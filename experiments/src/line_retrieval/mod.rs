@@ -1,0 +1,198 @@
+//! `ringbench train`, `ringbench eval-lines` and `ringbench gen-lines`: the LongChat line-retrieval task.
+
+mod checkpoint;
+mod eval;
+mod spec;
+
+pub use checkpoint::load_checkpoint;
+pub use eval::{AccuracyRow, EvalArgs, GenArgs, accuracy, run_eval, run_gen};
+pub use spec::{LineTrainSection, ModelSpec, Prompts, RingSpec, TrainSpec, example, load_spec};
+
+use anyhow::{Context, Result};
+use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::backend::AutodiffBackend;
+use checkpoint::save_checkpoint;
+use datasets::Tokenizer;
+use datasets::tokenizer::EOS;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use workbench::RingBackend;
+use workbench::model::Llama;
+use workbench::train::{Example, StepLog, TrainOptions, train};
+
+/// One row of `metrics.csv`.
+#[derive(Debug, Serialize)]
+struct MetricsRow {
+    step: usize,
+    loss: f64,
+    lr: f64,
+    tokens_per_second: f64,
+    elapsed_seconds: f64,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TrainArgs {
+    #[arg(long)]
+    pub config: PathBuf,
+}
+
+pub fn run_train(args: &TrainArgs) -> Result<()> {
+    let spec = load_spec(&args.config)?;
+    if spec.model.checkpointing {
+        train_with::<Autodiff<Flex, BalancedCheckpointing>>(&spec)
+    } else {
+        train_with::<Autodiff<Flex>>(&spec)
+    }
+}
+
+fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> {
+    let tokenizer = Tokenizer::line_retrieval();
+    let config = spec.model.config(tokenizer.vocab_size());
+    config.validate()?;
+    let t = &spec.train;
+    let partition = strategies::by_name(&spec.ring.strategy)?;
+    let options = TrainOptions {
+        ranks: spec.ring.ranks,
+        ring: spec.ring.config()?,
+        steps: t.steps,
+        lr: t.lr,
+        warmup_steps: t.warmup_steps,
+        min_lr_ratio: t.min_lr_ratio,
+        weight_decay: t.weight_decay,
+        grad_clip: t.grad_clip,
+        checksum_every: t.checksum_every,
+        pad_token: EOS,
+        timeout: Duration::from_secs(600),
+    };
+    std::fs::create_dir_all(&t.out)?;
+    std::fs::write(t.out.join("train.toml"), toml::to_string(spec)?)?;
+    B::seed(&Default::default(), t.seed);
+    let model = config.init::<B>(&Default::default());
+    println!(
+        "training {} parameters on {} ranks ({}), {} steps of {} prompts with {}..={} lines",
+        config.num_params(),
+        options.ranks,
+        spec.ring.strategy,
+        t.steps,
+        t.batch,
+        t.min_lines,
+        t.num_lines
+    );
+    let prompts = Prompts {
+        seed: t.seed,
+        batch: t.batch,
+        min_lines: t.min_lines,
+        num_lines: t.num_lines,
+        lm_weight: t.lm_weight,
+    };
+    prompts.check().context("train")?;
+    let batch_for = |step: usize| prompts.batch(&tokenizer, step);
+    let bar = ProgressBar::new(t.steps as u64).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} eta {eta} {msg}")
+            .context("template")?,
+    );
+    // Created by the first step's report, which only rank 0 makes (other MPI ranks must not truncate it).
+    let metrics: std::sync::Mutex<Option<csv::Writer<std::fs::File>>> = std::sync::Mutex::new(None);
+    let start = Instant::now();
+    let recent = std::sync::Mutex::new(std::collections::VecDeque::new());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let on_step = |log: &StepLog| {
+        let tokens_per_s = log.tokens as f64 / log.seconds;
+        bar.set_message(format!(
+            "loss {:.4} lr {:.2e} {:.0} tok/s",
+            log.loss, log.lr, tokens_per_s
+        ));
+        bar.inc(1);
+        let mut w = metrics.lock().expect("metrics lock");
+        if w.is_none() {
+            *w = csv::Writer::from_path(t.out.join("metrics.csv")).ok();
+        }
+        if let Some(w) = w.as_mut() {
+            let _ = w.serialize(MetricsRow {
+                step: log.step,
+                loss: log.loss,
+                lr: log.lr,
+                tokens_per_second: tokens_per_s,
+                elapsed_seconds: start.elapsed().as_secs_f64(),
+            });
+            let _ = w.flush();
+        }
+        let mut r = recent.lock().expect("recent lock");
+        r.push_back(log.loss);
+        if r.len() > 50 {
+            r.pop_front();
+        }
+        let mean = r.iter().sum::<f64>() / r.len() as f64;
+        let late = t.max_minutes > 0.0 && start.elapsed().as_secs_f64() > t.max_minutes * 60.0;
+        if (t.stop_loss > 0.0 && r.len() == 50 && mean < t.stop_loss) || late {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        if bar.is_hidden() && log.step.is_multiple_of(50) {
+            println!(
+                "step {} loss {:.4} lr {:.2e} {:.0} tok/s",
+                log.step, log.loss, log.lr, tokens_per_s
+            );
+        }
+    };
+    let Some(trained) = run_training(model, partition, &options, batch_for, on_step, &stop)? else {
+        return Ok(()); // a rank other than 0 under mpirun: rank 0 writes the checkpoint
+    };
+    bar.finish();
+    save_checkpoint(&t.out, &trained.model, &config, &tokenizer)?;
+    // Mean loss over windows of up to 50 steps, so that the curve is readable at thousands of steps.
+    let window = trained.losses.len().div_ceil(200).clamp(1, 50);
+    let curve = trained
+        .losses
+        .chunks(window)
+        .enumerate()
+        .map(|(i, c)| ((i * window) as f64, c.iter().sum::<f64>() / c.len() as f64))
+        .collect();
+    crate::plot::line_chart(
+        &t.out.join("loss.svg"),
+        "Training loss (weighted next-token cross-entropy)",
+        "step",
+        "loss",
+        &[crate::plot::Series {
+            name: format!("mean over {window} steps"),
+            points: curve,
+        }],
+    )?;
+    println!(
+        "trained {} steps in {:.1} min; final loss {:.4}; checkpoint in {}",
+        trained.losses.len(),
+        start.elapsed().as_secs_f64() / 60.0,
+        trained.losses.last().copied().unwrap_or(f64::NAN),
+        t.out.display()
+    );
+    Ok(())
+}
+
+/// Trains on in-process threads, or, under `mpirun`, as this process's rank (then only rank 0 gets
+/// the model back; a failing rank aborts the whole job at once).
+fn run_training<B, F, L>(
+    model: Llama<B>,
+    partition: &dyn strategies::Partition,
+    options: &TrainOptions,
+    batch_for: F,
+    on_step: L,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<Option<workbench::train::Trained<workbench::model::Llama<B>>>>
+where
+    B: AutodiffBackend + RingBackend,
+    F: Fn(usize) -> Vec<Example> + Sync,
+    L: Fn(&StepLog) + Sync,
+{
+    let ranked = crate::mpi_rank::as_mpi_rank(options.timeout, |comm| {
+        let model = model.clone();
+        workbench::train::train_on(comm, model, partition, options, &batch_for, &on_step, stop)
+    })?;
+    if let Some((_, trained)) = ranked {
+        return Ok(trained);
+    }
+    Ok(Some(train(
+        model, partition, options, batch_for, on_step, stop,
+    )?))
+}

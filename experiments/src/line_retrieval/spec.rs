@@ -1,0 +1,164 @@
+//! The line-retrieval training spec (`experiments/line_retrieval.toml`), how its prompts are drawn,
+//! and how a case becomes a weighted training example.
+
+use anyhow::{Context, Result, bail};
+use datasets::tokenizer::{BOS, EOS};
+use datasets::{Case, SplitMix64, Tokenizer, WordSplit, generate};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use workbench::model::LlamaConfig;
+use workbench::train::Example;
+use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
+
+/// `experiments/line_retrieval.toml`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSpec {
+    pub model: ModelSpec,
+    pub ring: RingSpec,
+    pub train: LineTrainSection,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    pub d_model: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub ffn_multiple_of: usize,
+    pub rope_theta: f64,
+    pub ffn_chunk: usize,
+    /// Recompute activations in the backward instead of storing them (Burn's balanced checkpointing).
+    #[serde(default)]
+    pub checkpointing: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RingSpec {
+    pub ranks: usize,
+    pub strategy: String,
+    pub forward: String,
+    pub backward: String,
+    pub kernel: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LineTrainSection {
+    pub steps: usize,
+    pub batch: usize,
+    pub lr: f64,
+    pub warmup_steps: usize,
+    pub min_lr_ratio: f64,
+    pub weight_decay: f32,
+    pub grad_clip: Option<f32>,
+    pub seed: u64,
+    /// Loss weight of the prompt's own next-token predictions (the answer and EOS weigh 1). A small
+    /// language-modelling weight teaches copying (the asked name repeats an earlier one) early.
+    #[serde(default)]
+    pub lm_weight: f32,
+    /// Each training prompt has between `min_lines` and `num_lines` lines.
+    pub min_lines: usize,
+    pub num_lines: usize,
+    pub checksum_every: usize,
+    /// Where the checkpoint, metrics and the copy of this spec go.
+    pub out: PathBuf,
+    /// Stop early once the loss averaged over the last 50 steps is below this (0: never).
+    pub stop_loss: f64,
+    /// Wall-clock limit in minutes (0: none).
+    pub max_minutes: f64,
+}
+
+impl RingSpec {
+    pub fn config(&self) -> Result<RingConfig> {
+        Ok(RingConfig {
+            causal: true,
+            forward: self.forward.parse::<Direction>()?,
+            backward: self.backward.parse::<BackwardScheme>()?,
+            kernel: self.kernel.parse::<Kernel>()?,
+            scale: None,
+            lockstep: false,
+        })
+    }
+}
+
+impl ModelSpec {
+    pub fn config(&self, vocab: usize) -> LlamaConfig {
+        LlamaConfig::new(vocab)
+            .with_d_model(self.d_model)
+            .with_layers(self.layers)
+            .with_heads(self.heads)
+            .with_kv_heads(self.kv_heads)
+            .with_ffn_multiple_of(self.ffn_multiple_of)
+            .with_rope_theta(self.rope_theta)
+            .with_ffn_chunk(self.ffn_chunk)
+    }
+}
+
+pub fn load_spec(path: &Path) -> Result<TrainSpec> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    toml::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().replace('\n', " ")))
+}
+
+/// How training prompts are drawn: `batch` fresh cases per step, each of `min_lines..=num_lines`
+/// lines with names from the training word list.
+#[derive(Debug, Clone, Copy)]
+pub struct Prompts {
+    /// Seeds every step's cases.
+    pub seed: u64,
+    /// Prompts per step.
+    pub batch: usize,
+    /// Fewest lines in a prompt (at least 1).
+    pub min_lines: usize,
+    /// Most lines in a prompt.
+    pub num_lines: usize,
+    /// Loss weight of the prompt's own tokens ([`example`]).
+    pub lm_weight: f32,
+}
+
+impl Prompts {
+    /// An error naming the line counts unless `1 <= min_lines <= num_lines`.
+    pub fn check(&self) -> Result<()> {
+        if self.min_lines == 0 || self.min_lines > self.num_lines {
+            bail!(
+                "min_lines = {} must be in 1..=num_lines = {}",
+                self.min_lines,
+                self.num_lines
+            );
+        }
+        Ok(())
+    }
+
+    /// The examples of training step `step` (the same on every rank and every run).
+    pub fn batch(&self, tokenizer: &Tokenizer, step: usize) -> Vec<Example> {
+        let mut rng =
+            SplitMix64::new(self.seed ^ (step as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
+        (0..self.batch)
+            .map(|_| {
+                let lines =
+                    rng.range_inclusive(self.min_lines as u64, self.num_lines as u64) as usize;
+                let case = generate(&mut rng, lines, WordSplit::Train)
+                    .expect("line counts checked by Prompts::check");
+                example(tokenizer, &case, self.lm_weight)
+            })
+            .collect()
+    }
+}
+
+/// `[BOS] prompt answer [EOS]`: the answer and EOS weigh 1, the prompt's tokens `lm_weight`.
+pub fn example(tokenizer: &Tokenizer, case: &Case, lm_weight: f32) -> Example {
+    let mut tokens = vec![BOS];
+    tokens.extend(tokenizer.encode(&case.prompt));
+    let prompt_len = tokens.len();
+    tokens.extend(tokenizer.encode(&case.expected_number.to_string()));
+    tokens.push(EOS);
+    // weights[i] weighs predicting tokens[i + 1].
+    let weights = (0..tokens.len() - 1)
+        .map(|i| if i + 1 >= prompt_len { 1.0 } else { lm_weight })
+        .collect();
+    Example { tokens, weights }
+}

@@ -1,0 +1,148 @@
+//! A ring run checked against the independent float64 reference (`tests/src/lib.rs`): what the
+//! `attn` kind reports as `max_rel_error` for every point.
+
+use anyhow::{Result, anyhow};
+use burn::backend::{Autodiff, Flex};
+use std::time::Duration;
+use strategies::Partition;
+use workbench::RingConfig;
+use workbench::ring::jobs::{AttentionJob, HostTensor, run_attention};
+
+/// The attention shape of a check.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (dividing `heads`).
+    pub kv_heads: usize,
+    /// Dimension of a head.
+    pub head_dim: usize,
+}
+
+/// `strategy` on `ranks` ranks with `config`, at about `tokens_per_rank` tokens per rank (the
+/// shortest length from there that the strategy accepts), against the float64 reference: the
+/// largest error of out, lse, dq, dk, dv, each relative to its tensor's scale.
+pub fn max_rel_error(
+    strategy: &dyn Partition,
+    ranks: usize,
+    shape: Heads,
+    config: RingConfig,
+    tokens_per_rank: usize,
+) -> Result<f64> {
+    against_reference(
+        strategy,
+        ranks,
+        shape,
+        config,
+        tokens_per_rank,
+        config.causal,
+    )
+}
+
+/// The run with `config` against the reference with mask `causal` (they differ only in a test that
+/// shows a wrong run is caught).
+fn against_reference(
+    strategy: &dyn Partition,
+    ranks: usize,
+    shape: Heads,
+    config: RingConfig,
+    tokens_per_rank: usize,
+    causal: bool,
+) -> Result<f64> {
+    let start = tokens_per_rank.max(1) * ranks;
+    let s = (start..start + 4 * ranks * tokens_per_rank.max(1))
+        .find(|&s| strategy.validate(s, ranks).is_ok())
+        .ok_or_else(|| {
+            anyhow!(
+                "{} accepts no length from {start} to {} on {} ranks for the float64 check",
+                strategy.name(),
+                start + 4 * ranks * tokens_per_rank,
+                ranks
+            )
+        })?;
+    let (b, h, hk, d) = (1, shape.heads, shape.kv_heads, shape.head_dim);
+    let mut rng = ringbench_tests::Rng::new(0x5EED ^ s as u64);
+    let q = rng.vec(b * s * h * d, 1.0);
+    let k = rng.vec(b * s * hk * d, 1.0);
+    let v = rng.vec(b * s * hk * d, 1.0);
+    let d_out = rng.vec(b * s * h * d, 1.0);
+    let tensor = |data: &[f32], heads: usize| HostTensor::new(vec![b, s, heads, d], data.to_vec());
+    let (qt, kt, vt, dt) = (
+        tensor(&q, h),
+        tensor(&k, hk),
+        tensor(&v, hk),
+        tensor(&d_out, h),
+    );
+    let result = run_attention::<Autodiff<Flex>>(
+        &AttentionJob {
+            q: &qt,
+            k: &kt,
+            v: &vt,
+            d_out: Some(&dt),
+            ranks,
+            strategy,
+            config,
+            timeout: Duration::from_secs(600),
+            fault: None,
+            link: None,
+        },
+        &Default::default(),
+    )?;
+    let want = ringbench_tests::reference(
+        &q,
+        &k,
+        &v,
+        &d_out,
+        [b, s, h, d],
+        hk,
+        causal,
+        1.0 / (d as f64).sqrt(),
+    );
+    let grads = result
+        .grads
+        .ok_or_else(|| anyhow!("the check asked for gradients"))?;
+    let errors = [
+        ringbench_tests::rel_err(&result.out.data, &want.out),
+        ringbench_tests::rel_err(&result.lse.data, &want.lse),
+        ringbench_tests::rel_err(&grads.dq.data, &want.dq),
+        ringbench_tests::rel_err(&grads.dk.data, &want.dk),
+        ringbench_tests::rel_err(&grads.dv.data, &want.dv),
+    ];
+    Ok(errors.into_iter().fold(0.0, f64::max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use workbench::{BackwardScheme, Direction};
+
+    fn check(ranks: usize, heads: usize, kv_heads: usize, causal: bool, run_causal: bool) -> f64 {
+        let config = RingConfig {
+            causal: run_causal,
+            forward: Direction::Ccw,
+            backward: BackwardScheme::Q,
+            ..Default::default()
+        };
+        let shape = Heads {
+            heads,
+            kv_heads,
+            head_dim: 64,
+        };
+        against_reference(&strategies::ZigZag, ranks, shape, config, 16, causal).unwrap()
+    }
+
+    #[test]
+    fn the_float64_check_passes_exact_runs_and_catches_a_wrong_one() {
+        for (ranks, heads, kv_heads, causal) in [(1, 4, 4, true), (2, 4, 1, false), (4, 4, 2, true)]
+        {
+            let e = check(ranks, heads, kv_heads, causal, causal);
+            assert!(
+                e <= 1e-5,
+                "N={ranks} h={heads} hk={kv_heads} causal={causal}: {e:e}"
+            );
+        }
+        // A run that ignores the causal mask is not the point's attention.
+        let e = check(2, 4, 4, true, false);
+        assert!(e > 1e-2, "a non-causal run passed the causal check: {e:e}");
+    }
+}
