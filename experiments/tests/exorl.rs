@@ -129,4 +129,23 @@ return_conditioned = true
             .collect()
     };
     assert_eq!(returns(&run()), returns(&first));
+
+    // The same file with `kind = "exorl"` is a runner spec: `ringbench run` computes the same rows.
+    let kind_spec = dir.join("table.toml");
+    let text = std::fs::read_to_string(&spec_path).unwrap();
+    std::fs::write(&kind_spec, format!("kind = \"exorl\"\n{text}")).unwrap();
+    let out = ringbench(&[
+        "run".as_ref(),
+        kind_spec.as_os_str(),
+        "--results".as_ref(),
+        dir.as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = std::fs::read_to_string(dir.join("table/results.csv")).unwrap();
+    assert_eq!(returns(&table), returns(&first));
+    assert!(dir.join("table/data.csv").exists() && dir.join("table/returns.svg").exists());
 }

@@ -4,7 +4,7 @@
 
 mod dataset;
 mod spec;
-mod table;
+pub mod table;
 
 use anyhow::{Context, Result, ensure};
 use clap::{Args, Subcommand};

@@ -7,6 +7,14 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExorlSpec {
+    /// `kind = "exorl"` when the file is also a runner spec (`ringbench run`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The runner's description of the table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Where `ringbench exorl table` writes returns.csv and data.csv.
+    #[serde(default = "default_out")]
     pub out: PathBuf,
     pub data_root: PathBuf,
     pub seeds: Vec<u64>,
@@ -20,6 +28,26 @@ pub struct ExorlSpec {
     pub tasks: Vec<TaskSection>,
     #[serde(rename = "config")]
     pub configs: Vec<ConfigSection>,
+}
+
+fn default_out() -> PathBuf {
+    PathBuf::from("results/exorl")
+}
+
+impl ExorlSpec {
+    /// What TOML cannot check: `(key, message)` of the first bad value.
+    pub fn problem(&self) -> Option<(&'static str, String)> {
+        if self.seeds.is_empty() {
+            return Some(("seeds", "is empty".into()));
+        }
+        if self.eval_episodes == 0 {
+            return Some(("eval_episodes", "must be positive".into()));
+        }
+        if let Some(c) = self.configs.iter().find(|c| c.k == 0) {
+            return Some(("k", format!("config `{}`: k must be positive", c.name)));
+        }
+        None
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -4,11 +4,11 @@
 
 use super::collect_task;
 use super::dataset::{Dataset, batch_for, chain_rows};
-use super::spec::{ConfigSection, ExorlSpec};
+use super::spec::{ConfigSection, ExorlSpec, TaskSection};
 use crate::alloc;
 use crate::results::{Record, Table};
 use crate::units::MIB;
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, bail};
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::tensor::backend::Backend;
@@ -142,6 +142,149 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
+/// A task's data, collected if missing, with the per-policy statistics and the model config.
+pub struct PreparedTask {
+    /// The task's name.
+    pub name: String,
+    /// Its trajectories at the decision rate.
+    pub data: Dataset,
+    /// One `data.csv` row per exploratory policy.
+    pub data_rows: Vec<Record>,
+    /// The Agentic Transformer for the task's observation and action sizes.
+    pub cfg: AgenticConfig,
+}
+
+/// Collects `task`'s episodes (those not on disk yet) and loads them.
+pub fn prepare_task(spec: &ExorlSpec, task: &TaskSection) -> Result<PreparedTask> {
+    collect_task(
+        &spec.data_root,
+        &task.name,
+        spec.data.episodes_per_policy,
+        task.interval,
+        spec.data.seed,
+    )?;
+    let domain = spec.data_root.join("datasets").join(&task.name);
+    let mut data_rows = Vec::new();
+    for policy in Policy::ALL {
+        let returns: Vec<f64> = episode_files(&domain.join(policy.name()))?
+            .iter()
+            .map(|p| Ok(read_episode(p)?.total_return()))
+            .collect::<Result<_>>()?;
+        let (mean, _) = mean_std(&returns);
+        let min = returns.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = returns.iter().copied().fold(0.0, f64::max);
+        data_rows.push(Record::of(&DataRow {
+            task: &task.name,
+            algo: policy.name(),
+            episodes: returns.len(),
+            mean_return: mean,
+            min_return: min,
+            max_return: max,
+        })?);
+    }
+    let data = Dataset::load(&domain, task.interval)?;
+    let env = make_env(&task.name)?;
+    let cfg = AgenticConfig::new(env.obs_dim(), env.act_dim())
+        .with_d_model(spec.model.d_model)
+        .with_layers(spec.model.layers)
+        .with_heads(spec.model.heads)
+        .with_kv_heads(spec.model.kv_heads);
+    Ok(PreparedTask {
+        name: task.name.clone(),
+        data,
+        data_rows,
+        cfg,
+    })
+}
+
+/// One configuration on one task over every seed: train, roll out, and its `returns.csv` row.
+pub fn config_row(
+    spec: &ExorlSpec,
+    task: &PreparedTask,
+    config: &ConfigSection,
+    bar: &ProgressBar,
+) -> Result<Record> {
+    let (data, cfg) = (&task.data, &task.cfg);
+    let data_mean =
+        data.trajectories.iter().map(|t| t.total).sum::<f64>() / data.trajectories.len() as f64;
+    let tokens = config.k * data.decisions * TOKENS_PER_STEP;
+    // Memory of one chain's forward + backward, on one rank and per rank of the ring.
+    let probe = |ranks| {
+        let size = RunSize {
+            seed: 0,
+            ranks,
+            steps: 1,
+            chains: 1,
+        };
+        train_policy(spec, cfg, data, config, size).map(|(_, peak)| peak)
+    };
+    let peak_single = probe(1)?;
+    let peak_ring = probe(spec.train.ranks)?;
+    let chains = (spec.train.trajectories_per_step / config.k).max(1);
+    let mut seed_returns = Vec::new();
+    let mut seconds = 0.0;
+    for &seed in &spec.seeds {
+        bar.set_message(format!("{} {} seed {seed}", task.name, config.name));
+        let start = Instant::now();
+        let size = RunSize {
+            seed,
+            ranks: spec.train.ranks,
+            steps: spec.train.steps,
+            chains,
+        };
+        let (model, _) = train_policy(spec, cfg, data, config, size)?;
+        seconds += start.elapsed().as_secs_f64();
+        let model = model.valid();
+        let mut returns = Vec::new();
+        for e in 0..spec.eval_episodes {
+            let eval_seed = 1_000_000 + 1000 * seed + e as u64;
+            returns.push(rollout(&model, cfg, data, config, &task.name, eval_seed)?);
+        }
+        let again = rollout(
+            &model,
+            cfg,
+            data,
+            config,
+            &task.name,
+            1_000_000 + 1000 * seed,
+        )?;
+        if again != returns[0] {
+            bail!(
+                "{} {} seed {seed}: the same rollout returned {} and {again}",
+                task.name,
+                config.name,
+                returns[0]
+            );
+        }
+        seed_returns.push(mean_std(&returns).0);
+        bar.inc(1);
+    }
+    let (mean, std) = mean_std(&seed_returns);
+    let single = peak_single as f64 / MIB;
+    let ring = peak_ring as f64 / MIB / spec.train.ranks as f64;
+    let list: Vec<String> = seed_returns.iter().map(|r| format!("{r:.1}")).collect();
+    Record::of(&ReturnsRow {
+        task: &task.name,
+        config: &config.name,
+        k: config.k,
+        return_conditioned: config.return_conditioned,
+        chain_tokens: tokens,
+        seeds: spec.seeds.len(),
+        mean_return: mean,
+        std_return: std,
+        seed_returns: list.join(";"),
+        data_mean_return: data_mean,
+        data_best_return: data.best,
+        chain_peak_mib_1_rank: single,
+        chain_peak_mib_per_rank_ring: ring,
+        ring_ranks: spec.train.ranks,
+        budget_mib: spec.memory_budget_mib,
+        fits_1_rank: single <= spec.memory_budget_mib,
+        fits_ring: ring <= spec.memory_budget_mib,
+        train_s_per_run: seconds / spec.seeds.len() as f64,
+    })
+}
+
 /// One row of `returns.csv`: a (task, configuration) over every seed.
 #[derive(Debug, Serialize)]
 struct ReturnsRow<'a> {
@@ -180,16 +323,9 @@ pub fn table(spec_path: &Path) -> Result<()> {
     let text =
         std::fs::read_to_string(spec_path).with_context(|| spec_path.display().to_string())?;
     let spec: ExorlSpec = toml::from_str(&text).with_context(|| spec_path.display().to_string())?;
-    ensure!(
-        !spec.seeds.is_empty(),
-        "{}: `seeds` is empty",
-        spec_path.display()
-    );
-    ensure!(
-        spec.eval_episodes > 0,
-        "{}: `eval_episodes` must be positive",
-        spec_path.display()
-    );
+    if let Some((key, problem)) = spec.problem() {
+        bail!("{}: {key} {problem}", spec_path.display());
+    }
     std::fs::create_dir_all(&spec.out)?;
     std::fs::write(spec.out.join("exorl.toml"), &text)?;
     let runs = spec.tasks.len() * spec.configs.len() * spec.seeds.len();
@@ -199,120 +335,11 @@ pub fn table(spec_path: &Path) -> Result<()> {
     );
     let mut returns_rows = Vec::new();
     let mut data_rows = Vec::new();
-
     for task in &spec.tasks {
-        collect_task(
-            &spec.data_root,
-            &task.name,
-            spec.data.episodes_per_policy,
-            task.interval,
-            spec.data.seed,
-        )?;
-        let domain = spec.data_root.join("datasets").join(&task.name);
-        for policy in Policy::ALL {
-            let returns: Vec<f64> = episode_files(&domain.join(policy.name()))?
-                .iter()
-                .map(|p| Ok(read_episode(p)?.total_return()))
-                .collect::<Result<_>>()?;
-            let (mean, _) = mean_std(&returns);
-            let min = returns.iter().copied().fold(f64::INFINITY, f64::min);
-            let max = returns.iter().copied().fold(0.0, f64::max);
-            data_rows.push(Record::of(&DataRow {
-                task: &task.name,
-                algo: policy.name(),
-                episodes: returns.len(),
-                mean_return: mean,
-                min_return: min,
-                max_return: max,
-            })?);
-        }
-        let data = Dataset::load(&domain, task.interval)?;
-        let data_mean =
-            data.trajectories.iter().map(|t| t.total).sum::<f64>() / data.trajectories.len() as f64;
-        let env = make_env(&task.name)?;
-        let cfg = AgenticConfig::new(env.obs_dim(), env.act_dim())
-            .with_d_model(spec.model.d_model)
-            .with_layers(spec.model.layers)
-            .with_heads(spec.model.heads)
-            .with_kv_heads(spec.model.kv_heads);
+        let prepared = prepare_task(&spec, task)?;
+        data_rows.extend(prepared.data_rows.iter().cloned());
         for config in &spec.configs {
-            ensure!(config.k > 0, "config `{}`: k must be positive", config.name);
-            let tokens = config.k * data.decisions * TOKENS_PER_STEP;
-            // Memory of one chain's forward + backward, on one rank and per rank of the ring.
-            let probe = |ranks| {
-                let size = RunSize {
-                    seed: 0,
-                    ranks,
-                    steps: 1,
-                    chains: 1,
-                };
-                train_policy(&spec, &cfg, &data, config, size).map(|(_, peak)| peak)
-            };
-            let peak_single = probe(1)?;
-            let peak_ring = probe(spec.train.ranks)?;
-            let chains = (spec.train.trajectories_per_step / config.k).max(1);
-            let mut seed_returns = Vec::new();
-            let mut seconds = 0.0;
-            for &seed in &spec.seeds {
-                bar.set_message(format!("{} {} seed {seed}", task.name, config.name));
-                let start = Instant::now();
-                let size = RunSize {
-                    seed,
-                    ranks: spec.train.ranks,
-                    steps: spec.train.steps,
-                    chains,
-                };
-                let (model, _) = train_policy(&spec, &cfg, &data, config, size)?;
-                seconds += start.elapsed().as_secs_f64();
-                let model = model.valid();
-                let mut returns = Vec::new();
-                for e in 0..spec.eval_episodes {
-                    let eval_seed = 1_000_000 + 1000 * seed + e as u64;
-                    returns.push(rollout(&model, &cfg, &data, config, &task.name, eval_seed)?);
-                }
-                let again = rollout(
-                    &model,
-                    &cfg,
-                    &data,
-                    config,
-                    &task.name,
-                    1_000_000 + 1000 * seed,
-                )?;
-                if again != returns[0] {
-                    bail!(
-                        "{} {} seed {seed}: the same rollout returned {} and {again}",
-                        task.name,
-                        config.name,
-                        returns[0]
-                    );
-                }
-                seed_returns.push(mean_std(&returns).0);
-                bar.inc(1);
-            }
-            let (mean, std) = mean_std(&seed_returns);
-            let single = peak_single as f64 / MIB;
-            let ring = peak_ring as f64 / MIB / spec.train.ranks as f64;
-            let list: Vec<String> = seed_returns.iter().map(|r| format!("{r:.1}")).collect();
-            returns_rows.push(Record::of(&ReturnsRow {
-                task: &task.name,
-                config: &config.name,
-                k: config.k,
-                return_conditioned: config.return_conditioned,
-                chain_tokens: tokens,
-                seeds: spec.seeds.len(),
-                mean_return: mean,
-                std_return: std,
-                seed_returns: list.join(";"),
-                data_mean_return: data_mean,
-                data_best_return: data.best,
-                chain_peak_mib_1_rank: single,
-                chain_peak_mib_per_rank_ring: ring,
-                ring_ranks: spec.train.ranks,
-                budget_mib: spec.memory_budget_mib,
-                fits_1_rank: single <= spec.memory_budget_mib,
-                fits_ring: ring <= spec.memory_budget_mib,
-                train_s_per_run: seconds / spec.seeds.len() as f64,
-            })?);
+            returns_rows.push(config_row(&spec, &prepared, config, &bar)?);
         }
     }
     bar.finish();

@@ -3,6 +3,7 @@
 
 mod attn;
 mod balance;
+mod exorl;
 pub mod experiment;
 mod knee;
 mod memory;
@@ -24,6 +25,7 @@ pub const KINDS: &[&dyn Experiment] = &[
     &memory::Memory,
     &mfu::Mfu,
     &memory_model::MemoryModel,
+    &exorl::Exorl,
 ];
 
 /// The kind called `name`, or an error listing the known kinds.
