@@ -8,6 +8,7 @@ use mimalloc::MiMalloc;
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
+/// The global allocator of `ringbench`: mimalloc, counting live and peak bytes.
 pub struct Counting;
 
 static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
@@ -68,6 +69,7 @@ pub fn reset() {
     ALLOCATED.store(0, Relaxed);
 }
 
+/// Bytes allocated and the peak since the last [`reset`].
 pub fn stats() -> AllocStats {
     AllocStats {
         allocated: ALLOCATED.load(Relaxed),

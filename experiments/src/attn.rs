@@ -8,6 +8,7 @@ use std::time::Duration;
 use workbench::ring::jobs::{AttentionJob, AttentionResult, HostTensor, run_attention};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
+/// `ringbench attn`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct AttnArgs {
     /// Queries, (batch, seq, heads, head_dim), float32 or float64.
@@ -22,10 +23,13 @@ pub struct AttnArgs {
     /// Gradient of the loss with respect to the output; enables dq, dk, dv.
     #[arg(long = "do")]
     pub d_out: Option<PathBuf>,
+    /// Ranks (threads), or the world size under a launcher.
     #[arg(long, default_value_t = 1)]
     pub ranks: usize,
+    /// Partition strategy by name.
     #[arg(long, default_value = "zigzag")]
     pub strategy: String,
+    /// Mask keys after each query (causal attention).
     #[arg(long)]
     pub causal: bool,
     /// Forward ring direction: cw (to rank+1) or ccw (to rank−1).
@@ -40,6 +44,7 @@ pub struct AttnArgs {
     /// Seconds a rank waits for a peer before giving up.
     #[arg(long, default_value_t = 60.0)]
     pub timeout: f64,
+    /// Directory for out.npy, lse.npy and the gradients.
     #[arg(long)]
     pub out: PathBuf,
     /// GPU ranks over NCCL (feature `nccl`): NCCL's id is exchanged through this file (rank 0 writes
@@ -49,6 +54,7 @@ pub struct AttnArgs {
     /// Fault injection (tests): this rank fails at its `--fail-step`-th ring exchange.
     #[arg(long, requires = "fail_step")]
     pub fail_rank: Option<usize>,
+    /// Testing: this rank fails at this exchange (with `--fail-rank`).
     #[arg(long, requires = "fail_rank")]
     pub fail_step: Option<usize>,
 }
@@ -124,6 +130,7 @@ fn read_4d(path: &Path) -> Result<HostTensor> {
     Ok(array)
 }
 
+/// `ringbench attn`: reads the arrays, runs the ring, writes the outputs.
 pub fn run_command(args: &AttnArgs) -> Result<()> {
     let q = read_4d(&args.q)?;
     let k = read_4d(&args.k)?;

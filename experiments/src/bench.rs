@@ -17,14 +17,17 @@ use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM, vis
 use workbench::ring::jobs::{AttentionJob, run_attention};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
+/// `ringbench bench`'s subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchCommand {
     /// Forward and forward+backward GFLOP/s per (length, ranks, strategy, causal).
     Attn(BenchAttnArgs),
 }
 
+/// `ringbench bench attn`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct BenchAttnArgs {
+    /// Total lengths.
     #[arg(long, value_delimiter = ',', default_value = "1024,2048,4096,8192")]
     pub seq: Vec<usize>,
     /// Rank counts; include 1 for the ring-vs-single ratio.
@@ -36,10 +39,13 @@ pub struct BenchAttnArgs {
     /// Kernels to time: fused, generic (the generic twin is slow at long lengths).
     #[arg(long, value_delimiter = ',', default_value = "fused,generic")]
     pub kernels: Vec<Kernel>,
+    /// Attention heads.
     #[arg(long, default_value_t = 4)]
     pub heads: usize,
+    /// Dimension of a head.
     #[arg(long, default_value_t = 64)]
     pub head_dim: usize,
+    /// Sequences per batch.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
     /// Timed repetitions per row; the fastest is reported.
@@ -50,17 +56,28 @@ pub struct BenchAttnArgs {
     pub out: Option<PathBuf>,
 }
 
+/// One row of `bench_attn.csv`.
 #[derive(Debug, Clone, Serialize)]
 pub struct AttnBenchRow {
+    /// Total tokens.
     pub seq: usize,
+    /// Ranks.
     pub ranks: usize,
+    /// Strategy name.
     pub strategy: String,
+    /// Causal mask.
     pub causal: bool,
+    /// Kernel name.
     pub kernel: String,
+    /// Fastest forward, seconds.
     pub fwd_seconds: f64,
+    /// Forward useful GFLOP/s.
     pub fwd_gflops: f64,
+    /// Fastest forward + backward, seconds.
     pub fwd_bwd_seconds: f64,
+    /// Forward + backward useful GFLOP/s.
     pub fwd_bwd_gflops: f64,
+    /// The 1024³ matmul rate measured beside this row.
     pub matmul_gflops: f64,
     /// fwd+bwd GFLOP/s over the matmul GFLOP/s of the same run.
     pub fwd_bwd_over_matmul: f64,
@@ -80,6 +97,7 @@ struct Measured {
     peak: usize,
 }
 
+/// `ringbench bench`.
 pub fn run(command: &BenchCommand) -> Result<()> {
     let BenchCommand::Attn(args) = command;
     let strategies: Vec<String> = if args.strategies.is_empty() {

@@ -13,16 +13,22 @@
 //! Latencies are order-of-magnitude figures (NVLink and ICI a few µs, InfiniBand ~5 µs); they matter
 //! only for tiny blocks.
 
+/// One accelerator and its ring link.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Profile {
+    /// Name in specs and tables.
     pub name: &'static str,
+    /// Peak dense bf16 FLOP/s.
     pub flops: f64,
+    /// One-way link bandwidth to the ring neighbour, bytes/s.
     pub link_bytes_per_s: f64,
+    /// Link latency, seconds.
     pub latency_s: f64,
     /// The paper's minimal block size c_min = F/B (tokens) where it reports one (Table 2).
     pub paper_c_min: Option<f64>,
 }
 
+/// Every profile.
 pub const PROFILES: &[Profile] = &[
     Profile {
         name: "a100-nvlink",
@@ -75,10 +81,12 @@ pub const PROFILES: &[Profile] = &[
     },
 ];
 
+/// The profile called `name`.
 pub fn profile(name: &str) -> Option<&'static Profile> {
     PROFILES.iter().find(|p| p.name == name)
 }
 
+/// Every profile's name, comma-separated.
 pub fn profile_names() -> String {
     PROFILES
         .iter()

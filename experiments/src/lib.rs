@@ -1,6 +1,8 @@
 //! The `ringbench` command line: NumPy interop, benchmarks, the experiment runner and its kinds,
 //! training and evaluation.
 
+#![warn(missing_docs)]
+
 pub mod alloc;
 pub mod attn;
 pub mod bench;

@@ -15,15 +15,22 @@
 /// A LLaMA configuration (OpenLLaMA's sizes for 3B; LLaMA's for 7B, 13B, 30B).
 #[derive(Debug, Clone, Copy)]
 pub struct LlamaSize {
+    /// Name (3B, 7B, 13B, 30B).
     pub name: &'static str,
+    /// Model width.
     pub hidden: usize,
+    /// Decoder layers.
     pub layers: usize,
+    /// Attention heads.
     pub heads: usize,
+    /// Feed-forward width.
     pub ffn: usize,
+    /// Vocabulary size.
     pub vocab: usize,
 }
 
 impl LlamaSize {
+    /// Parameter count.
     pub fn params(&self) -> f64 {
         let (h, f) = (self.hidden as f64, self.ffn as f64);
         let layer = 4.0 * h * h + 3.0 * h * f + 2.0 * h;
@@ -31,6 +38,7 @@ impl LlamaSize {
     }
 }
 
+/// The LLaMA sizes of the paper's Table 3.
 pub const SIZES: [LlamaSize; 4] = [
     LlamaSize {
         name: "3B",
@@ -69,13 +77,16 @@ pub const SIZES: [LlamaSize; 4] = [
 /// An accelerator pool: device count and memory per device (GB, 1e9 bytes).
 #[derive(Debug, Clone, Copy)]
 pub struct Pool {
+    /// Name in the table.
     pub name: &'static str,
+    /// Devices in the pool.
     pub devices: usize,
     /// A100: 80 GB (the DGX A100 640 GB server); TPU v3: 16 GB per core (TPUv3-512 counts cores);
     /// TPU v4: 32 GB per chip; TPU v5e: 16 GB per chip (Google Cloud TPU system architecture pages).
     pub memory_gb: f64,
 }
 
+/// The methods compared, in the paper's column order.
 pub const METHODS: [&str; 4] = [
     "vanilla",
     "memory-efficient",

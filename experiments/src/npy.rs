@@ -7,15 +7,25 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 use workbench::ring::jobs::HostTensor;
 
+/// Why an `.npy` file could not be read.
 #[derive(Debug, Error)]
 pub enum NpyError {
+    /// The file could not be opened or read.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// A dtype other than float32 or float64.
     #[error("{path}: dtype {dtype} is not supported; expected float32 or float64")]
-    Dtype { path: PathBuf, dtype: String },
+    Dtype {
+        /// The file.
+        path: PathBuf,
+        /// Its dtype descriptor.
+        dtype: String,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> NpyError + '_ {

@@ -23,7 +23,7 @@ pub enum Size {
 pub struct ReproduceArgs {
     /// Quick or full.
     pub size: Size,
-    /// Where the run's tables go (default: runs/<UTC time>/).
+    /// Where the run's tables go (default: `runs/<UTC time>/`).
     #[arg(long, conflicts_with = "into")]
     pub out: Option<PathBuf>,
     /// Write into this directory instead, resuming its tables (`--into results` updates the

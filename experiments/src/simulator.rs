@@ -7,6 +7,7 @@
 /// The outcome of one simulated pass.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Simulation {
+    /// Seconds from the first compute to the last rank's finish.
     pub makespan: f64,
     /// Per-rank sum of compute seconds.
     pub compute: Vec<f64>,

@@ -19,6 +19,7 @@ pub use spec::{
     ConfigSection, DataSection, ExorlSpec, ExorlTrainSection, ModelSection, TaskSection,
 };
 
+/// `ringbench exorl`'s subcommands.
 #[derive(Debug, Subcommand)]
 pub enum ExorlCommand {
     /// Collect episodes with the exploratory policies into ROOT/datasets/DOMAIN/ALGO/buffer/.
@@ -29,10 +30,13 @@ pub enum ExorlCommand {
     Table(TableArgs),
 }
 
+/// `ringbench exorl collect`'s arguments.
 #[derive(Debug, Args)]
 pub struct CollectArgs {
+    /// Task name (`cartpole_swingup`, `point_mass_reach`).
     #[arg(long)]
     pub task: String,
+    /// Root of the ExoRL layout.
     #[arg(long, default_value = "target/exorl")]
     pub root: PathBuf,
     /// Episodes per exploratory policy (random, ou_noise, scripted).
@@ -41,21 +45,27 @@ pub struct CollectArgs {
     /// Control steps an action is held for.
     #[arg(long, default_value_t = 20)]
     pub interval: usize,
+    /// Seeds the policies and the environments.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
 
+/// `ringbench exorl stats`'s arguments.
 #[derive(Debug, Args)]
 pub struct StatsArgs {
+    /// Directory searched for episodes.
     pub dir: PathBuf,
 }
 
+/// `ringbench exorl table`'s arguments.
 #[derive(Debug, Args)]
 pub struct TableArgs {
+    /// The table's spec.
     #[arg(long, default_value = "experiments/exorl.toml")]
     pub spec: PathBuf,
 }
 
+/// `ringbench exorl`.
 pub fn run(command: &ExorlCommand) -> Result<()> {
     match command {
         ExorlCommand::Collect(a) => {

@@ -319,6 +319,7 @@ struct DataRow<'a> {
     max_return: f64,
 }
 
+/// `ringbench exorl table`: every (task, configuration) into `returns.csv`, the data into `data.csv`.
 pub fn table(spec_path: &Path) -> Result<()> {
     let text =
         std::fs::read_to_string(spec_path).with_context(|| spec_path.display().to_string())?;

@@ -14,15 +14,19 @@ use workbench::RingBackend;
 use workbench::model::Llama;
 use workbench::train::{Decoding, greedy};
 
+/// `ringbench eval-lines`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
+    /// Checkpoint directory written by `ringbench train`.
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// LongChat test cases (JSONL with prompt, expected_number, num_lines).
     #[arg(long)]
     pub cases: PathBuf,
+    /// Ranks decoding with ring attention.
     #[arg(long, default_value_t = 1)]
     pub ranks: usize,
+    /// Partition strategy by name.
     #[arg(long, default_value = "zigzag")]
     pub strategy: String,
     /// Prompts decoded together.
@@ -31,18 +35,25 @@ pub struct EvalArgs {
     /// Writes the CSV here; with `--plot`, an SVG of accuracy against the number of lines too.
     #[arg(long)]
     pub out: PathBuf,
+    /// Also plot accuracy against the number of lines here.
     #[arg(long)]
     pub plot: Option<PathBuf>,
 }
 
+/// Accuracy at one number of lines.
 #[derive(Debug, Clone, Serialize)]
 pub struct AccuracyRow {
+    /// Lines in the prompt.
     pub num_lines: usize,
+    /// Cases evaluated.
     pub cases: usize,
+    /// Exact matches.
     pub correct: usize,
+    /// correct / cases.
     pub accuracy: f64,
 }
 
+/// `ringbench eval-lines`: accuracy per number of lines, written as CSV.
 pub fn run_eval(args: &EvalArgs) -> Result<Vec<AccuracyRow>> {
     let (model, _, tokenizer) = load_checkpoint(&args.checkpoint)?;
     let cases = read_jsonl(&args.cases)?;
@@ -130,6 +141,7 @@ pub fn accuracy<B: RingBackend>(
     Ok(rows)
 }
 
+/// `ringbench gen-lines`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct GenArgs {
     /// Line counts to generate, e.g. 4,8,12.
@@ -141,12 +153,15 @@ pub struct GenArgs {
     /// Word lists: eval (never seen in training), train or all.
     #[arg(long, default_value = "eval")]
     pub split: String,
+    /// Seeds the generator.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// JSONL file to write.
     #[arg(long)]
     pub out: PathBuf,
 }
 
+/// `ringbench gen-lines`.
 pub fn run_gen(args: &GenArgs) -> Result<()> {
     let split = match args.split.as_str() {
         "eval" => WordSplit::Eval,

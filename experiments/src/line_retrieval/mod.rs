@@ -33,12 +33,15 @@ struct MetricsRow {
     elapsed_seconds: f64,
 }
 
+/// `ringbench train`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
+    /// The training spec, e.g. experiments/line_retrieval.toml.
     #[arg(long)]
     pub config: PathBuf,
 }
 
+/// `ringbench train`: trains and writes the checkpoint, metrics and loss curve.
 pub fn run_train(args: &TrainArgs) -> Result<()> {
     let spec = load_spec(&args.config)?;
     if spec.model.checkpointing {

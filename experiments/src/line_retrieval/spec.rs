@@ -14,46 +14,72 @@ use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainSpec {
+    /// `[model]`.
     pub model: ModelSpec,
+    /// `[ring]`.
     pub ring: RingSpec,
+    /// `[train]`.
     pub train: LineTrainSection,
 }
 
+/// The LLaMA-style model's shape.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
+    /// Model width.
     pub d_model: usize,
+    /// Decoder layers.
     pub layers: usize,
+    /// Attention heads.
     pub heads: usize,
+    /// Key/value heads.
     pub kv_heads: usize,
+    /// The feed-forward width is rounded up to a multiple of this.
     pub ffn_multiple_of: usize,
+    /// RoPE base.
     pub rope_theta: f64,
+    /// Tokens per feed-forward chunk.
     pub ffn_chunk: usize,
     /// Recompute activations in the backward instead of storing them (Burn's balanced checkpointing).
     #[serde(default)]
     pub checkpointing: bool,
 }
 
+/// How the ring runs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RingSpec {
+    /// Ranks (threads), or the world size under MPI.
     pub ranks: usize,
+    /// Partition strategy by name.
     pub strategy: String,
+    /// Forward direction: cw or ccw.
     pub forward: String,
+    /// Backward scheme: kv, kv-reverse or q.
     pub backward: String,
+    /// Kernel: fused or generic.
     pub kernel: String,
 }
 
+/// `[train]`: optimizer, schedule, data and stopping.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LineTrainSection {
+    /// Optimizer steps.
     pub steps: usize,
+    /// Prompts per step.
     pub batch: usize,
+    /// Peak learning rate.
     pub lr: f64,
+    /// Linear warmup steps.
     pub warmup_steps: usize,
+    /// The cosine schedule's floor over the peak.
     pub min_lr_ratio: f64,
+    /// AdamW's decoupled weight decay.
     pub weight_decay: f32,
+    /// Global gradient-norm clip.
     pub grad_clip: Option<f32>,
+    /// Seeds the model and the batches.
     pub seed: u64,
     /// Loss weight of the prompt's own next-token predictions (the answer and EOS weigh 1). A small
     /// language-modelling weight teaches copying (the asked name repeats an earlier one) early.
@@ -61,7 +87,9 @@ pub struct LineTrainSection {
     pub lm_weight: f32,
     /// Each training prompt has between `min_lines` and `num_lines` lines.
     pub min_lines: usize,
+    /// Most lines in a prompt.
     pub num_lines: usize,
+    /// Compare parameter checksums across ranks every this many steps (0: never).
     pub checksum_every: usize,
     /// Where the checkpoint, metrics and the copy of this spec go.
     pub out: PathBuf,
@@ -72,6 +100,7 @@ pub struct LineTrainSection {
 }
 
 impl RingSpec {
+    /// The ring's options (always causal).
     pub fn config(&self) -> Result<RingConfig> {
         Ok(RingConfig {
             causal: true,
@@ -85,6 +114,7 @@ impl RingSpec {
 }
 
 impl ModelSpec {
+    /// The model's config for a vocabulary of `vocab`.
     pub fn config(&self, vocab: usize) -> LlamaConfig {
         LlamaConfig::new(vocab)
             .with_d_model(self.d_model)
@@ -97,6 +127,7 @@ impl ModelSpec {
     }
 }
 
+/// Reads a training spec; a TOML error names the file.
 pub fn load_spec(path: &Path) -> Result<TrainSpec> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
