@@ -6,8 +6,7 @@
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData, backend::Backend};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use workbench::train::{Objective, TrainOptions, train_objective};
@@ -33,15 +32,10 @@ impl<B: RingBackend> TinyAttention<B> {
         let [b, t, d] = x.dims();
         // [b, t, d] → [b, heads, t, head_dim], the layout ring_attention takes.
         let heads = |y: Tensor<B, 3>| y.reshape([b, t, HEADS, d / HEADS]).swap_dims(1, 2);
-        let (q, k, v) = (
-            self.q.forward(x.clone()),
-            self.k.forward(x.clone()),
-            self.v.forward(x),
-        );
-        let (attended, _lse) = ring_attention(heads(q), heads(k), heads(v), ctx)?;
-        Ok(self
-            .out
-            .forward(attended.swap_dims(1, 2).reshape([b, t, d])))
+        let q = heads(self.q.forward(x.clone()));
+        let (k, v) = (heads(self.k.forward(x.clone())), heads(self.v.forward(x)));
+        let attended = ring_attention(q, k, v, ctx)?.0.swap_dims(1, 2);
+        Ok(self.out.forward(attended.reshape([b, t, d])))
     }
 }
 
@@ -100,10 +94,10 @@ fn losses(model: &TinyAttention<B>, strategy: &str, ranks: usize) -> Result<Vec<
         ..Default::default()
     };
     let partition = strategies::by_name(strategy).map_err(|e| e.to_string())?;
-    let stop = AtomicBool::new(false);
+    let (model, stop) = (model.clone(), AtomicBool::new(false));
     let trained = train_objective(
         &Regression,
-        model.clone(),
+        model,
         partition,
         &options,
         batch_for,
@@ -118,12 +112,8 @@ fn main() -> Result<(), String> {
     let device = Default::default();
     B::seed(&device, 7);
     let linear = || LinearConfig::new(DIM, DIM).init(&device);
-    let model = TinyAttention {
-        q: linear(),
-        k: linear(),
-        v: linear(),
-        out: linear(),
-    };
+    let (q, k, v, out) = (linear(), linear(), linear(), linear());
+    let model = TinyAttention { q, k, v, out };
     // Burn draws weights on first use: draw them now, so that both runs start from the same ones.
     workbench::model::lazy::materialize(&model);
     let (one, four) = (losses(&model, &strategy, 1)?, losses(&model, &strategy, 4)?);
