@@ -3,7 +3,7 @@
 
 use super::experiment::{Experiment, Plan, Point, PointContext};
 use crate::measure::baseline::matmul_gflops;
-use crate::measure::training::{SmallModel, model_flops, train_steps};
+use crate::measure::training::{Ffn, SmallModel, model_flops, train_steps};
 use crate::plot::{Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
@@ -136,7 +136,10 @@ impl Plan for MfuPlan {
             &self.model,
             ranks,
             seq,
-            block.min(1024),
+            Ffn {
+                chunk: block.min(1024),
+                rematerialize: false,
+            },
             Kernel::Fused,
             self.steps + 1,
         )?

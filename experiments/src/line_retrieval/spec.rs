@@ -43,6 +43,10 @@ pub struct ModelSpec {
     /// Recompute activations in the backward instead of storing them (Burn's balanced checkpointing).
     #[serde(default)]
     pub checkpointing: bool,
+    /// The feed-forward's backward recomputes each chunk's hidden activations (the Blockwise
+    /// Parallel Transformer's memory saving; [`workbench::model::ffn`]).
+    #[serde(default)]
+    pub rematerialize_ffn: bool,
 }
 
 /// How the ring runs.
@@ -124,6 +128,7 @@ impl ModelSpec {
             .with_ffn_multiple_of(self.ffn_multiple_of)
             .with_rope_theta(self.rope_theta)
             .with_ffn_chunk(self.ffn_chunk)
+            .with_rematerialize_ffn(self.rematerialize_ffn)
     }
 }
 

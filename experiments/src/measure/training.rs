@@ -21,9 +21,10 @@ pub enum Method {
     Vanilla,
     /// One rank, the fused blockwise kernel, the feed-forward on the whole sequence at once.
     MemoryEfficient,
-    /// One rank, blockwise attention and blockwise feed-forward (chunks of the block size).
+    /// One rank, blockwise attention and blockwise feed-forward (chunks of the block size) whose
+    /// backward recomputes each chunk's hidden activations: the Blockwise Parallel Transformer.
     Blockwise,
-    /// N ranks, ring attention, blockwise feed-forward.
+    /// N ranks, ring attention, the rematerialized blockwise feed-forward.
     Ring,
 }
 
@@ -87,13 +88,24 @@ impl Default for SmallModel {
     }
 }
 
-fn llama(m: &SmallModel, ffn_chunk: usize) -> LlamaConfig {
+fn llama(m: &SmallModel, ffn_chunk: usize, rematerialize_ffn: bool) -> LlamaConfig {
     LlamaConfig::new(m.vocab)
         .with_d_model(m.d_model)
         .with_layers(m.layers)
         .with_heads(m.heads)
         .with_kv_heads(m.heads)
         .with_ffn_chunk(ffn_chunk)
+        .with_rematerialize_ffn(rematerialize_ffn)
+}
+
+/// How the feed-forward runs: tokens per chunk, and whether its backward recomputes each chunk's
+/// hidden activations ([`workbench::model::ffn`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Ffn {
+    /// Tokens per chunk.
+    pub chunk: usize,
+    /// Recompute instead of keeping the hidden activations.
+    pub rematerialize: bool,
 }
 
 /// What [`train_steps`] measured.
@@ -111,11 +123,11 @@ pub fn train_steps(
     m: &SmallModel,
     ranks: usize,
     seq: usize,
-    ffn_chunk: usize,
+    ffn: Ffn,
     kernel: Kernel,
     steps: usize,
 ) -> Result<Measured> {
-    let config = llama(m, ffn_chunk);
+    let config = llama(m, ffn.chunk, ffn.rematerialize);
     <Train as burn::tensor::backend::Backend>::seed(&Default::default(), 0);
     let model = config.init::<Train>(&Default::default());
     let options = TrainOptions {
@@ -193,16 +205,24 @@ pub fn peak_per_rank(
     seq: usize,
     block: usize,
 ) -> Result<PeakPerRank> {
-    let (ranks, ffn_chunk, kernel) = match method {
-        Method::Vanilla => (1, seq, Kernel::Generic),
-        Method::MemoryEfficient => (1, seq, Kernel::Fused),
-        Method::Blockwise => (1, block, Kernel::Fused),
-        Method::Ring => (ranks, block, Kernel::Fused),
+    let whole = Ffn {
+        chunk: seq,
+        rematerialize: false,
+    };
+    let blockwise = Ffn {
+        chunk: block,
+        rematerialize: true,
+    };
+    let (ranks, ffn, kernel) = match method {
+        Method::Vanilla => (1, whole, Kernel::Generic),
+        Method::MemoryEfficient => (1, whole, Kernel::Fused),
+        Method::Blockwise => (1, blockwise, Kernel::Fused),
+        Method::Ring => (ranks, blockwise, Kernel::Fused),
     };
     // The smaller of two runs: a fresh rank thread sometimes allocates once-only buffers (e.g. a
     // matmul packing workspace) inside the measured step.
-    let first = train_steps(m, ranks, seq, ffn_chunk, kernel, 1)?;
-    let second = train_steps(m, ranks, seq, ffn_chunk, kernel, 1)?;
+    let first = train_steps(m, ranks, seq, ffn, kernel, 1)?;
+    let second = train_steps(m, ranks, seq, ffn, kernel, 1)?;
     Ok(PeakPerRank {
         allocator: first.allocator_peak.min(second.allocator_peak) as f64 / ranks as f64,
         engine: first.engine_peak,
@@ -236,7 +256,7 @@ pub fn max_context(
 /// Training FLOPs of one step ([`workbench::kernels::flops`]): 6 · (non-embedding + head
 /// parameters) · tokens for the matmuls, and 12 · d_model · (causal pairs) per layer for attention.
 pub fn model_flops(m: &SmallModel, seq: usize) -> f64 {
-    let config = llama(m, seq);
+    let config = llama(m, seq, false);
     let matmul_params = (config.num_params() - m.vocab * m.d_model) as f64;
     let dense = DENSE_PER_PARAM_TOKEN as f64 * matmul_params * seq as f64;
     let attention =

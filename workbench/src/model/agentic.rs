@@ -142,6 +142,7 @@ impl<B: RingBackend> AgenticTransformer<B> {
             kv_heads: self.kv_heads,
             rope_theta: self.rope_theta,
             ffn_chunk: self.ffn_chunk,
+            rematerialize_ffn: false,
         };
         let x = run_layers(
             &self.blocks,

@@ -5,6 +5,7 @@
 //! striped and zig-zag shards get the right rotations and causal masks.
 
 use crate::error::RingError;
+use crate::model::ffn::blockwise_swiglu;
 use crate::model::lazy::materialize;
 use crate::ring::context::RingContext;
 use crate::ring::op::{RingBackend, ring_attention};
@@ -41,6 +42,10 @@ pub struct LlamaConfig {
     /// Tokens per feed-forward chunk (blockwise FFN).
     #[config(default = 256)]
     pub ffn_chunk: usize,
+    /// The feed-forward's backward recomputes each chunk's hidden activations instead of keeping
+    /// them ([`crate::model::ffn`]): the Blockwise Parallel Transformer's memory saving.
+    #[config(default = false)]
+    pub rematerialize_ffn: bool,
 }
 
 impl LlamaConfig {
@@ -116,6 +121,7 @@ impl LlamaConfig {
             kv_heads: self.kv_heads,
             rope_theta: self.rope_theta,
             ffn_chunk: self.ffn_chunk,
+            rematerialize_ffn: self.rematerialize_ffn,
         };
         materialize(&model);
         model
@@ -147,6 +153,7 @@ pub struct Llama<B: Backend> {
     kv_heads: usize,
     rope_theta: f64,
     ffn_chunk: usize,
+    rematerialize_ffn: bool,
 }
 
 /// cos and sin of RoPE angles for each token's global position: `[1, 1, t, head_dim / 2]` each.
@@ -191,6 +198,7 @@ pub(crate) struct Trunk {
     pub kv_heads: usize,
     pub rope_theta: f64,
     pub ffn_chunk: usize,
+    pub rematerialize_ffn: bool,
 }
 
 /// Runs the decoder blocks over this rank's hidden states `x: [b, t, d]` at global `positions`.
@@ -219,6 +227,15 @@ pub(crate) fn run_layers<B: RingBackend>(
         x = x + block.wo.forward(attn.swap_dims(1, 2).reshape([b, t, d]));
         let h = block.ffn_norm.forward(x.clone());
         let chunk = trunk.ffn_chunk.max(1);
+        if trunk.rematerialize_ffn {
+            let (w1, w3, w2) = (
+                block.w1.weight.val(),
+                block.w3.weight.val(),
+                block.w2.weight.val(),
+            );
+            x = x + blockwise_swiglu(h, w1, w3, w2, chunk);
+            continue;
+        }
         let chunks = (0..t)
             .step_by(chunk)
             .map(|s| {
@@ -246,6 +263,7 @@ impl<B: RingBackend> Llama<B> {
             kv_heads: self.kv_heads,
             rope_theta: self.rope_theta,
             ffn_chunk: self.ffn_chunk,
+            rematerialize_ffn: self.rematerialize_ffn,
         };
         let x = run_layers(
             &self.blocks,

@@ -2,6 +2,7 @@
 //! Transformer built on its decoder layers ([`agentic`]).
 
 pub mod agentic;
+pub mod ffn;
 pub mod lazy;
 pub mod llama;
 

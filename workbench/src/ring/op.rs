@@ -2,6 +2,7 @@
 
 use crate::error::RingError;
 use crate::host::HostRead;
+use crate::model::ffn::FfnBackend;
 use crate::ring::block::Block;
 use crate::ring::context::RingContext;
 use crate::ring::engine::{self, Saved};
@@ -22,9 +23,10 @@ fn unwrap<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
     tensor.into_primitive().tensor()
 }
 
-/// Backends that can run ring attention. The default method runs the generic engine; the autodiff
+/// Backends that can run ring attention (and the model's other custom op, the rematerializing
+/// feed-forward). The default method runs the generic engine; the autodiff
 /// backend overrides it to register the ring backward.
-pub trait RingBackend: HostRead {
+pub trait RingBackend: HostRead + FfnBackend {
     /// Returns this rank's `(out [b, h, t, d], lse [b, h, t])` and what the backward needs; `lse`
     /// carries no gradient.
     fn ring_forward(
