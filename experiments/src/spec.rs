@@ -60,23 +60,54 @@ impl SpecText {
         Ok(spec)
     }
 
-    /// The spec as `T`; a TOML error becomes one line: `path:line: message`.
+    /// The spec as `T`; a TOML error becomes one line: `path:line: section.key: message`.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T> {
         toml::from_str(&self.text).map_err(|e| {
-            let line = e
-                .span()
-                .map_or(0, |span| self.text[..span.start].matches('\n').count() + 1);
-            let line = if line == 0 {
-                String::new()
-            } else {
-                format!("{line}:")
-            };
-            anyhow!(
-                "{}:{line} {}",
-                self.path.display(),
-                e.message().trim().replace('\n', " ")
-            )
+            let message = e.message().trim().replace('\n', " ");
+            match e.span() {
+                Some(span) => {
+                    let line = self.text[..span.start].matches('\n').count() + 1;
+                    let key = self.key_at(line);
+                    let key = if key.is_empty() {
+                        key
+                    } else {
+                        format!(" {key}:")
+                    };
+                    anyhow!("{}:{line}:{key} {message}", self.path.display())
+                }
+                None => anyhow!("{}: {message}", self.path.display()),
+            }
         })
+    }
+
+    /// The dotted key defined on `line` (1-based), or the table a header line opens.
+    fn key_at(&self, line: usize) -> String {
+        let mut section = String::new();
+        for (i, text) in self.text.lines().enumerate() {
+            let text = text.trim();
+            if let Some(header) = text.strip_prefix('[') {
+                section = header
+                    .trim_matches(|c| c == '[' || c == ']')
+                    .trim()
+                    .to_owned();
+                if i + 1 == line {
+                    return format!("[{section}]");
+                }
+            } else if i + 1 == line {
+                let key = text
+                    .split('=')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .trim_matches('"');
+                return match (section.is_empty(), key.is_empty() || !text.contains('=')) {
+                    (_, true) => String::new(),
+                    (true, false) => key.to_owned(),
+                    (false, false) => format!("{section}.{key}"),
+                };
+            }
+        }
+        String::new()
     }
 
     /// The line of `key = ...` inside `[section]` (`""`: the top level), or 0 if it is not there.
@@ -224,13 +255,16 @@ mod tests {
             .parse::<Only>()
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("s.toml:3: unknown field `m`"), "{e}");
+        assert!(e.starts_with("s.toml:3: m: unknown field `m`"), "{e}");
         assert!(!e.contains('\n'));
         let e = spec("kind = \"x\"\nn = \"one\"\n")
             .parse::<Only>()
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("s.toml:2:") && e.contains("usize"), "{e}");
+        assert!(
+            e.starts_with("s.toml:2: n: invalid type") && e.contains("usize"),
+            "{e}"
+        );
         assert!(SpecText::from_text(Path::new("s.toml"), "n = 1\n".into()).is_err());
     }
 }

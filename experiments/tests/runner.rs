@@ -128,11 +128,11 @@ fn malformed_specs_name_the_key_and_line() {
         ),
         (
             "kind = \"overlap\"\n[sweep]\nprofiles = [\"tpu-v4\"]\nblock_sizes = [64]\nranks = [2]\n",
-            ":5: unknown field `ranks`",
+            ":5: sweep.ranks: unknown field `ranks`",
         ),
         (
             "kind = \"overlap\"\n[sweep]\nprofiles = [\"tpu-v4\"]\nblock_sizes = \"64\"\n",
-            ":4: invalid type: string \"64\", expected a sequence",
+            ":4: sweep.block_sizes: invalid type: string \"64\", expected a sequence",
         ),
         (
             "kind = \"spiral\"\n[sweep]\n",
