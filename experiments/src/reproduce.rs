@@ -118,14 +118,14 @@ pub fn run(args: &ReproduceArgs) -> Result<()> {
         let ours = Table::read(&summary.dir.join("results.csv"))?;
         comparison += &format!(
             "## {name} ({}; {:.0} s, {} points computed)\n\n{}\n",
-            kind.name(),
+            kind.card().name,
             table_start.elapsed().as_secs_f64(),
             summary.computed,
             compare(
                 reference,
                 &ours,
-                kind.key_columns(),
-                kind.headline_columns()
+                kind.card().key_columns,
+                kind.card().headline_columns
             )
         );
     }

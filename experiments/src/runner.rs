@@ -101,7 +101,7 @@ pub fn run(path: &Path, results: &Path, force: bool) -> Result<RunSummary> {
         table.write_csv(&csv_path)?;
     }
     let about = if spec.description.is_empty() {
-        kind.about().to_owned()
+        kind.card().about.to_owned()
     } else {
         spec.description.clone()
     };

@@ -38,7 +38,7 @@ impl SpecText {
             kind: String::new(),
             description: String::new(),
         };
-        let table: toml::Table = spec.parse()?;
+        let table: toml::Table = spec.parse_text(&spec.text)?;
         spec.kind = match table.get("kind") {
             Some(toml::Value::String(kind)) => kind.clone(),
             Some(other) => {
@@ -60,9 +60,16 @@ impl SpecText {
         Ok(spec)
     }
 
-    /// The spec as `T`; a TOML error becomes one line: `path:line: section.key: message`.
+    /// The spec as `T`, read without its top-level `kind` and `description` (every kind's spec
+    /// has them; `T` declares only its own sections). A TOML error becomes one line:
+    /// `path:line: section.key: message`.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T> {
-        toml::from_str(&self.text).map_err(|e| {
+        self.parse_text(&self.without_header())
+    }
+
+    /// `text` (this spec's, lines in place) as `T`, errors as one line naming line and key.
+    fn parse_text<T: DeserializeOwned>(&self, text: &str) -> Result<T> {
+        toml::from_str(text).map_err(|e| {
             let message = e.message().trim().replace('\n', " ");
             match e.span() {
                 Some(span) => {
@@ -78,6 +85,29 @@ impl SpecText {
                 None => anyhow!("{}: {message}", self.path.display()),
             }
         })
+    }
+
+    /// The text with the `kind` and `description` entries blanked out, lines kept where they are.
+    fn without_header(&self) -> String {
+        #[derive(serde::Deserialize)]
+        struct Header {
+            kind: Option<toml::Spanned<toml::Value>>,
+            description: Option<toml::Spanned<toml::Value>>,
+        }
+        let Ok(header) = toml::from_str::<Header>(&self.text) else {
+            return self.text.clone(); // the full parse reports the error
+        };
+        let mut bytes = self.text.clone().into_bytes();
+        for value in [header.kind, header.description].into_iter().flatten() {
+            let span = value.span();
+            let start = self.text[..span.start].rfind('\n').map_or(0, |i| i + 1);
+            for b in &mut bytes[start..span.end] {
+                if *b != b'\n' {
+                    *b = b' ';
+                }
+            }
+        }
+        String::from_utf8(bytes).unwrap_or_else(|_| self.text.clone())
     }
 
     /// The dotted key defined on `line` (1-based), or the table a header line opens.
@@ -248,7 +278,6 @@ mod tests {
         #[serde(deny_unknown_fields)]
         #[allow(dead_code)]
         struct Only {
-            kind: String,
             n: usize,
         }
         let e = spec("kind = \"x\"\nn = 1\nm = 2\n")
@@ -266,5 +295,10 @@ mod tests {
             "{e}"
         );
         assert!(SpecText::from_text(Path::new("s.toml"), "n = 1\n".into()).is_err());
+        // kind and description are the runner's: a kind's spec never sees them, lines stay put.
+        let s = spec("kind = \"x\"\ndescription = \"\"\"\ntwo\nlines\"\"\"\nn = 1\nm = 2\n");
+        assert_eq!(s.description, "two\nlines");
+        let e = s.parse::<Only>().unwrap_err().to_string();
+        assert!(e.starts_with("s.toml:6: m: unknown field `m`"), "{e}");
     }
 }

@@ -3,7 +3,6 @@
 //! same on every rank count before clipping; a non-finite loss stops training naming step and rank.
 
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::backend::Backend;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use workbench::model::LlamaConfig;
@@ -34,19 +33,15 @@ fn batch_for(step: usize) -> Vec<Example> {
 }
 
 /// The tiny model, the same in every test: the backend's seed is process-wide and tests run in
-/// parallel, so seeding and initialising happen under one lock.
+/// parallel, so it is drawn under `seeded`'s lock.
 fn model() -> workbench::model::Llama<B> {
-    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_at_a_time = INIT
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let config = LlamaConfig::new(VOCAB)
         .with_d_model(32)
         .with_heads(4)
         .with_kv_heads(2)
         .with_ffn_chunk(5);
-    <B as Backend>::seed(&Default::default(), 11);
-    config.init::<B>(&Default::default())
+    let device = Default::default();
+    workbench::model::lazy::seeded::<B, _>(11, &device, || config.init::<B>(&device))
 }
 
 fn options(ranks: usize, backward: BackwardScheme) -> TrainOptions {

@@ -11,7 +11,6 @@ use crate::units::MIB;
 use anyhow::{Context, Result, bail};
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
-use burn::tensor::backend::Backend;
 use datasets::SplitMix64;
 use datasets::exorl::{EPISODE_STEPS, Policy, episode_files, make_env, read_episode};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -22,6 +21,7 @@ use std::time::{Duration, Instant};
 use workbench::model::agentic::{
     ActionPrediction, AgenticConfig, AgenticTransformer, TOKENS_PER_STEP, TokenKind, predict_action,
 };
+use workbench::model::lazy::seeded;
 use workbench::train::{TrainOptions, padded_len, train_objective};
 use workbench::{Kernel, RingConfig};
 
@@ -58,8 +58,9 @@ fn train_policy(
         config.k.min(data.trajectories.len()) * data.decisions * TOKENS_PER_STEP,
         ranks,
     )?;
-    <Train as Backend>::seed(&Default::default(), seed);
-    let model = cfg.init::<Train>(&Default::default())?;
+    let device = Default::default();
+    let model =
+        seeded::<Train, _>(seed, &device, || cfg.init(&device)).map_err(anyhow::Error::from)?;
     let options = TrainOptions {
         ranks,
         ring: RingConfig {

@@ -3,7 +3,8 @@
 //! forward + backward pass on in-process thread ranks, with the traffic each rank sent, the measured
 //! load balance, and the error against a float64 reference on a small copy of the point.
 
-use super::experiment::{Experiment, Plan, Point, PointContext};
+use super::axes::RingAxes;
+use super::experiment::{Card, Experiment, Plan, Point, PointContext};
 use crate::measure::baseline::{matmul_gflops, random};
 use crate::measure::exactness::{Heads, max_rel_error};
 use crate::plot::{Series, line_chart};
@@ -11,7 +12,6 @@ use crate::results::{Record, Table};
 use crate::spec::SpecText;
 use anyhow::{Result, anyhow};
 use burn::backend::{Autodiff, Flex};
-use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -27,10 +27,6 @@ pub struct Attn;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Spec {
-    #[serde(rename = "kind")]
-    _kind: IgnoredAny,
-    #[serde(default, rename = "description")]
-    _description: IgnoredAny,
     sweep: Sweep,
     #[serde(default)]
     attention: Shape,
@@ -151,35 +147,31 @@ const KEYS: &[&str] = &[
     "strategy", "forward", "backward", "ranks", "seq_len", "causal", "kv_heads", "kernel",
 ];
 
+const CARD: Card = Card {
+    name: "attn",
+    about: "measured: ring attention forward and backward over strategy x direction x scheme x ranks x length",
+    sweep_keys: &[
+        "strategies",
+        "forward",
+        "backward",
+        "ranks",
+        "seq_lens",
+        "causal",
+        "kv_heads",
+        "kernels",
+    ],
+    key_columns: KEYS,
+    headline_columns: &[
+        "fwd_bwd_seconds",
+        "busy_max_over_mean",
+        "ring_over_single",
+        "max_rel_error",
+    ],
+};
+
 impl Experiment for Attn {
-    fn name(&self) -> &'static str {
-        "attn"
-    }
-    fn about(&self) -> &'static str {
-        "measured: ring attention forward and backward over strategy x direction x scheme x ranks x length"
-    }
-    fn sweep_keys(&self) -> &'static [&'static str] {
-        &[
-            "strategies",
-            "forward",
-            "backward",
-            "ranks",
-            "seq_lens",
-            "causal",
-            "kv_heads",
-            "kernels",
-        ]
-    }
-    fn key_columns(&self) -> &'static [&'static str] {
-        KEYS
-    }
-    fn headline_columns(&self) -> &'static [&'static str] {
-        &[
-            "fwd_bwd_seconds",
-            "busy_max_over_mean",
-            "ring_over_single",
-            "max_rel_error",
-        ]
+    fn card(&self) -> &'static Card {
+        &CARD
     }
 
     fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {
@@ -196,22 +188,11 @@ impl Experiment for Attn {
                 ),
             ));
         }
-        let all_names: Vec<String> = strategies::names().into_iter().map(String::from).collect();
-        let strategies = spec.strategies(
-            "sweep",
-            "strategies",
-            &spec.list_or("sweep", "strategies", &s.strategies, all_names)?,
-        )?;
-        let forward: Vec<Direction> = spec.parsed(
-            "sweep",
-            "forward",
-            &spec.list_or("sweep", "forward", &s.forward, vec!["cw".into()])?,
-        )?;
-        let backward: Vec<BackwardScheme> = spec.parsed(
-            "sweep",
-            "backward",
-            &spec.list_or("sweep", "backward", &s.backward, vec!["kv".into()])?,
-        )?;
+        let RingAxes {
+            strategies,
+            forward,
+            backward,
+        } = RingAxes::parse(spec, &s.strategies, &s.forward, &s.backward)?;
         let kernels: Vec<Kernel> = spec.parsed(
             "sweep",
             "kernels",

@@ -1,7 +1,7 @@
 //! Kind `balance`: the causal load balance of the partition strategies, one forward ring pass
 //! simulated on a hardware profile, with tile costs from exact FLOP counts or timed on this machine.
 
-use super::experiment::{Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Experiment, Plan, Point, PointContext};
 use super::shape::{ModelShape, TileCosts};
 use crate::hardware::{Profile, profile, profile_names};
 use crate::plot::{Series, line_chart};
@@ -9,7 +9,6 @@ use crate::results::{Record, Table};
 use crate::simulator::simulate;
 use crate::spec::SpecText;
 use anyhow::{Result, anyhow};
-use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,10 +22,6 @@ pub struct Balance;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Spec {
-    #[serde(rename = "kind")]
-    _kind: IgnoredAny,
-    #[serde(default, rename = "description")]
-    _description: IgnoredAny,
     sweep: Sweep,
     #[serde(default)]
     model: ModelShape,
@@ -80,21 +75,17 @@ struct BalancePlan {
     matmul_flops: Option<f64>,
 }
 
+const CARD: Card = Card {
+    name: "balance",
+    about: "causal load balance of each strategy: a simulated forward ring pass on a hardware profile",
+    sweep_keys: &["strategies", "ranks", "block_sizes", "profiles"],
+    key_columns: &["strategy", "ranks", "block_size", "profile"],
+    headline_columns: &["work_max_over_mean", "speedup_over_contiguous"],
+};
+
 impl Experiment for Balance {
-    fn name(&self) -> &'static str {
-        "balance"
-    }
-    fn about(&self) -> &'static str {
-        "causal load balance of each strategy: a simulated forward ring pass on a hardware profile"
-    }
-    fn sweep_keys(&self) -> &'static [&'static str] {
-        &["strategies", "ranks", "block_sizes", "profiles"]
-    }
-    fn key_columns(&self) -> &'static [&'static str] {
-        &["strategy", "ranks", "block_size", "profile"]
-    }
-    fn headline_columns(&self) -> &'static [&'static str] {
-        &["work_max_over_mean", "speedup_over_contiguous"]
+    fn card(&self) -> &'static Card {
+        &CARD
     }
 
     fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {

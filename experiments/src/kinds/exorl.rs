@@ -2,7 +2,7 @@
 //! `kind = "exorl"`): one point per (task, configuration), trained with ring attention over every
 //! seed and rolled out; the collected data's statistics go to `data.csv` beside the table.
 
-use super::experiment::{Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Experiment, Plan, Point, PointContext};
 use crate::exorl::ExorlSpec;
 use crate::exorl::table::{PreparedTask, config_row, prepare_task};
 use crate::plot::{Series, line_chart};
@@ -24,22 +24,19 @@ struct ExorlPlan {
 
 const DATA: &str = "data.csv";
 
+const CARD: Card = Card {
+    name: "exorl",
+    about: "offline RL: behaviour cloning vs Agentic Transformers trained with ring attention (Table 5 analog)",
+    sweep_keys: &["[[task]]", "[[config]]", "seeds"],
+    key_columns: &["task", "config"],
+    headline_columns: &["mean_return", "chain_peak_mib_per_rank_ring"],
+};
+
 impl Experiment for Exorl {
-    fn name(&self) -> &'static str {
-        "exorl"
+    fn card(&self) -> &'static Card {
+        &CARD
     }
-    fn about(&self) -> &'static str {
-        "offline RL: behaviour cloning vs Agentic Transformers trained with ring attention (Table 5 analog)"
-    }
-    fn sweep_keys(&self) -> &'static [&'static str] {
-        &["[[task]]", "[[config]]", "seeds"]
-    }
-    fn key_columns(&self) -> &'static [&'static str] {
-        &["task", "config"]
-    }
-    fn headline_columns(&self) -> &'static [&'static str] {
-        &["mean_return", "chain_peak_mib_per_rank_ring"]
-    }
+
     fn side_files(&self) -> &'static [&'static str] {
         &[DATA]
     }

@@ -7,23 +7,26 @@ use anyhow::Result;
 use indicatif::ProgressBar;
 use std::path::Path;
 
+/// The facts about a kind that are plain data.
+#[derive(Debug)]
+pub struct Card {
+    /// The spec's `kind = "..."`.
+    pub name: &'static str,
+    /// One line: what a table of this kind shows.
+    pub about: &'static str,
+    /// The `[sweep]` keys it reads (for `ringbench run --kinds` and error messages).
+    pub sweep_keys: &'static [&'static str],
+    /// The columns that identify a row: a row with the same values is the same measurement.
+    pub key_columns: &'static [&'static str],
+    /// The columns `ringbench reproduce` compares against the committed reference.
+    pub headline_columns: &'static [&'static str],
+}
+
 /// One experiment kind. It is registered once, in [`super::KINDS`]; the runner knows nothing else
 /// about it.
 pub trait Experiment: Sync {
-    /// The spec's `kind = "..."`.
-    fn name(&self) -> &'static str;
-
-    /// One line: what a table of this kind shows.
-    fn about(&self) -> &'static str;
-
-    /// The `[sweep]` keys it reads (for `ringbench run --kinds` and error messages).
-    fn sweep_keys(&self) -> &'static [&'static str];
-
-    /// The columns that identify a row: a row with the same values is the same measurement.
-    fn key_columns(&self) -> &'static [&'static str];
-
-    /// The columns `ringbench reproduce` compares against the committed reference.
-    fn headline_columns(&self) -> &'static [&'static str];
+    /// What the kind is: its name, sweep keys and columns.
+    fn card(&self) -> &'static Card;
 
     /// The spec parsed and checked (every error names its key and line) into a plan of points.
     fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>>;

@@ -6,13 +6,12 @@
 //! A rank count is one sweep point: its rows share one link rate and one fitted knee, so they are
 //! computed (and recomputed, when the block sizes change) together.
 
-use super::experiment::{Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Experiment, Plan, Point, PointContext};
 use crate::measure::ring::{RingTiming, time_ring};
 use crate::plot::{Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
 use anyhow::Result;
-use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -25,10 +24,6 @@ pub struct Knee;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Spec {
-    #[serde(rename = "kind")]
-    _kind: IgnoredAny,
-    #[serde(default, rename = "description")]
-    _description: IgnoredAny,
     sweep: Sweep,
     #[serde(default)]
     model: super::shape::ModelShape,
@@ -82,21 +77,17 @@ struct KneePlan {
     repeats: usize,
 }
 
+const CARD: Card = Card {
+    name: "knee",
+    about: "measured: exposed communication of a rate-limited thread ring against block size, and its knee",
+    sweep_keys: &["ranks", "block_sizes"],
+    key_columns: &["ranks", "block_size"],
+    headline_columns: &["exposed_comm_fraction", "measured_over_set"],
+};
+
 impl Experiment for Knee {
-    fn name(&self) -> &'static str {
-        "knee"
-    }
-    fn about(&self) -> &'static str {
-        "measured: exposed communication of a rate-limited thread ring against block size, and its knee"
-    }
-    fn sweep_keys(&self) -> &'static [&'static str] {
-        &["ranks", "block_sizes"]
-    }
-    fn key_columns(&self) -> &'static [&'static str] {
-        &["ranks", "block_size"]
-    }
-    fn headline_columns(&self) -> &'static [&'static str] {
-        &["exposed_comm_fraction", "measured_over_set"]
+    fn card(&self) -> &'static Card {
+        &CARD
     }
 
     fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {

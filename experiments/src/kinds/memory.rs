@@ -2,14 +2,13 @@
 //! memory-efficient, blockwise attention + FFN, ring), and the longest context under a budget (the
 //! paper's Table 3, measured on this machine).
 
-use super::experiment::{Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Experiment, Plan, Point, PointContext};
 use crate::measure::training::{Method, SmallModel, max_context, peak_per_rank};
 use crate::plot::{Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
 use crate::units::MIB;
 use anyhow::Result;
-use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,10 +19,6 @@ pub struct Memory;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Spec {
-    #[serde(rename = "kind")]
-    _kind: IgnoredAny,
-    #[serde(default, rename = "description")]
-    _description: IgnoredAny,
     sweep: Sweep,
     #[serde(default)]
     model: SmallModel,
@@ -89,24 +84,20 @@ struct MemoryPlan {
 
 const SEARCH_START: usize = 256;
 
+const CARD: Card = Card {
+    name: "memory",
+    about: "measured: per-rank peak memory of a training step by method, and maximum context under a budget",
+    sweep_keys: &["ranks", "block_sizes"],
+    key_columns: &["row_type", "method", "ranks", "seq_len"],
+    headline_columns: &[
+        "engine_peak_bytes_per_rank",
+        "max_context_over_one_rank_blockwise",
+    ],
+};
+
 impl Experiment for Memory {
-    fn name(&self) -> &'static str {
-        "memory"
-    }
-    fn about(&self) -> &'static str {
-        "measured: per-rank peak memory of a training step by method, and maximum context under a budget"
-    }
-    fn sweep_keys(&self) -> &'static [&'static str] {
-        &["ranks", "block_sizes"]
-    }
-    fn key_columns(&self) -> &'static [&'static str] {
-        &["row_type", "method", "ranks", "seq_len"]
-    }
-    fn headline_columns(&self) -> &'static [&'static str] {
-        &[
-            "engine_peak_bytes_per_rank",
-            "max_context_over_one_rank_blockwise",
-        ]
+    fn card(&self) -> &'static Card {
+        &CARD
     }
 
     fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {

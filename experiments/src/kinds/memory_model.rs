@@ -1,13 +1,12 @@
 //! Kind `memory-model`: per-device memory and maximum context at the paper's scale (analytic,
 //! [`crate::memory_model`]) beside the paper's Table 3.
 
-use super::experiment::{Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Experiment, Plan, Point, PointContext};
 use crate::memory_model::{METHODS, PAPER_TABLE_3, SIZES, max_context_k};
 use crate::plot::{Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
 use anyhow::Result;
-use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -18,10 +17,6 @@ pub struct MemoryModel;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Spec {
-    #[serde(rename = "kind")]
-    _kind: IgnoredAny,
-    #[serde(default, rename = "description")]
-    _description: IgnoredAny,
     /// The paper's table is fixed: nothing to sweep.
     #[serde(default, rename = "sweep")]
     _sweep: Empty,
@@ -46,21 +41,17 @@ struct Row {
 
 struct MemoryModelPlan;
 
+const CARD: Card = Card {
+    name: "memory-model",
+    about: "analytic: per-device memory and maximum context at the paper's scale beside its Table 3",
+    sweep_keys: &[],
+    key_columns: &["hardware", "model", "method"],
+    headline_columns: &["model_over_paper"],
+};
+
 impl Experiment for MemoryModel {
-    fn name(&self) -> &'static str {
-        "memory-model"
-    }
-    fn about(&self) -> &'static str {
-        "analytic: per-device memory and maximum context at the paper's scale beside its Table 3"
-    }
-    fn sweep_keys(&self) -> &'static [&'static str] {
-        &[]
-    }
-    fn key_columns(&self) -> &'static [&'static str] {
-        &["hardware", "model", "method"]
-    }
-    fn headline_columns(&self) -> &'static [&'static str] {
-        &["model_over_paper"]
+    fn card(&self) -> &'static Card {
+        &CARD
     }
 
     fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {

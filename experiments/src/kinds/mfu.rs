@@ -1,14 +1,13 @@
 //! Kind `mfu`: model FLOPs utilization of training steps of a small LLaMA on this machine, against
 //! the matmul rate measured beside every row (the paper's Table 4, measured here).
 
-use super::experiment::{Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Experiment, Plan, Point, PointContext};
 use crate::measure::baseline::matmul_gflops;
 use crate::measure::training::{Ffn, SmallModel, model_flops, train_steps};
 use crate::plot::{Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
 use anyhow::Result;
-use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,10 +19,6 @@ pub struct Mfu;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Spec {
-    #[serde(rename = "kind")]
-    _kind: IgnoredAny,
-    #[serde(default, rename = "description")]
-    _description: IgnoredAny,
     sweep: Sweep,
     #[serde(default)]
     model: SmallModel,
@@ -71,21 +66,17 @@ struct MfuPlan {
     steps: usize,
 }
 
+const CARD: Card = Card {
+    name: "mfu",
+    about: "measured: model FLOPs utilization of training steps against this machine's matmul rate",
+    sweep_keys: &["ranks", "block_sizes"],
+    key_columns: &["ranks", "seq_len"],
+    headline_columns: &["tokens_per_s", "mfu"],
+};
+
 impl Experiment for Mfu {
-    fn name(&self) -> &'static str {
-        "mfu"
-    }
-    fn about(&self) -> &'static str {
-        "measured: model FLOPs utilization of training steps against this machine's matmul rate"
-    }
-    fn sweep_keys(&self) -> &'static [&'static str] {
-        &["ranks", "block_sizes"]
-    }
-    fn key_columns(&self) -> &'static [&'static str] {
-        &["ranks", "seq_len"]
-    }
-    fn headline_columns(&self) -> &'static [&'static str] {
-        &["tokens_per_s", "mfu"]
+    fn card(&self) -> &'static Card {
+        &CARD
     }
 
     fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {

@@ -2,6 +2,7 @@
 //! [`Experiment`], one `mod` line and one entry in [`KINDS`].
 
 mod attn;
+mod axes;
 mod balance;
 mod exorl;
 pub mod experiment;
@@ -13,7 +14,7 @@ mod overlap;
 mod shape;
 mod train;
 
-pub use experiment::{Experiment, Plan, Point, PointContext};
+pub use experiment::{Card, Experiment, Plan, Point, PointContext};
 
 /// Every kind, in the order `ringbench run --kinds` lists them.
 pub const KINDS: &[&dyn Experiment] = &[
@@ -33,9 +34,9 @@ pub fn by_name(name: &str) -> Result<&'static dyn Experiment, String> {
     KINDS
         .iter()
         .copied()
-        .find(|k| k.name() == name)
+        .find(|k| k.card().name == name)
         .ok_or_else(|| {
-            let known: Vec<&str> = KINDS.iter().map(|k| k.name()).collect();
+            let known: Vec<&str> = KINDS.iter().map(|k| k.card().name).collect();
             format!("unknown kind '{name}'; known: {}", known.join(", "))
         })
 }
@@ -47,9 +48,9 @@ pub fn listing() -> String {
         .map(|k| {
             format!(
                 "{:13} {} [sweep: {}]\n",
-                k.name(),
-                k.about(),
-                k.sweep_keys().join(", ")
+                k.card().name,
+                k.card().about,
+                k.card().sweep_keys.join(", ")
             )
         })
         .collect()

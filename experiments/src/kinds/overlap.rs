@@ -1,7 +1,7 @@
 //! Kind `overlap`: the minimal block size for overlap (c_min = F/B, the paper's Table 2) per hardware
 //! profile, and the exposed communication of a simulated balanced ring pass against block size.
 
-use super::experiment::{Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Experiment, Plan, Point, PointContext};
 use super::shape::ModelShape;
 use crate::hardware::Profile;
 use crate::plot::{Series, line_chart};
@@ -9,7 +9,6 @@ use crate::results::{Record, Table};
 use crate::simulator::simulate;
 use crate::spec::SpecText;
 use anyhow::Result;
-use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -21,10 +20,6 @@ pub struct Overlap;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Spec {
-    #[serde(rename = "kind")]
-    _kind: IgnoredAny,
-    #[serde(default, rename = "description")]
-    _description: IgnoredAny,
     sweep: Sweep,
     #[serde(default)]
     model: ModelShape,
@@ -55,21 +50,17 @@ struct OverlapPlan {
     model: ModelShape,
 }
 
+const CARD: Card = Card {
+    name: "overlap",
+    about: "c_min = F/B per hardware profile and simulated exposed communication against block size",
+    sweep_keys: &["block_sizes", "profiles"],
+    key_columns: &["profile", "block_size"],
+    headline_columns: &["c_min_over_paper", "exposed_comm_fraction"],
+};
+
 impl Experiment for Overlap {
-    fn name(&self) -> &'static str {
-        "overlap"
-    }
-    fn about(&self) -> &'static str {
-        "c_min = F/B per hardware profile and simulated exposed communication against block size"
-    }
-    fn sweep_keys(&self) -> &'static [&'static str] {
-        &["block_sizes", "profiles"]
-    }
-    fn key_columns(&self) -> &'static [&'static str] {
-        &["profile", "block_size"]
-    }
-    fn headline_columns(&self) -> &'static [&'static str] {
-        &["c_min_over_paper", "exposed_comm_fraction"]
+    fn card(&self) -> &'static Card {
+        &CARD
     }
 
     fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {

@@ -3,7 +3,8 @@
 //! attention is exact, so every run's losses must equal the sweep's first run with the same seed.
 //! Loss curves go to `curves.csv` and `curves.svg` beside the table.
 
-use super::experiment::{Experiment, Plan, Point, PointContext};
+use super::axes::RingAxes;
+use super::experiment::{Card, Experiment, Plan, Point, PointContext};
 use crate::line_retrieval::{ModelSpec, Prompts, accuracy};
 use crate::plot::{Series, line_chart};
 use crate::results::{Record, Table};
@@ -12,10 +13,8 @@ use crate::units::MIB;
 use anyhow::{Result, anyhow};
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
-use burn::tensor::backend::Backend;
 use datasets::tokenizer::EOS;
 use datasets::{SplitMix64, Tokenizer, WordSplit, generate};
-use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,6 +22,7 @@ use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use strategies::Partition;
+use workbench::model::lazy::seeded;
 use workbench::train::{TrainOptions, train};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
@@ -34,10 +34,6 @@ pub struct TrainKind;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Spec {
-    #[serde(rename = "kind")]
-    _kind: IgnoredAny,
-    #[serde(default, rename = "description")]
-    _description: IgnoredAny,
     sweep: Sweep,
     task: Task,
     model: ModelSpec,
@@ -133,21 +129,17 @@ struct TrainPlan {
 
 const KEYS: &[&str] = &["strategy", "forward", "backward", "ranks", "seed"];
 
+const CARD: Card = Card {
+    name: "train",
+    about: "training runs compared across strategy x direction x scheme x ranks: losses, speed, memory",
+    sweep_keys: &["strategies", "forward", "backward", "ranks", "seeds"],
+    key_columns: KEYS,
+    headline_columns: &["final_loss", "max_rel_loss_diff", "tokens_per_s"],
+};
+
 impl Experiment for TrainKind {
-    fn name(&self) -> &'static str {
-        "train"
-    }
-    fn about(&self) -> &'static str {
-        "training runs compared across strategy x direction x scheme x ranks: losses, speed, memory"
-    }
-    fn sweep_keys(&self) -> &'static [&'static str] {
-        &["strategies", "forward", "backward", "ranks", "seeds"]
-    }
-    fn key_columns(&self) -> &'static [&'static str] {
-        KEYS
-    }
-    fn headline_columns(&self) -> &'static [&'static str] {
-        &["final_loss", "max_rel_loss_diff", "tokens_per_s"]
+    fn card(&self) -> &'static Card {
+        &CARD
     }
 
     fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {
@@ -173,22 +165,11 @@ impl Experiment for TrainKind {
         if parsed.train.batch == 0 {
             return Err(spec.error("train", "batch", "must be at least 1, got 0"));
         }
-        let all_names: Vec<String> = strategies::names().into_iter().map(String::from).collect();
-        let strategies = spec.strategies(
-            "sweep",
-            "strategies",
-            &spec.list_or("sweep", "strategies", &s.strategies, all_names)?,
-        )?;
-        let forward: Vec<Direction> = spec.parsed(
-            "sweep",
-            "forward",
-            &spec.list_or("sweep", "forward", &s.forward, vec!["cw".into()])?,
-        )?;
-        let backward: Vec<BackwardScheme> = spec.parsed(
-            "sweep",
-            "backward",
-            &spec.list_or("sweep", "backward", &s.backward, vec!["kv".into()])?,
-        )?;
+        let RingAxes {
+            strategies,
+            forward,
+            backward,
+        } = RingAxes::parse(spec, &s.strategies, &s.forward, &s.backward)?;
         let ranks = spec.ranks("sweep", &s.ranks)?;
         let seeds = &spec.list_or("sweep", "seeds", &s.seeds, vec![0])?;
         let config = parsed
@@ -303,8 +284,8 @@ impl Plan for TrainPlan {
             timeout: Duration::from_secs(600),
         };
         let prompts = prompts(&self.task, t, run.seed);
-        Train::seed(&Default::default(), run.seed);
-        let model = config.init::<Train>(&Default::default());
+        let device = Default::default();
+        let model = seeded::<Train, _>(run.seed, &device, || config.init::<Train>(&device));
         let tokens = Mutex::new(0usize);
         let engine_peak = Mutex::new(0u64);
         let start = Instant::now();

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use workbench::RingBackend;
 use workbench::model::Llama;
+use workbench::model::lazy::seeded;
 use workbench::train::{Example, StepLog, TrainOptions, train};
 
 /// One row of `metrics.csv`.
@@ -72,8 +73,8 @@ fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> 
     };
     std::fs::create_dir_all(&t.out)?;
     std::fs::write(t.out.join("train.toml"), toml::to_string(spec)?)?;
-    B::seed(&Default::default(), t.seed);
-    let model = config.init::<B>(&Default::default());
+    let device = Default::default();
+    let model = seeded::<B, _>(t.seed, &device, || config.init::<B>(&device));
     println!(
         "training {} parameters on {} ranks ({}), {} steps of {} prompts with {}..={} lines",
         config.num_params(),

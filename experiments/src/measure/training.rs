@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use workbench::kernels::flops::{DENSE_PER_PARAM_TOKEN, MODEL_PER_PAIR_DIM, visible_pairs};
 use workbench::model::LlamaConfig;
+use workbench::model::lazy::seeded;
 use workbench::train::{Example, TrainOptions, train};
 use workbench::{Kernel, RingConfig};
 
@@ -128,8 +129,8 @@ pub fn train_steps(
     steps: usize,
 ) -> Result<Measured> {
     let config = llama(m, ffn.chunk, ffn.rematerialize);
-    <Train as burn::tensor::backend::Backend>::seed(&Default::default(), 0);
-    let model = config.init::<Train>(&Default::default());
+    let device = Default::default();
+    let model = seeded::<Train, _>(0, &device, || config.init::<Train>(&device));
     let options = TrainOptions {
         ranks,
         ring: RingConfig {

@@ -1,4 +1,5 @@
-//! Burn initializes parameters lazily, on first use; this forces it, so that clones share weights.
+//! Burn initializes parameters lazily, on first use, from one generator per backend shared by every
+//! thread: this forces initialization, so that clones share weights, and draws seeded weights alone.
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{Tensor, backend::Backend};
@@ -14,4 +15,15 @@ pub fn materialize<B: Backend, M: Module<B>>(module: &M) {
         }
     }
     module.visit(&mut Touch);
+}
+
+/// What `draw` returns, drawn from `seed` alone. Burn's generator is global to the backend: two
+/// threads that seed and draw at once would interleave their draws, so every seeded draw made through
+/// here holds one process-wide lock. `draw` must draw every weight it needs before it returns
+/// ([`materialize`]; the models' `init` functions do).
+pub fn seeded<B: Backend, T>(seed: u64, device: &B::Device, draw: impl FnOnce() -> T) -> T {
+    static DRAW: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = DRAW.lock().unwrap_or_else(|e| e.into_inner());
+    B::seed(device, seed);
+    draw()
 }
