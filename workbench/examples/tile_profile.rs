@@ -6,6 +6,7 @@
 use datasets::rng::SplitMix64;
 use std::time::Instant;
 use workbench::kernels::fused::{BackwardTile, OnlineSoftmax, TileDims, backward, softmax_delta};
+use workbench::kernels::mask::windows;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -37,11 +38,12 @@ fn main() {
     let n = h * t * d;
     let (q, k, v, d_out) = (random(n, 1), random(n, 2), random(n, 3), random(n, 4));
     let pos: Vec<usize> = (0..t).collect();
+    let win = windows(&pos, t, &[], causal);
     let pairs = if causal { t * (t + 1) / 2 } else { t * t } as f64 * (h * d) as f64;
     let scale = 1.0 / (d as f32).sqrt();
     for _ in 0..repeats {
         let start = Instant::now();
-        let mut softmax = OnlineSoftmax::new(dims, &pos, causal, scale);
+        let mut softmax = OnlineSoftmax::new(dims, &win, scale);
         softmax.attend(&q, &k, &v, &pos);
         let (out, lse) = softmax.finish();
         let fwd = start.elapsed().as_secs_f64();
@@ -55,9 +57,8 @@ fn main() {
             d_out: &d_out,
             lse: &lse,
             delta: &delta,
-            pos_q: &pos,
+            win_q: &win,
             pos_k: &pos,
-            causal,
             scale,
             parallel: true,
         };

@@ -103,6 +103,22 @@ pub enum RingError {
         /// Its shape.
         got: Vec<usize>,
     },
+    /// Document lengths that are not all positive or do not add up to the sequence's length.
+    #[error("document lengths {doc_lens:?} must be positive and sum to the sequence length {len}")]
+    Documents {
+        /// The lengths given.
+        doc_lens: Vec<usize>,
+        /// The sequence's length.
+        len: usize,
+    },
+    /// A sequence longer than the layout that is to hold it.
+    #[error("a sequence of {len} tokens does not fit a layout of {layout} positions")]
+    SequenceTooLong {
+        /// Real tokens.
+        len: usize,
+        /// Positions in the layout.
+        layout: usize,
+    },
     /// The model width does not split into the heads.
     #[error("d_model {d_model} does not split into {heads} heads of an even head_dim")]
     ModelWidth {

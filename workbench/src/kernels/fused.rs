@@ -10,7 +10,7 @@
 //! Inside a unit (batch i, kv head j) the query rows of its `g = h / hk` heads are contiguous:
 //! `g · tq` rows, row r is query `r % tq`.
 
-use super::mask::{Cover, cover, span};
+use super::mask::{Bounds, Cover, Window, span};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
@@ -194,16 +194,14 @@ fn softmax_grad(dp: &mut [f32], p: &[f32], delta: f32) {
     }
 }
 
-/// Positions of a unit's rows `r0..r1` (row r is query r % tq).
-fn row_span(pos_q: &[usize], r0: usize, r1: usize) -> (usize, usize) {
-    let tq = pos_q.len();
+/// The bounds of a unit's rows `r0..r1` (row r is query r % tq).
+fn row_bounds(win_q: &[Window], r0: usize, r1: usize) -> Bounds {
+    let tq = win_q.len();
     if r1 - r0 >= tq || r0 / tq != (r1 - 1) / tq {
         // The rows wrap round to the next head: cover the wrapped ranges.
-        let (a, b) = span(&pos_q[r0 % tq..]);
-        let (c, d) = span(&pos_q[..=((r1 - 1) % tq)]);
-        return (a.min(c), b.max(d));
+        return Bounds::of(win_q[r0 % tq..].iter().chain(&win_q[..=((r1 - 1) % tq)]));
     }
-    span(&pos_q[r0 % tq..=(r1 - 1) % tq])
+    Bounds::of(&win_q[r0 % tq..=(r1 - 1) % tq])
 }
 
 /// Rows per strip when a partly visible sub-tile is cut along its diagonal.
@@ -216,7 +214,7 @@ const STRIP: usize = 32;
 /// the result is the same, and a 128×128 diagonal sub-tile computes 10/16 of its pairs instead of all.
 fn pieces(
     cover_all: Cover,
-    pos_q: &[usize],
+    win_q: &[Window],
     (r0, nr): (usize, usize),
     pos_kc: &[usize],
 ) -> impl Iterator<Item = (usize, usize, usize, Cover)> {
@@ -227,29 +225,34 @@ fn pieces(
         if !cut {
             return (cover_all != Cover::Empty).then_some((s0, ns, pos_kc.len(), cover_all));
         }
-        let q_span = row_span(pos_q, s0, s0 + ns);
-        let nc = pos_kc.partition_point(|&p| p <= q_span.1);
-        if nc == 0 {
-            return None;
+        let bounds = row_bounds(win_q, s0, s0 + ns);
+        let nc = pos_kc.partition_point(|&p| p <= bounds.hi.1);
+        match bounds.cover(span(&pos_kc[..nc])) {
+            _ if nc == 0 => None,
+            Cover::Empty => None,
+            cover => Some((s0, ns, nc, cover)),
         }
-        let cover = cover(true, q_span, span(&pos_kc[..nc]));
-        Some((s0, ns, nc, cover))
     })
 }
 
 /// Sets scores of invisible (q, k) pairs to −∞: `s` is rows `r0..` × keys `pos_k`. With ascending
-/// keys (every partition here) a row's invisible keys are a suffix, found by binary search.
-fn mask(s: &mut [f32], pos_q: &[usize], r0: usize, pos_k: &[usize]) {
-    let tq = pos_q.len();
+/// keys (every partition here) a row's visible keys are one run, found by binary search.
+fn mask(s: &mut [f32], win_q: &[Window], r0: usize, pos_k: &[usize]) {
+    let tq = win_q.len();
     let sorted = pos_k.is_sorted();
     for (i, row) in s.chunks_mut(pos_k.len()).enumerate() {
-        let pq = pos_q[(r0 + i) % tq];
+        let w = win_q[(r0 + i) % tq];
         if sorted {
-            row[pos_k.partition_point(|&pk| pk <= pq)..].fill(f32::NEG_INFINITY);
+            let (first, end) = (
+                pos_k.partition_point(|&pk| pk < w.lo),
+                pos_k.partition_point(|&pk| pk <= w.hi),
+            );
+            row[end.max(first)..].fill(f32::NEG_INFINITY);
+            row[..first].fill(f32::NEG_INFINITY);
             continue;
         }
         for (x, &pk) in row.iter_mut().zip(pos_k) {
-            if pk > pq {
+            if !w.sees(pk) {
                 *x = f32::NEG_INFINITY;
             }
         }
@@ -268,7 +271,7 @@ fn scores(
     (c0, nc): (usize, usize),
     scale: f32,
     cover: Cover,
-    pos_q: &[usize],
+    win_q: &[Window],
     pos_kc: &[usize],
 ) {
     matmul(
@@ -282,7 +285,7 @@ fn scores(
         false,
     );
     if cover == Cover::Partial {
-        mask(s, pos_q, r0, pos_kc);
+        mask(s, win_q, r0, pos_kc);
     }
 }
 
@@ -290,8 +293,7 @@ fn scores(
 #[derive(Debug, Clone)]
 pub struct OnlineSoftmax {
     dims: TileDims,
-    pos_q: Vec<usize>,
-    causal: bool,
+    win_q: Vec<Window>,
     scale: f32,
     /// Unnormalized output, `[b, h, tq, d]`.
     acc: Vec<f32>,
@@ -302,16 +304,15 @@ pub struct OnlineSoftmax {
 }
 
 impl OnlineSoftmax {
-    /// A fresh accumulator for queries at global positions `pos_q`, before any key block.
-    pub fn new(dims: TileDims, pos_q: &[usize], causal: bool, scale: f32) -> Self {
+    /// A fresh accumulator for queries seeing key windows `win_q`, before any key block.
+    pub fn new(dims: TileDims, win_q: &[Window], scale: f32) -> Self {
         let rows = dims.batch * dims.heads * dims.tq;
         Self {
             dims,
             acc: vec![0.0; rows * dims.head_dim],
             m: vec![f32::NEG_INFINITY; rows],
             l: vec![0.0; rows],
-            pos_q: pos_q.to_vec(),
-            causal,
+            win_q: win_q.to_vec(),
             scale,
             parallel: true,
         }
@@ -337,7 +338,7 @@ impl OnlineSoftmax {
             ..self.dims
         };
         let (d, rows, tk) = (dims.head_dim, dims.rows(), dims.tk);
-        let (pos_q, causal, scale) = (&self.pos_q, self.causal, self.scale);
+        let (win_q, scale) = (&self.win_q, self.scale);
         let units = self
             .acc
             .chunks_mut(rows * d)
@@ -351,15 +352,15 @@ impl OnlineSoftmax {
             let mut s = vec![0.0f32; ROWS.min(rows) * COLS.min(tk)];
             for r0 in (0..rows).step_by(ROWS) {
                 let nr = ROWS.min(rows - r0);
-                let q_span = row_span(pos_q, r0, r0 + nr);
+                let bounds = row_bounds(win_q, r0, r0 + nr);
                 for c0 in (0..tk).step_by(COLS) {
                     let nc = COLS.min(tk - c0);
                     let pos_kc = &pos_k[c0..c0 + nc];
-                    let cover_all = cover(causal, q_span, span(pos_kc));
-                    for (r0, nr, nc, cover) in pieces(cover_all, pos_q, (r0, nr), pos_kc) {
+                    let cover_all = bounds.cover(span(pos_kc));
+                    for (r0, nr, nc, cover) in pieces(cover_all, win_q, (r0, nr), pos_kc) {
                         let pos_kc = &pos_kc[..nc];
                         let s = &mut s[..nr * nc];
-                        scores(s, q, k, d, (r0, nr), (c0, nc), scale, cover, pos_q, pos_kc);
+                        scores(s, q, k, d, (r0, nr), (c0, nc), scale, cover, win_q, pos_kc);
                         for (i, row) in s.chunks_mut(nc).enumerate() {
                             let r = r0 + i;
                             let m_new = m[r].max(row_max(row));
@@ -433,12 +434,10 @@ pub struct BackwardTile<'a> {
     pub lse: &'a [f32],
     /// δ = rowsum(dO ∘ O) `[b, h, tq]`.
     pub delta: &'a [f32],
-    /// Global positions of the queries.
-    pub pos_q: &'a [usize],
+    /// The key windows of the queries.
+    pub win_q: &'a [Window],
     /// Global positions of the keys.
     pub pos_k: &'a [usize],
-    /// Whether keys after a query are masked.
-    pub causal: bool,
     /// Softmax scale.
     pub scale: f32,
     /// Units on rayon's pool, or one after another on the calling thread.
@@ -471,8 +470,8 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
             let k_span = span(pos_kc);
             for r0 in (0..rows).step_by(ROWS) {
                 let nr = ROWS.min(rows - r0);
-                let cover_all = cover(t.causal, row_span(t.pos_q, r0, r0 + nr), k_span);
-                for (r0, nr, nc, cover) in pieces(cover_all, t.pos_q, (r0, nr), pos_kc) {
+                let cover_all = row_bounds(t.win_q, r0, r0 + nr).cover(k_span);
+                for (r0, nr, nc, cover) in pieces(cover_all, t.win_q, (r0, nr), pos_kc) {
                     let pos_kc = &pos_kc[..nc];
                     let (p, ds) = (&mut p[..nr * nc], &mut ds[..nr * nc]);
                     scores(
@@ -484,7 +483,7 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                         (c0, nc),
                         t.scale,
                         cover,
-                        t.pos_q,
+                        t.win_q,
                         pos_kc,
                     );
                     for (i, row) in p.chunks_mut(nc).enumerate() {
@@ -561,16 +560,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mask_hides_exactly_the_later_keys_in_either_key_order() {
-        let pos_q = [3, 0, 7];
+    fn mask_hides_exactly_the_keys_outside_each_window_in_either_key_order() {
+        // Causal queries 3, 0, 7; the last one in a document starting at 4.
+        let win_q = [
+            Window { lo: 0, hi: 3 },
+            Window { lo: 0, hi: 0 },
+            Window { lo: 4, hi: 7 },
+        ];
         for pos_k in [vec![0, 2, 4, 6, 8], vec![8, 0, 6, 2, 4]] {
-            // Rows start at r0 = 2, so they wrap round pos_q as GQA rows do.
+            // Rows start at r0 = 2, so they wrap round the queries as GQA rows do.
             let mut s = vec![1.0f32; 3 * pos_k.len()];
-            mask(&mut s, &pos_q, 2, &pos_k);
+            mask(&mut s, &win_q, 2, &pos_k);
             for (i, row) in s.chunks(pos_k.len()).enumerate() {
-                let pq = pos_q[(2 + i) % 3];
+                let w = win_q[(2 + i) % 3];
                 for (&x, &pk) in row.iter().zip(&pos_k) {
-                    assert_eq!(x == f32::NEG_INFINITY, pk > pq, "query {pq}, key {pk}");
+                    assert_eq!(
+                        x == f32::NEG_INFINITY,
+                        !w.sees(pk),
+                        "window {w:?}, key {pk}"
+                    );
                 }
             }
         }
@@ -590,10 +598,10 @@ mod tests {
     }
 
     #[test]
-    fn row_span_covers_wrapped_rows() {
-        let pos = [10, 11, 2, 3];
-        assert_eq!(row_span(&pos, 0, 2), (10, 11));
-        assert_eq!(row_span(&pos, 2, 6), (2, 11));
-        assert_eq!(row_span(&pos, 3, 5), (3, 10));
+    fn row_bounds_cover_wrapped_rows() {
+        let win = [10, 11, 2, 3].map(|p| Window { lo: 0, hi: p });
+        assert_eq!(row_bounds(&win, 0, 2).hi, (10, 11));
+        assert_eq!(row_bounds(&win, 2, 6).hi, (2, 11));
+        assert_eq!(row_bounds(&win, 3, 5).hi, (3, 10));
     }
 }

@@ -1,7 +1,26 @@
-//! Causal mask geometry from global positions, shared by both kernels: what a mask leaves of a tile
-//! or sub-tile, how many pairs it lets through, and the additive mask itself.
+//! Mask geometry from global positions, shared by both kernels. Every query sees one window of key
+//! positions ([`Window`]: causal, non-causal, packed documents and padding are all windows); this
+//! file says what the windows leave of a tile or sub-tile, how many pairs they let through, and
+//! builds the additive mask itself.
 
-/// What a causal mask leaves of a block of queries against a block of keys, from their position spans.
+/// The key positions one query may see: `lo..=hi`. Causal: from its document's start to itself;
+/// non-causal: its whole document; a padded query sees only itself (its output is dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// First visible key position.
+    pub lo: usize,
+    /// Last visible key position.
+    pub hi: usize,
+}
+
+impl Window {
+    /// Whether the key at `position` is visible.
+    pub fn sees(&self, position: usize) -> bool {
+        self.lo <= position && position <= self.hi
+    }
+}
+
+/// What a mask leaves of a block of queries against a block of keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cover {
     /// No key is visible to any query.
@@ -19,18 +38,56 @@ pub fn span(positions: &[usize]) -> (usize, usize) {
         .fold((usize::MAX, 0), |(lo, hi), &p| (lo.min(p), hi.max(p)))
 }
 
-/// The cover of queries spanning `(q_lo, q_hi)` against keys spanning `(k_lo, k_hi)`.
-pub fn cover(causal: bool, (q_lo, q_hi): (usize, usize), (k_lo, k_hi): (usize, usize)) -> Cover {
-    if !causal || k_hi <= q_lo {
-        Cover::Full
-    } else if k_lo > q_hi {
-        Cover::Empty
-    } else {
-        Cover::Partial
+/// The extremes of a set of windows: what every one of them sees, and what any one of them does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Smallest and largest `lo`.
+    pub lo: (usize, usize),
+    /// Smallest and largest `hi`.
+    pub hi: (usize, usize),
+}
+
+impl Bounds {
+    /// The bounds of `windows`.
+    pub fn of<'a>(windows: impl IntoIterator<Item = &'a Window>) -> Bounds {
+        windows.into_iter().fold(
+            Bounds {
+                lo: (usize::MAX, 0),
+                hi: (usize::MAX, 0),
+            },
+            |b, w| Bounds {
+                lo: (b.lo.0.min(w.lo), b.lo.1.max(w.lo)),
+                hi: (b.hi.0.min(w.hi), b.hi.1.max(w.hi)),
+            },
+        )
+    }
+
+    /// What the windows leave of keys spanning `(k_lo, k_hi)`.
+    pub fn cover(&self, (k_lo, k_hi): (usize, usize)) -> Cover {
+        if k_hi < self.lo.0 || k_lo > self.hi.1 {
+            Cover::Empty
+        } else if k_lo >= self.lo.1 && k_hi <= self.hi.0 {
+            Cover::Full
+        } else {
+            Cover::Partial
+        }
     }
 }
 
-/// How much of a whole tile a causal mask lets through, with its pair count.
+/// Visible (q, k) pairs of queries with windows `win_q` against keys at `pos_k`.
+pub fn visible_pairs(win_q: &[Window], pos_k: &[usize]) -> u64 {
+    let mut sorted = pos_k.to_vec();
+    sorted.sort_unstable();
+    win_q
+        .iter()
+        .map(|w| {
+            let end = sorted.partition_point(|&k| k <= w.hi);
+            end.saturating_sub(sorted.partition_point(|&k| k < w.lo)) as u64
+        })
+        .sum()
+}
+
+/// How much of a whole tile the mask lets through, with its pair count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Visibility {
     /// No (q, k) pair is visible: the tile is skipped.
@@ -38,20 +95,24 @@ pub enum Visibility {
     /// Every pair is visible: no mask is built.
     Full,
     /// Some pairs are visible (this many).
-    Partial { pairs: u64 },
+    Partial {
+        /// Visible pairs.
+        pairs: u64,
+    },
 }
 
 impl Visibility {
-    /// Derives the tile's visibility from global positions.
-    pub fn of(pos_q: &[usize], pos_k: &[usize], causal: bool) -> Self {
-        if pos_q.is_empty() || pos_k.is_empty() {
+    /// The tile's visibility: queries with windows `win_q` against keys at `pos_k`.
+    pub fn of(win_q: &[Window], pos_k: &[usize]) -> Self {
+        if win_q.is_empty() || pos_k.is_empty() {
             return Visibility::Full;
         }
-        match cover(causal, span(pos_q), span(pos_k)) {
+        match Bounds::of(win_q).cover(span(pos_k)) {
             Cover::Empty => Visibility::None,
             Cover::Full => Visibility::Full,
-            Cover::Partial => Visibility::Partial {
-                pairs: strategies::causal_pairs(pos_q, pos_k),
+            Cover::Partial => match visible_pairs(win_q, pos_k) {
+                0 => Visibility::None,
+                pairs => Visibility::Partial { pairs },
             },
         }
     }
@@ -66,14 +127,75 @@ impl Visibility {
     }
 }
 
-/// Additive causal mask `[tq · tk]`: 0 where key j is visible to query i, −∞ elsewhere.
-pub fn causal_bias(pos_q: &[usize], pos_k: &[usize]) -> Vec<f32> {
-    pos_q
+/// Additive mask `[tq · tk]`: 0 where key j is in query i's window, −∞ elsewhere.
+pub fn bias(win_q: &[Window], pos_k: &[usize]) -> Vec<f32> {
+    win_q
         .iter()
-        .flat_map(|&q| {
+        .flat_map(|w| {
             pos_k
                 .iter()
-                .map(move |&k| if k <= q { 0.0 } else { f32::NEG_INFINITY })
+                .map(move |&k| if w.sees(k) { 0.0 } else { f32::NEG_INFINITY })
         })
         .collect()
+}
+
+/// The windows of queries at `positions` in a sequence of `len` real tokens made of documents of
+/// `doc_lens` laid end to end (empty: one document), causal or not. A position at or past `len` is
+/// padding: it sees only itself, and no real query sees it.
+pub fn windows(positions: &[usize], len: usize, doc_lens: &[usize], causal: bool) -> Vec<Window> {
+    // Document starts, ascending, ending with `len`.
+    let mut starts = vec![0];
+    for &l in doc_lens {
+        starts.push(starts.last().copied().unwrap_or(0) + l);
+    }
+    if starts.last() != Some(&len) {
+        starts.push(len);
+    }
+    positions
+        .iter()
+        .map(|&p| {
+            if p >= len {
+                return Window { lo: p, hi: p };
+            }
+            let doc = starts.partition_point(|&s| s <= p) - 1;
+            let (lo, end) = (starts[doc], starts[doc + 1]);
+            Window {
+                lo,
+                hi: if causal { p } else { end - 1 },
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_follow_documents_causality_and_padding() {
+        // Documents of 2 and 3 tokens, one padded position.
+        let w = windows(&[0, 1, 2, 4, 5], 5, &[2, 3], true);
+        let pairs: Vec<(usize, usize)> = w.iter().map(|w| (w.lo, w.hi)).collect();
+        assert_eq!(pairs, [(0, 0), (0, 1), (2, 2), (2, 4), (5, 5)]);
+        let w = windows(&[1, 3], 5, &[2, 3], false);
+        assert_eq!((w[0].lo, w[0].hi, w[1].lo, w[1].hi), (0, 1, 2, 4));
+        // No documents: plain causal and plain full attention.
+        assert_eq!(windows(&[3], 8, &[], true)[0], Window { lo: 0, hi: 3 });
+        assert_eq!(windows(&[3], 8, &[], false)[0], Window { lo: 0, hi: 7 });
+    }
+
+    #[test]
+    fn visibility_counts_pairs_inside_windows_only() {
+        let w = windows(&[0, 1, 2, 3, 4], 5, &[2, 3], true);
+        // Pairs: 1 + 2 + 1 + 2 + 3.
+        assert_eq!(visible_pairs(&w, &[0, 1, 2, 3, 4]), 9);
+        assert_eq!(Visibility::of(&w[..2], &[2, 3, 4]), Visibility::None);
+        assert_eq!(Visibility::of(&w[3..], &[2, 3]), Visibility::Full);
+        assert_eq!(
+            Visibility::of(&w, &[4, 0]),
+            Visibility::Partial { pairs: 1 + 1 + 1 }
+        );
+        let b = bias(&w[1..2], &[0, 1, 2]);
+        assert_eq!(b, [0.0, 0.0, f32::NEG_INFINITY]);
+    }
 }

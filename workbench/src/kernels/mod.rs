@@ -4,7 +4,7 @@
 
 pub mod flops;
 pub mod fused;
-pub(crate) mod mask;
+pub mod mask;
 pub(crate) mod reference;
 
 use crate::host::via_data;
@@ -12,7 +12,7 @@ use crate::ring::block::Block;
 use crate::ring::context::Kernel;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use fused::{BackwardTile, OnlineSoftmax, TileDims};
-use mask::{Visibility, causal_bias};
+use mask::{Visibility, Window};
 use reference::{block_attention, block_attention_backward, merge_block};
 use std::sync::Arc;
 
@@ -24,8 +24,8 @@ fn tensor<B: Backend, const D: usize>(
     Tensor::from_data(TensorData::new(data.to_vec(), shape), device)
 }
 
-fn bias(visibility: Visibility, pos_q: &[usize], pos_k: &[usize]) -> Option<Vec<f32>> {
-    matches!(visibility, Visibility::Partial { .. }).then(|| causal_bias(pos_q, pos_k))
+fn bias(visibility: Visibility, win_q: &[Window], pos_k: &[usize]) -> Option<Vec<f32>> {
+    matches!(visibility, Visibility::Partial { .. }).then(|| mask::bias(win_q, pos_k))
 }
 
 fn kv_shape(d: &TileDims) -> [usize; 4] {
@@ -55,7 +55,7 @@ pub(crate) enum ForwardTiles<B: Backend> {
     Generic {
         q: Tensor<B, 4>,
         acc: Option<(Tensor<B, 4>, Tensor<B, 3>)>,
-        pos_q: Vec<usize>,
+        win_q: Vec<Window>,
         scale: f32,
     },
     Fused {
@@ -72,8 +72,7 @@ impl<B: Backend> ForwardTiles<B> {
         q: Tensor<B, 4>,
         q_host: Arc<Block>,
         kv_heads: usize,
-        pos_q: &[usize],
-        causal: bool,
+        win_q: &[Window],
         scale: f32,
         parallel: bool,
     ) -> Self {
@@ -81,7 +80,7 @@ impl<B: Backend> ForwardTiles<B> {
             Kernel::Generic => ForwardTiles::Generic {
                 q,
                 acc: None,
-                pos_q: pos_q.to_vec(),
+                win_q: win_q.to_vec(),
                 scale,
             },
             Kernel::Fused => {
@@ -96,7 +95,7 @@ impl<B: Backend> ForwardTiles<B> {
                 };
                 ForwardTiles::Fused {
                     q: q_host,
-                    state: OnlineSoftmax::new(dims, pos_q, causal, scale).with_parallel(parallel),
+                    state: OnlineSoftmax::new(dims, win_q, scale).with_parallel(parallel),
                 }
             }
         }
@@ -108,7 +107,7 @@ impl<B: Backend> ForwardTiles<B> {
             ForwardTiles::Generic {
                 q,
                 acc,
-                pos_q,
+                win_q,
                 scale,
             } => {
                 let device = q.device();
@@ -117,7 +116,7 @@ impl<B: Backend> ForwardTiles<B> {
                     tensor::<B, 4>(&k.data, shape, &device),
                     tensor::<B, 4>(&v.data, shape, &device),
                 );
-                let bias = bias(visibility, pos_q, pos_k);
+                let bias = bias(visibility, win_q, pos_k);
                 let tile = block_attention(q, &k, &v, bias.as_deref(), *scale);
                 *acc = Some(match acc.take() {
                     None => tile,
@@ -170,7 +169,7 @@ pub(crate) fn backward_tile<B: Backend>(
             let d_out = tensor::<B, 4>(tile.d_out, q_shape(&dims), device);
             let lse = tensor::<B, 3>(tile.lse, rows, device);
             let delta = tensor::<B, 3>(tile.delta, rows, device);
-            let bias = bias(visibility, tile.pos_q, tile.pos_k);
+            let bias = bias(visibility, tile.win_q, tile.pos_k);
             let (dq_t, dk_t, dv_t) = block_attention_backward(
                 &q,
                 &k,

@@ -46,7 +46,7 @@ fn grouped_matmul<B: Backend>(p: Tensor<B, 4>, v: &Tensor<B, 4>) -> Tensor<B, 4>
 
 /// Forward of one tile: normalized output `[b, h, tq, d]` and log-sum-exp `[b, h, tq]`.
 ///
-/// `bias` is a [`causal_bias`] for partially visible tiles, `None` for fully visible ones.
+/// `bias` is a [`super::mask::bias`] for partially visible tiles, `None` for fully visible ones.
 /// Rows with no visible key get output 0 and lse −∞, which [`merge_block`] treats as empty.
 pub fn block_attention<B: Backend>(
     q: &Tensor<B, 4>,

@@ -1,6 +1,7 @@
 //! Ring options: directions, backward schemes, and the per-rank context shared by forward and backward.
 
 use crate::error::RingError;
+use crate::kernels::mask::{Window, windows};
 use crate::ring::ledger::Ledger;
 use crate::transport::{Comm, Traffic};
 use std::fmt;
@@ -163,6 +164,10 @@ pub struct RingContext {
     pub config: RingConfig,
     /// Which global positions each rank owns.
     pub layout: Arc<Layout>,
+    /// What the positions hold: real tokens in documents, then padding.
+    sequence: Arc<Sequence>,
+    /// The key window of every rank's every query ([`crate::kernels::mask::windows`]).
+    windows: Arc<Vec<Vec<Window>>>,
     rank: usize,
     comm: Arc<Mutex<Comm>>,
     events: Mutex<Vec<StepEvent>>,
@@ -179,8 +184,11 @@ impl RingContext {
                 layout: layout.ranks(),
             });
         }
+        let sequence = Arc::new(Sequence::unpadded(layout.seq_len));
         Ok(Self {
             config,
+            windows: Arc::new(all_windows(&layout, &sequence, config.causal)),
+            sequence,
             layout,
             rank: comm.rank(),
             comm: Arc::new(Mutex::new(comm)),
@@ -209,8 +217,14 @@ impl RingContext {
                 layout: layout.ranks(),
             });
         }
+        let sequence = Arc::new(Sequence {
+            len: self.sequence.len.min(layout.seq_len),
+            doc_lens: self.sequence.doc_lens.clone(),
+        });
         Ok(Self {
             config: self.config,
+            windows: Arc::new(all_windows(&layout, &sequence, self.config.causal)),
+            sequence,
             layout,
             rank: self.rank,
             comm: self.comm.clone(),
@@ -218,6 +232,25 @@ impl RingContext {
             backward_error: Mutex::new(None),
             ledger: self.ledger.clone(),
         })
+    }
+
+    /// This context over a layout whose positions hold `sequence`: its documents mask attention
+    /// between them, and positions at or past its length are padding that no real query sees.
+    pub fn with_sequence(mut self, sequence: Sequence) -> Result<Self, RingError> {
+        sequence.check(self.layout.seq_len)?;
+        self.windows = Arc::new(all_windows(&self.layout, &sequence, self.config.causal));
+        self.sequence = Arc::new(sequence);
+        Ok(self)
+    }
+
+    /// What the positions hold.
+    pub fn sequence(&self) -> &Sequence {
+        &self.sequence
+    }
+
+    /// The key windows of `rank`'s queries, in local order.
+    pub fn windows(&self, rank: usize) -> &[Window] {
+        &self.windows[rank]
     }
 
     /// The number of ranks.
@@ -267,6 +300,52 @@ impl RingContext {
     pub fn with_comm<T>(&self, f: impl FnOnce(&mut Comm) -> T) -> T {
         f(&mut self.comm())
     }
+}
+
+/// What a layout's positions hold: `len` real tokens, packed as documents of `doc_lens` laid end to
+/// end (empty: one document), then padding up to the layout's length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sequence {
+    /// Real tokens; positions from here on are padding.
+    pub len: usize,
+    /// Document lengths, summing to `len`; empty for one document.
+    pub doc_lens: Vec<usize>,
+}
+
+impl Sequence {
+    /// `len` real tokens in one document, no padding in a layout of `len`.
+    pub fn unpadded(len: usize) -> Self {
+        Sequence {
+            len,
+            doc_lens: Vec::new(),
+        }
+    }
+
+    /// An error unless the documents are non-empty and sum to `len`, and `len` fits `layout_len`.
+    pub fn check(&self, layout_len: usize) -> Result<(), RingError> {
+        let sum: usize = self.doc_lens.iter().sum();
+        if self.doc_lens.contains(&0) || (!self.doc_lens.is_empty() && sum != self.len) {
+            return Err(RingError::Documents {
+                doc_lens: self.doc_lens.clone(),
+                len: self.len,
+            });
+        }
+        if self.len > layout_len {
+            return Err(RingError::SequenceTooLong {
+                len: self.len,
+                layout: layout_len,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn all_windows(layout: &Layout, sequence: &Sequence, causal: bool) -> Vec<Vec<Window>> {
+    layout
+        .positions
+        .iter()
+        .map(|p| windows(p, sequence.len, &sequence.doc_lens, causal))
+        .collect()
 }
 
 /// A poisoned lock only means another holder panicked; the data (counters, logs) stays usable.

@@ -158,16 +158,14 @@ pub fn forward<B: HostRead>(
     let [b, h, t, d] = q.dims();
     let scale = scale_of(ctx, d);
     let device = q.device();
-    let pos_q = ctx.positions(ctx.rank());
-    let causal = ctx.config.causal;
+    let win_q = ctx.windows(ctx.rank());
     let q_host = Arc::new(Block::from_tensor(BlockKind::Q, q.clone()));
     let mut tiles = ForwardTiles::new(
         ctx.config.kernel,
         q,
         q_host.clone(),
         k.dims()[1],
-        pos_q,
-        causal,
+        win_q,
         scale,
         parallel_units(ctx),
     );
@@ -195,7 +193,7 @@ pub fn forward<B: HostRead>(
             let _turn = ctx.config.lockstep.then(lockstep_turn);
             let start = Instant::now();
             let pos_k = ctx.positions(owner);
-            let visibility = Visibility::of(pos_q, pos_k, causal);
+            let visibility = Visibility::of(win_q, pos_k);
             if visibility != Visibility::None {
                 let dims = TileDims {
                     batch: b,
@@ -261,7 +259,6 @@ pub fn backward<B: HostRead>(
     let [b, h, t, d] = out.dims();
     let kv_heads = k.shape[1];
     let scale = scale_of(ctx, d);
-    let causal = ctx.config.causal;
     let kernel = ctx.config.kernel;
     let parallel = parallel_units(ctx);
     let d_out = Arc::new(Block::from_tensor(BlockKind::DOut, d_out));
@@ -328,9 +325,9 @@ pub fn backward<B: HostRead>(
             } else {
                 (rank, owner)
             };
-            let (pos_q, pos_k) = (ctx.positions(q_rank), ctx.positions(k_rank));
-            let visibility = Visibility::of(pos_q, pos_k, causal);
-            let pairs = visibility.pairs(pos_q.len(), pos_k.len()) * (b * h) as u64;
+            let (win_q, pos_k) = (ctx.windows(q_rank), ctx.positions(k_rank));
+            let visibility = Visibility::of(win_q, pos_k);
+            let pairs = visibility.pairs(win_q.len(), pos_k.len()) * (b * h) as u64;
             let contribution = (visibility != Visibility::None).then(|| {
                 let _tile = ledger.charge(tile_bytes);
                 let (q, d_out, lse, delta, k, v) = if travelling_q {
@@ -346,9 +343,8 @@ pub fn backward<B: HostRead>(
                     d_out: &d_out.data,
                     lse: &lse.data,
                     delta: &delta.data,
-                    pos_q,
+                    win_q,
                     pos_k,
-                    causal,
                     scale,
                     parallel,
                 };
