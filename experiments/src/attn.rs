@@ -41,6 +41,10 @@ pub struct AttnArgs {
     /// Tile kernel: fused (fast CPU path) or generic (Burn tensor ops, the reference twin).
     #[arg(long, default_value = "fused")]
     pub kernel: Kernel,
+    /// Packed documents: their lengths, comma-separated, summing to seq (a query attends only within
+    /// its document). Default: one document.
+    #[arg(long, value_delimiter = ',')]
+    pub doc_lens: Vec<usize>,
     /// Seconds a rank waits for a peer before giving up.
     #[arg(long, default_value_t = 60.0)]
     pub timeout: f64,
@@ -154,6 +158,7 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
         timeout: Duration::from_secs_f64(args.timeout),
         fault: args.fail_rank.zip(args.fail_step),
         link: None,
+        doc_lens: &args.doc_lens,
     };
     if let Some(id_file) = &args.nccl_id_file {
         return run_nccl(&job, id_file, args);

@@ -161,6 +161,7 @@ pub fn run(command: &BenchCommand) -> Result<()> {
                 timeout: Duration::from_secs(3600),
                 fault: None,
                 link: None,
+                doc_lens: &[],
             };
             let mut best = Measured {
                 seconds: f64::INFINITY,

@@ -16,7 +16,7 @@ mod zigzag;
 
 pub use contiguous::Contiguous;
 pub use error::PartitionError;
-pub use partition::{Layout, Partition, check_ranks};
+pub use partition::{Layout, Partition, check_ranks, padded_len};
 pub use registry::{by_name, names, register};
 pub use striped::Striped;
 pub use work::{causal_pairs, causal_work_per_rank};

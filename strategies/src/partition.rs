@@ -123,3 +123,24 @@ pub(crate) fn require_divisible(
         })
     }
 }
+
+/// The smallest length ≥ `len` that `partition` accepts for `ranks` ranks.
+///
+/// The search stops at `2 · len + 64 · ranks` (every registered strategy accepts a multiple of
+/// `2 · ranks`); a strategy that accepts nothing up to there is an error naming that range.
+pub fn padded_len(
+    partition: &dyn Partition,
+    len: usize,
+    ranks: usize,
+) -> Result<usize, PartitionError> {
+    check_ranks(ranks)?;
+    let (from, to) = (len.max(1), 2 * len.max(1) + 64 * ranks);
+    (from..=to)
+        .find(|&l| partition.validate(l, ranks).is_ok())
+        .ok_or(PartitionError::NoLengthAccepted {
+            strategy: partition.name(),
+            from,
+            to,
+            ranks,
+        })
+}

@@ -39,11 +39,43 @@ pub fn reference(
     k: &[f32],
     v: &[f32],
     d_out: &[f32],
-    [b, s, h, d]: [usize; 4],
+    dims: [usize; 4],
     hk: usize,
     causal: bool,
     scale: f64,
 ) -> Reference {
+    reference_packed(q, k, v, d_out, dims, hk, causal, scale, &[])
+}
+
+/// [`reference`] over packed documents of `doc_lens` laid end to end (empty: one document): query
+/// i sees key j iff both lie in the same document and (not causal, or j ≤ i).
+#[allow(clippy::too_many_arguments)]
+pub fn reference_packed(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    d_out: &[f32],
+    [b, s, h, d]: [usize; 4],
+    hk: usize,
+    causal: bool,
+    scale: f64,
+    doc_lens: &[usize],
+) -> Reference {
+    // The document of every position, written out one by one.
+    let doc: Vec<usize> = if doc_lens.is_empty() {
+        vec![0; s]
+    } else {
+        doc_lens
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &n)| std::iter::repeat_n(i, n))
+            .collect()
+    };
+    assert_eq!(
+        doc.len(),
+        s,
+        "document lengths {doc_lens:?} must sum to {s}"
+    );
     let qi = |bi: usize, t: usize, hi: usize| ((bi * s + t) * h + hi) * d;
     let ki = |bi: usize, t: usize, hi: usize| ((bi * s + t) * hk + hi) * d;
     let mut r = Reference {
@@ -64,7 +96,9 @@ pub fn reference(
             let kh = hi / (h / hk);
             for i in 0..s {
                 let qv = &q[qi(bi, i, hi)..qi(bi, i, hi) + d];
-                let visible: Vec<usize> = (0..s).filter(|&j| !causal || j <= i).collect();
+                let visible: Vec<usize> = (0..s)
+                    .filter(|&j| doc[j] == doc[i] && (!causal || j <= i))
+                    .collect();
                 let scores: Vec<f64> = visible
                     .iter()
                     .map(|&j| scale * dot(qv, &k[ki(bi, j, kh)..ki(bi, j, kh) + d]))

@@ -2,9 +2,9 @@
 //! causal × {MHA, GQA} × kernel (fused, generic twin) against the float64 reference, plus scheme agreement and traffic accounting.
 
 use burn::backend::{Autodiff, Flex};
-use ringbench_tests::{Reference, Rng, reference, rel_diff, rel_err};
+use ringbench_tests::{Reference, Rng, reference_packed, rel_diff, rel_err};
 use std::time::Duration;
-use strategies::{PartitionError, by_name, names};
+use strategies::{by_name, names};
 use workbench::ring::block::BlockKind;
 use workbench::ring::jobs::{AttentionJob, AttentionResult, HostTensor, run_attention};
 use workbench::transport::Phase;
@@ -29,12 +29,14 @@ struct Case {
     k: HostTensor,
     v: HostTensor,
     d_out: HostTensor,
+    doc_lens: Vec<usize>,
     want: Reference,
 }
 
-/// Whether `strategy` splits `seq` tokens over `ranks` ranks, written here from each strategy's
-/// definition (not asked of the strategy): contiguous and striped need `ranks | seq`, zig-zag's 2N
-/// chunks need `2·ranks | seq`. A strategy not listed here fails the table until it is added.
+/// Whether `strategy` splits `seq` tokens over `ranks` ranks without padding, written here from each
+/// strategy's definition (not asked of the strategy): contiguous and striped need `ranks | seq`,
+/// zig-zag's 2N chunks need `2·ranks | seq`. A strategy not listed here fails the table until it is
+/// added.
 fn accepts(strategy: &str, seq: usize, ranks: usize) -> bool {
     match strategy {
         "contiguous" | "striped" => seq.is_multiple_of(ranks),
@@ -45,16 +47,21 @@ fn accepts(strategy: &str, seq: usize, ranks: usize) -> bool {
     }
 }
 
-fn case(seq: usize, (heads, kv_heads): (usize, usize), causal: bool) -> Case {
-    case_scaled(
-        seq,
-        (heads, kv_heads),
-        causal,
-        1.0 / (HEAD_DIM as f64).sqrt(),
-    )
+fn case(seq: usize, heads: (usize, usize), causal: bool) -> Case {
+    case_with(seq, heads, causal, 1.0 / (HEAD_DIM as f64).sqrt(), &[])
 }
 
-fn case_scaled(seq: usize, (heads, kv_heads): (usize, usize), causal: bool, scale: f64) -> Case {
+fn case_scaled(seq: usize, heads: (usize, usize), causal: bool, scale: f64) -> Case {
+    case_with(seq, heads, causal, scale, &[])
+}
+
+fn case_with(
+    seq: usize,
+    (heads, kv_heads): (usize, usize),
+    causal: bool,
+    scale: f64,
+    doc_lens: &[usize],
+) -> Case {
     let mut rng = Rng::new((seq * 131 + heads * 7 + usize::from(causal)) as u64);
     let q_shape = vec![BATCH, seq, heads, HEAD_DIM];
     let kv_shape = vec![BATCH, seq, kv_heads, HEAD_DIM];
@@ -62,7 +69,7 @@ fn case_scaled(seq: usize, (heads, kv_heads): (usize, usize), causal: bool, scal
     let k = rng.vec(kv_shape.iter().product(), 2.0);
     let v = rng.vec(kv_shape.iter().product(), 1.0);
     let d_out = rng.vec(q_shape.iter().product(), 1.0);
-    let want = reference(
+    let want = reference_packed(
         &q,
         &k,
         &v,
@@ -71,12 +78,14 @@ fn case_scaled(seq: usize, (heads, kv_heads): (usize, usize), causal: bool, scal
         kv_heads,
         causal,
         scale,
+        doc_lens,
     );
     Case {
         q: HostTensor::new(q_shape.clone(), q),
         k: HostTensor::new(kv_shape.clone(), k),
         v: HostTensor::new(kv_shape, v),
         d_out: HostTensor::new(q_shape, d_out),
+        doc_lens: doc_lens.to_vec(),
         want,
     }
 }
@@ -98,104 +107,148 @@ fn run(
         timeout: Duration::from_secs(30),
         fault: None,
         link: None,
+        doc_lens: &c.doc_lens,
     };
     run_attention::<B>(&job, &Default::default())
 }
 
-#[test]
-fn exactness_table() {
-    let (mut passed, mut skipped) = (0, 0);
-    let (mut want_passed, mut want_skipped) = (0, 0);
-    for seq in SEQ_LENS {
-        for heads in HEADS {
-            for causal in [false, true] {
-                let c = case(seq, heads, causal);
-                for (strategy, kernel) in names()
-                    .into_iter()
-                    .flat_map(|s| Kernel::ALL.map(|k| (s, k)))
-                {
-                    for ranks in RANKS {
-                        for forward in Direction::ALL {
-                            let mut grads_by_scheme = Vec::new();
-                            for backward in BackwardScheme::ALL {
-                                let label = format!(
-                                    "S={seq} heads={heads:?} causal={causal} {strategy} {kernel} \
-                                     N={ranks} fwd={forward} bwd={backward}"
-                                );
-                                let config = RingConfig {
-                                    causal,
-                                    forward,
-                                    backward,
-                                    kernel,
-                                    scale: None,
-                                    lockstep: false,
-                                };
-                                let accepted = accepts(strategy, seq, ranks);
-                                if accepted {
-                                    want_passed += 1;
-                                } else {
-                                    want_skipped += 1;
-                                }
-                                let result = match run(&c, strategy, ranks, config) {
-                                    Err(RingError::Partition(e)) => {
-                                        assert!(
-                                            !accepted
-                                                && matches!(e, PartitionError::NotDivisible { seq_len, .. } if seq_len == seq),
-                                            "{label}: unexpected error {e}"
-                                        );
-                                        println!("skip {label}: {e}");
-                                        skipped += 1;
-                                        continue;
-                                    }
-                                    other => other.unwrap_or_else(|e| panic!("{label}: {e}")),
-                                };
-                                assert!(
-                                    accepted,
-                                    "{label}: ran, but the strategy's rule refuses it"
-                                );
-                                let grads = result.grads.expect("d_out was given");
-                                let errors = [
-                                    ("out", rel_err(&result.out.data, &c.want.out)),
-                                    ("lse", rel_err(&result.lse.data, &c.want.lse)),
-                                    ("dq", rel_err(&grads.dq.data, &c.want.dq)),
-                                    ("dk", rel_err(&grads.dk.data, &c.want.dk)),
-                                    ("dv", rel_err(&grads.dv.data, &c.want.dv)),
-                                ];
-                                for (name, err) in errors {
-                                    assert!(err <= TOLERANCE, "{label}: {name} rel err {err:.3e}");
-                                }
-                                grads_by_scheme.push((backward, grads));
-                                passed += 1;
-                            }
-                            for (scheme, g) in grads_by_scheme.iter().skip(1) {
-                                let base = &grads_by_scheme[0].1;
-                                for (name, a, b) in [
-                                    ("dq", &g.dq, &base.dq),
-                                    ("dk", &g.dk, &base.dk),
-                                    ("dv", &g.dv, &base.dv),
-                                ] {
-                                    let diff = rel_diff(&a.data, &b.data);
-                                    assert!(
-                                        diff <= SCHEME_AGREEMENT,
-                                        "S={seq} {strategy} {kernel} N={ranks} causal={causal}: {name} \
-                                         {scheme} vs kv differ by {diff:.3e}"
-                                    );
-                                }
-                            }
-                        }
+/// Every strategy × kernel × ranks × direction × scheme on `c` against its float64 reference, and
+/// the schemes against each other; returns (runs, runs that were padded).
+fn check_case(c: &Case, name: &str, causal: bool) -> (usize, usize) {
+    let seq = c.q.shape[1];
+    let (mut runs, mut padded) = (0, 0);
+    for (strategy, kernel) in names()
+        .into_iter()
+        .flat_map(|s| Kernel::ALL.map(|k| (s, k)))
+    {
+        for ranks in RANKS {
+            for forward in Direction::ALL {
+                let mut grads_by_scheme = Vec::new();
+                for backward in BackwardScheme::ALL {
+                    let label = format!(
+                        "{name} {strategy} {kernel} N={ranks} fwd={forward} bwd={backward}"
+                    );
+                    let config = RingConfig {
+                        causal,
+                        forward,
+                        backward,
+                        kernel,
+                        scale: None,
+                        lockstep: false,
+                    };
+                    let result =
+                        run(c, strategy, ranks, config).unwrap_or_else(|e| panic!("{label}: {e}"));
+                    let grads = result.grads.expect("d_out was given");
+                    let errors = [
+                        ("out", rel_err(&result.out.data, &c.want.out)),
+                        ("lse", rel_err(&result.lse.data, &c.want.lse)),
+                        ("dq", rel_err(&grads.dq.data, &c.want.dq)),
+                        ("dk", rel_err(&grads.dk.data, &c.want.dk)),
+                        ("dv", rel_err(&grads.dv.data, &c.want.dv)),
+                    ];
+                    for (tensor, err) in errors {
+                        assert!(err <= TOLERANCE, "{label}: {tensor} rel err {err:.3e}");
+                    }
+                    grads_by_scheme.push((backward, grads));
+                    runs += 1;
+                    padded += usize::from(!accepts(strategy, seq, ranks));
+                }
+                for (scheme, g) in grads_by_scheme.iter().skip(1) {
+                    let base = &grads_by_scheme[0].1;
+                    for (tensor, a, b) in [
+                        ("dq", &g.dq, &base.dq),
+                        ("dk", &g.dk, &base.dk),
+                        ("dv", &g.dv, &base.dv),
+                    ] {
+                        let diff = rel_diff(&a.data, &b.data);
+                        assert!(
+                            diff <= SCHEME_AGREEMENT,
+                            "{name} {strategy} {kernel} N={ranks}: {tensor} {scheme} vs kv differ \
+                             by {diff:.3e}"
+                        );
                     }
                 }
             }
         }
     }
-    println!("exactness table: {passed} passed, {skipped} skipped");
+    (runs, padded)
+}
+
+#[test]
+fn exactness_table() {
+    let (mut runs, mut padded) = (0, 0);
+    for seq in SEQ_LENS {
+        for heads in HEADS {
+            for causal in [false, true] {
+                let c = case(seq, heads, causal);
+                let (r, p) = check_case(
+                    &c,
+                    &format!("S={seq} heads={heads:?} causal={causal}"),
+                    causal,
+                );
+                runs += r;
+                padded += p;
+            }
+        }
+    }
+    println!("exactness table: {runs} runs, {padded} of them padded");
+    let per_case = names().len() * Kernel::ALL.len() * RANKS.len() * 2 * 3;
+    assert_eq!(runs, SEQ_LENS.len() * HEADS.len() * 2 * per_case);
+    // S = 40 does not split into zig-zag's 16 chunks on 8 ranks, nor into 3 ranks: those run padded.
+    assert!(padded > 0);
+}
+
+/// Packed documents and lengths no strategy splits: document-causal (and document-only) masks from
+/// global positions, padding masked as keys and dropped as outputs.
+#[test]
+fn packed_and_padded_table() {
+    let cases: [(&str, usize, (usize, usize), bool, &[usize]); 6] = [
+        ("documents 5/17/26", 48, (4, 4), true, &[5, 17, 26]),
+        (
+            "5 documents, GQA 8/2",
+            96,
+            (8, 2),
+            true,
+            &[7, 30, 11, 24, 24],
+        ),
+        (
+            "documents 5/17/26, non-causal",
+            48,
+            (4, 4),
+            false,
+            &[5, 17, 26],
+        ),
+        ("S=47", 47, (4, 4), true, &[]),
+        ("S=45 non-causal", 45, (8, 2), false, &[]),
+        ("S=61, documents 10/51", 61, (4, 4), true, &[10, 51]),
+    ];
+    let (mut runs, mut padded) = (0, 0);
+    for (name, seq, heads, causal, doc_lens) in cases {
+        let c = case_with(seq, heads, causal, 1.0 / (HEAD_DIM as f64).sqrt(), doc_lens);
+        let (r, p) = check_case(&c, name, causal);
+        runs += r;
+        padded += p;
+    }
+    println!("packed and padded table: {runs} runs, {padded} of them padded");
     assert_eq!(
-        (passed, skipped),
-        (want_passed, want_skipped),
-        "(passed, skipped) against the strategies' rules"
+        runs,
+        6 * names().len() * Kernel::ALL.len() * RANKS.len() * 2 * 3
     );
-    // Both outcomes occur: S = 40 does not split into zig-zag's 16 chunks on 8 ranks, and so on.
-    assert!(want_passed > 0 && want_skipped > 0);
+    // 47, 45 and 61 split over no rank count above 1 but their divisors: most runs pad.
+    assert!(padded > runs / 3, "{padded} of {runs}");
+}
+
+#[test]
+fn documents_that_do_not_sum_to_the_length_are_an_error() {
+    let mut c = case(48, (4, 4), true);
+    for bad in [vec![5, 17], vec![0, 48], vec![50]] {
+        c.doc_lens = bad.clone();
+        let e = run(&c, "zigzag", 2, RingConfig::default()).unwrap_err();
+        assert!(
+            matches!(&e, RingError::Documents { doc_lens, len: 48 } if *doc_lens == bad),
+            "{bad:?}: {e}"
+        );
+    }
 }
 
 #[test]

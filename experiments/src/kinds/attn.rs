@@ -365,6 +365,7 @@ impl Plan for AttnPlan {
             timeout: Duration::from_secs(3600),
             fault: None,
             link: None,
+            doc_lens: &[],
         };
         let (fwd, _) = fastest(&job(false), self.measure.repeats)?;
         let (fwd_bwd, result) = fastest(&job(true), self.measure.repeats)?;

@@ -85,6 +85,7 @@ fn against_reference(
             timeout: Duration::from_secs(600),
             fault: None,
             link: None,
+            doc_lens: &[],
         },
         &Default::default(),
     )?;

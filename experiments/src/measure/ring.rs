@@ -37,6 +37,7 @@ fn forward_job<'a>(
         timeout: TIMEOUT,
         fault: None,
         link,
+        doc_lens: &[],
     }
 }
 

@@ -4,7 +4,7 @@
 
 use crate::error::{RingError, all_or_root_cause};
 use crate::host::HostRead;
-use crate::ring::context::{RingConfig, RingContext, StepEvent};
+use crate::ring::context::{RingConfig, RingContext, Sequence, StepEvent};
 use crate::ring::op::{RingBackend, ring_attention};
 use crate::transport::{Comm, Link, Traffic, run_ranks_with};
 use burn::tensor::backend::AutodiffBackend;
@@ -78,6 +78,9 @@ pub struct AttentionJob<'a> {
     pub fault: Option<(usize, usize)>,
     /// Rate-limits the in-process links (overlap experiments); `None`: channels at memory speed.
     pub link: Option<Link>,
+    /// Packed documents: their lengths laid end to end, summing to the sequence length; a query
+    /// attends only within its document. Empty: one document.
+    pub doc_lens: &'a [usize],
 }
 
 /// Gradients with respect to q, k, v, in the inputs' layout.
@@ -154,9 +157,11 @@ fn check_job(job: &AttentionJob) -> Result<([usize; 4], usize), RingError> {
     Ok(([b, s, h, d], hk))
 }
 
-/// The job's split: the layout, and the dimensions every rank checks its shards against.
+/// The job's split: the layout (padded to a length the strategy accepts), what its positions hold,
+/// and the dimensions every rank checks its shards against.
 struct Plan {
     layout: Arc<Layout>,
+    sequence: Sequence,
     /// `[batch, seq, heads, head_dim]`.
     dims: [usize; 4],
     kv_heads: usize,
@@ -164,8 +169,17 @@ struct Plan {
 
 fn plan_job(job: &AttentionJob) -> Result<Plan, RingError> {
     let (dims, kv_heads) = check_job(job)?;
+    let sequence = Sequence {
+        len: dims[1],
+        doc_lens: job.doc_lens.to_vec(),
+    };
+    // A length the strategy cannot split is padded at the end: padded keys lie outside every real
+    // query's window, padded queries' rows are dropped, and their dO rows are zero.
+    let padded = strategies::padded_len(job.strategy, dims[1], job.ranks)?;
+    sequence.check(padded)?;
     Ok(Plan {
-        layout: Arc::new(job.strategy.layout(dims[1], job.ranks)?),
+        layout: Arc::new(job.strategy.layout(padded, job.ranks)?),
+        sequence,
         dims,
         kv_heads,
     })
@@ -173,13 +187,17 @@ fn plan_job(job: &AttentionJob) -> Result<Plan, RingError> {
 
 /// The rows of global `[b, s, h, d]` at `positions`, as a rank's `[b, h, t, d]`: the shard and the
 /// engine's head-major layout in one copy (a strided Burn view would be made contiguous element by
-/// element inside the engine).
+/// element inside the engine). Positions at or past `s` are padding: zero rows.
 fn gather_rank(global: &[f32], [b, s, h, d]: [usize; 4], positions: &[usize]) -> Vec<f32> {
     debug_assert_eq!(global.len(), b * s * h * d);
     let mut local = Vec::with_capacity(b * h * positions.len() * d);
     for i in 0..b {
         for j in 0..h {
             for &p in positions {
+                if p >= s {
+                    local.resize(local.len() + d, 0.0);
+                    continue;
+                }
                 let at = ((i * s + p) * h + j) * d;
                 local.extend_from_slice(&global[at..at + d]);
             }
@@ -188,15 +206,18 @@ fn gather_rank(global: &[f32], [b, s, h, d]: [usize; 4], positions: &[usize]) ->
     local
 }
 
-/// Inverse of [`gather_rank`]: writes a rank's `[b, h, t, d]` into its rows of global `[b, s, h, d]`.
+/// Inverse of [`gather_rank`]: writes a rank's `[b, h, t, d]` into its rows of global `[b, s, h, d]`,
+/// dropping the rows of padded positions.
 fn scatter_rank(global: &mut [f32], [b, s, h, d]: [usize; 4], positions: &[usize], local: &[f32]) {
     let mut rows = local.chunks_exact(d);
     for i in 0..b {
         for j in 0..h {
             for &p in positions {
-                let at = ((i * s + p) * h + j) * d;
                 let row = rows.next().expect("a rank's output matches its positions");
-                global[at..at + d].copy_from_slice(row);
+                if p < s {
+                    let at = ((i * s + p) * h + j) * d;
+                    global[at..at + d].copy_from_slice(row);
+                }
             }
         }
     }
@@ -219,7 +240,10 @@ where
     {
         comm.inject_fault(step);
     }
-    let ctx = Arc::new(RingContext::new(comm, plan.layout.clone(), job.config)?);
+    let ctx = Arc::new(
+        RingContext::new(comm, plan.layout.clone(), job.config)?
+            .with_sequence(plan.sequence.clone())?,
+    );
     let positions = ctx.positions(rank);
     let local = positions.len();
     let load = |t: &HostTensor, h: usize| {

@@ -1,6 +1,6 @@
 //! Greedy decoding with a trained model, running the full sequence through the ring at every step.
 
-use super::objective::{local, padded_len};
+use super::objective::local;
 use crate::error::RingError;
 use crate::model::Llama;
 use crate::ring::context::{RingConfig, RingContext};
@@ -9,7 +9,7 @@ use crate::transport::run_ranks;
 use burn::tensor::{Int, Tensor, TensorData};
 use std::sync::Arc;
 use std::time::Duration;
-use strategies::Partition;
+use strategies::{Partition, padded_len};
 
 /// How [`greedy`] decodes and where it runs.
 #[derive(Debug, Clone, Copy)]

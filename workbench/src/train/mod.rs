@@ -15,7 +15,8 @@ pub mod step;
 
 pub use error::TrainError;
 pub use generation::{Decoding, greedy};
-pub use objective::{Example, Objective, padded_len};
+pub use objective::{Example, Objective};
 pub use replicas::{flat_params, with_flat_params};
 pub use run::{StepLog, TrainOptions, Trained, train, train_objective, train_on};
 pub use step::global_gradient;
+pub use strategies::padded_len;

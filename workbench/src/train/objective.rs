@@ -11,7 +11,8 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use std::sync::Arc;
-use strategies::{Layout, Partition, PartitionError};
+
+use strategies::{Layout, Partition, padded_len};
 
 /// One training sequence: token ids, and the weight of predicting each next token.
 ///
@@ -78,27 +79,6 @@ pub(crate) struct Batch {
     pub(crate) inputs: Vec<i64>,
     pub(crate) targets: Vec<i64>,
     pub(crate) weights: Vec<f32>,
-}
-
-/// The smallest length ≥ `len` that `partition` accepts for `ranks` ranks.
-///
-/// The search stops at `2 · len + 64 · ranks` (every registered strategy accepts a multiple of
-/// `2 · ranks`); a strategy that accepts nothing up to there is an error naming that range.
-pub fn padded_len(
-    partition: &dyn Partition,
-    len: usize,
-    ranks: usize,
-) -> Result<usize, PartitionError> {
-    strategies::check_ranks(ranks)?;
-    let (from, to) = (len.max(1), 2 * len.max(1) + 64 * ranks);
-    (from..=to)
-        .find(|&l| partition.validate(l, ranks).is_ok())
-        .ok_or(PartitionError::NoLengthAccepted {
-            strategy: partition.name(),
-            from,
-            to,
-            ranks,
-        })
 }
 
 pub(crate) fn assemble(
