@@ -198,11 +198,14 @@ fn exactness_table() {
     assert!(padded > 0);
 }
 
+/// (name, length, (heads, kv heads), causal, document lengths).
+type PackedCase = (&'static str, usize, (usize, usize), bool, &'static [usize]);
+
 /// Packed documents and lengths no strategy splits: document-causal (and document-only) masks from
 /// global positions, padding masked as keys and dropped as outputs.
 #[test]
 fn packed_and_padded_table() {
-    let cases: [(&str, usize, (usize, usize), bool, &[usize]); 6] = [
+    let cases: [PackedCase; 6] = [
         ("documents 5/17/26", 48, (4, 4), true, &[5, 17, 26]),
         (
             "5 documents, GQA 8/2",
