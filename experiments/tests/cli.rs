@@ -559,3 +559,82 @@ fn a_fortran_order_array_gives_the_same_results() {
     assert_eq!(npy::read(&path).unwrap(), q);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn documents_and_padding_from_the_command_line() {
+    let run = |name: &str, extra: &[&str]| {
+        let out = temp_dir(name);
+        let o = out.to_string_lossy().to_string();
+        let mut args = vec!["--causal", "--out", &o];
+        args.extend_from_slice(extra);
+        let status = ringbench(&attn_on_fixture(true, &args));
+        (status, out)
+    };
+    let read = |dir: &Path, name: &str| npy::read(&dir.join(format!("{name}.npy"))).unwrap();
+    let want = npy::read(&fixture("expected_out.npy")).unwrap();
+    let [b, s, h, d]: [usize; 4] = want.shape.clone().try_into().unwrap();
+    // Padding: 24 tokens do not split into zig-zag's 10 chunks on 5 ranks, so they run padded to 30.
+    // One document of all 24 tokens is no document at all.
+    for (name, extra) in [
+        ("padded", vec!["--ranks", "5", "--strategy", "zigzag"]),
+        ("one-doc", vec!["--ranks", "3", "--doc-lens", "24"]),
+    ] {
+        let (status, dir) = run(name, &extra);
+        assert!(
+            status.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+        for t in ["out", "lse", "dq", "dk", "dv"] {
+            let got = read(&dir, t);
+            let err = rel_err(
+                &got.data,
+                &npy::read(&fixture(&format!("expected_{t}.npy")))
+                    .unwrap()
+                    .data,
+            );
+            assert!(err <= 1e-5, "{name} {t}: {err:.3e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    // Two documents of 10 and 14: the first document's queries see what they saw before (causal),
+    // the second's no longer see the first document.
+    let (status, dir) = run(
+        "two-docs",
+        &[
+            "--ranks",
+            "4",
+            "--strategy",
+            "striped",
+            "--doc-lens",
+            "10,14",
+        ],
+    );
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let got = read(&dir, "out");
+    let row = |data: &[f32], bi: usize, t: usize| {
+        data[((bi * s + t) * h) * d..((bi * s + t) * h + h) * d].to_vec()
+    };
+    for bi in 0..b {
+        for t in 0..s {
+            let (g, w) = (row(&got.data, bi, t), row(&want.data, bi, t));
+            let same = rel_err(&g, &w) <= 1e-5;
+            assert_eq!(same, t < 10, "batch {bi}, position {t}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (status, dir) = run("bad-docs", &["--doc-lens", "10,10"]);
+    let stderr = String::from_utf8_lossy(&status.stderr);
+    assert_eq!(status.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "document lengths [10, 10] must be positive and sum to the sequence length 24"
+        ),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

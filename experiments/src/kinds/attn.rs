@@ -119,6 +119,8 @@ struct Row {
     batch: usize,
     /// `ok`, or `skipped: <the typed error>`.
     status: String,
+    /// The length the ranks split: `seq_len`, or the next one the strategy accepts (padding).
+    padded_len: Option<usize>,
     fwd_seconds: Option<f64>,
     fwd_bwd_seconds: Option<f64>,
     fwd_bwd_gflops: Option<f64>,
@@ -297,7 +299,8 @@ fn key(p: &AttnPoint) -> Record {
     ])
 }
 
-/// Why a point cannot run, as the typed error says it; `None` if it can.
+/// Why a point cannot run, as the typed error says it; `None` if it can. A length the strategy
+/// cannot split runs padded (the `padded_len` column says to what).
 fn unsupported(p: &AttnPoint, heads: usize) -> Option<String> {
     if p.kv_heads == 0 || !heads.is_multiple_of(p.kv_heads) {
         return Some(format!(
@@ -305,8 +308,7 @@ fn unsupported(p: &AttnPoint, heads: usize) -> Option<String> {
             p.kv_heads
         ));
     }
-    p.strategy
-        .layout(p.seq_len, p.ranks)
+    strategies::padded_len(p.strategy, p.seq_len, p.ranks)
         .err()
         .map(|e| e.to_string())
 }
@@ -398,6 +400,7 @@ impl Plan for AttnPlan {
             .bar
             .set_message(format!("{} float64 check", point_label(&p)));
         row.status = "ok".into();
+        row.padded_len = strategies::padded_len(p.strategy, p.seq_len, p.ranks).ok();
         row.fwd_seconds = Some(fwd);
         row.fwd_bwd_seconds = Some(fwd_bwd);
         row.fwd_bwd_gflops = Some(flops / fwd_bwd / 1e9);
