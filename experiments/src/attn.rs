@@ -43,8 +43,8 @@ pub struct AttnArgs {
     pub kernel: Kernel,
     /// Packed documents: their lengths, comma-separated, summing to seq (a query attends only within
     /// its document). Default: one document.
-    #[arg(long, value_delimiter = ',')]
-    pub doc_lens: Vec<usize>,
+    #[arg(long)]
+    pub doc_lens: Option<String>,
     /// Seconds a rank waits for a peer before giving up.
     #[arg(long, default_value_t = 60.0)]
     pub timeout: f64,
@@ -134,12 +134,27 @@ fn read_4d(path: &Path) -> Result<HostTensor> {
     Ok(array)
 }
 
+/// `--doc-lens 5,17,26` as lengths (checked against the sequence by the job).
+fn parse_doc_lens(text: Option<&str>) -> Result<Vec<usize>> {
+    let Some(text) = text else {
+        return Ok(Vec::new());
+    };
+    text.split(',')
+        .map(|s| {
+            s.trim()
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--doc-lens: '{}' is not a length", s.trim()))
+        })
+        .collect()
+}
+
 /// `ringbench attn`: reads the arrays, runs the ring, writes the outputs.
 pub fn run_command(args: &AttnArgs) -> Result<()> {
     let q = read_4d(&args.q)?;
     let k = read_4d(&args.k)?;
     let v = read_4d(&args.v)?;
     let d_out = args.d_out.as_deref().map(read_4d).transpose()?;
+    let doc_lens = parse_doc_lens(args.doc_lens.as_deref())?;
     let job = AttentionJob {
         q: &q,
         k: &k,
@@ -158,7 +173,7 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
         timeout: Duration::from_secs_f64(args.timeout),
         fault: args.fail_rank.zip(args.fail_step),
         link: None,
-        doc_lens: &args.doc_lens,
+        doc_lens: &doc_lens,
     };
     if let Some(id_file) = &args.nccl_id_file {
         return run_nccl(&job, id_file, args);

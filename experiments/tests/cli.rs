@@ -61,7 +61,7 @@ fn bad_input_is_one_clear_line() {
     let f = |n: &str| fixture(n).to_string_lossy().into_owned();
     let out = temp_dir("bad");
     let o = out.to_string_lossy().into_owned();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &[
                 "--q",
@@ -71,11 +71,41 @@ fn bad_input_is_one_clear_line() {
                 "--v",
                 &f("v.npy"),
                 "--ranks",
-                "5",
+                "0",
                 "--out",
                 &o,
             ],
-            "sequence length 24 is not divisible by 10 (2 * ranks) required by zigzag",
+            "ranks must be at least 1, got 0",
+        ),
+        (
+            &[
+                "--q",
+                &f("q.npy"),
+                "--k",
+                &f("k.npy"),
+                "--v",
+                &f("v.npy"),
+                "--doc-lens",
+                "5,x",
+                "--out",
+                &o,
+            ],
+            "--doc-lens: 'x' is not a length",
+        ),
+        (
+            &[
+                "--q",
+                &f("q.npy"),
+                "--k",
+                &f("k.npy"),
+                "--v",
+                &f("v.npy"),
+                "--doc-lens",
+                "0,24",
+                "--out",
+                &o,
+            ],
+            "document lengths [0, 24] must be positive and sum to the sequence length 24",
         ),
         (
             &[

@@ -25,6 +25,24 @@ pub enum PartitionError {
         /// The divisor in words, e.g. `2 * ranks`.
         rule: &'static str,
     },
+    /// Fewer tokens than the strategy needs to give every rank some.
+    #[error("{strategy} needs at least {min} tokens, got {seq_len}")]
+    TooShort {
+        /// The strategy's name.
+        strategy: &'static str,
+        /// The length given.
+        seq_len: usize,
+        /// The fewest it accepts.
+        min: usize,
+    },
+    /// A packed sequence whose documents leave a rank without tokens.
+    #[error("{strategy} leaves rank {rank} without tokens for these documents")]
+    EmptyShard {
+        /// The strategy's name.
+        strategy: &'static str,
+        /// The rank left empty.
+        rank: usize,
+    },
     /// No length in the searched range suits the strategy, so there is nothing to pad to.
     #[error(
         "{strategy} accepts no sequence length from {from} to {to} on {ranks} ranks (nothing to pad to)"

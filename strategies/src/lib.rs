@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 mod contiguous;
+mod doc_zigzag;
 mod error;
 mod partition;
 mod registry;
@@ -15,6 +16,7 @@ mod work;
 mod zigzag;
 
 pub use contiguous::Contiguous;
+pub use doc_zigzag::DocZigZag;
 pub use error::PartitionError;
 pub use partition::{Layout, Partition, check_ranks, padded_len};
 pub use registry::{by_name, names, register};

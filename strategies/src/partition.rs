@@ -16,6 +16,48 @@ pub trait Partition: Send + Sync + std::fmt::Debug {
     /// Global positions owned by `rank`, in local order. Only called after `validate` succeeded.
     fn owned_positions(&self, seq_len: usize, ranks: usize, rank: usize) -> Vec<usize>;
 
+    /// Checks that a packed sequence (documents of `doc_lens` laid end to end, then padding up to
+    /// `seq_len`) can be split. Default: documents do not matter, as [`Partition::validate`].
+    fn validate_packed(
+        &self,
+        seq_len: usize,
+        _doc_lens: &[usize],
+        ranks: usize,
+    ) -> Result<(), PartitionError> {
+        self.validate(seq_len, ranks)
+    }
+
+    /// The positions `rank` owns in a packed sequence. Default: as [`Partition::owned_positions`].
+    /// Shards may then differ in length.
+    fn owned_positions_packed(
+        &self,
+        seq_len: usize,
+        _doc_lens: &[usize],
+        ranks: usize,
+        rank: usize,
+    ) -> Vec<usize> {
+        self.owned_positions(seq_len, ranks, rank)
+    }
+
+    /// Validates and returns the positions of every rank of a packed sequence.
+    fn layout_packed(
+        &self,
+        seq_len: usize,
+        doc_lens: &[usize],
+        ranks: usize,
+    ) -> Result<Layout, PartitionError> {
+        check_ranks(ranks)?;
+        self.validate_packed(seq_len, doc_lens, ranks)?;
+        let positions = (0..ranks)
+            .map(|rank| self.owned_positions_packed(seq_len, doc_lens, ranks, rank))
+            .collect();
+        Ok(Layout {
+            strategy: self.name(),
+            seq_len,
+            positions,
+        })
+    }
+
     /// Validates and returns the positions of every rank.
     fn layout(&self, seq_len: usize, ranks: usize) -> Result<Layout, PartitionError> {
         check_ranks(ranks)?;
@@ -48,7 +90,8 @@ impl Layout {
         self.positions.len()
     }
 
-    /// Local length of every shard (all strategies here give equal shards).
+    /// Local length of `rank`'s shard (equal for every rank, except where a strategy splits packed
+    /// documents unevenly).
     pub fn shard_len(&self, rank: usize) -> usize {
         self.positions[rank].len()
     }

@@ -209,7 +209,8 @@ impl RingContext {
     }
 
     /// A context over another layout sharing this one's communicator (its tags and traffic) and
-    /// ledger.
+    /// ledger; its positions hold one unpadded document ([`RingContext::with_sequence`] says
+    /// otherwise).
     pub fn with_layout(&self, layout: Arc<Layout>) -> Result<Self, RingError> {
         if self.world() != layout.ranks() {
             return Err(RingError::WorldMismatch {
@@ -217,10 +218,8 @@ impl RingContext {
                 layout: layout.ranks(),
             });
         }
-        let sequence = Arc::new(Sequence {
-            len: self.sequence.len.min(layout.seq_len),
-            doc_lens: self.sequence.doc_lens.clone(),
-        });
+        // A new layout holds a new sequence: one document, no padding, until `with_sequence`.
+        let sequence = Arc::new(Sequence::unpadded(layout.seq_len));
         Ok(Self {
             config: self.config,
             windows: Arc::new(all_windows(&layout, &sequence, self.config.causal)),

@@ -335,8 +335,13 @@ pub fn backward<B: HostRead>(
                 } else {
                     (q, &d_out, lse, &delta, &held[0], &held[1])
                 };
+                // Shards may differ in length (a strategy that splits documents unevenly).
                 let tile = BackwardTile {
-                    dims,
+                    dims: TileDims {
+                        tq: win_q.len(),
+                        tk: pos_k.len(),
+                        ..dims
+                    },
                     q: &q.data,
                     k: &k.data,
                     v: &v.data,
@@ -351,7 +356,7 @@ pub fn backward<B: HostRead>(
                 // The gradients of what stays here accumulate in place; those of the cargo go
                 // into fresh blocks that join the travelling accumulator.
                 if travelling_q {
-                    let mut dq = Block::zeros(BlockKind::DQ, q_shape.clone());
+                    let mut dq = Block::zeros(BlockKind::DQ, q.shape.clone());
                     let [dk, dv] = &mut stay[..] else {
                         unreachable!("two stay-at-home blocks: dK, dV")
                     };
@@ -364,8 +369,8 @@ pub fn backward<B: HostRead>(
                     );
                     vec![dq]
                 } else {
-                    let mut dk = Block::zeros(BlockKind::DK, kv_shape.clone());
-                    let mut dv = Block::zeros(BlockKind::DV, kv_shape.clone());
+                    let mut dk = Block::zeros(BlockKind::DK, k.shape.clone());
+                    let mut dv = Block::zeros(BlockKind::DV, v.shape.clone());
                     let dq = &mut stay[0].data;
                     backward_tile::<B>(
                         kernel,

@@ -178,7 +178,10 @@ fn plan_job(job: &AttentionJob) -> Result<Plan, RingError> {
     let padded = strategies::padded_len(job.strategy, dims[1], job.ranks)?;
     sequence.check(padded)?;
     Ok(Plan {
-        layout: Arc::new(job.strategy.layout(padded, job.ranks)?),
+        layout: Arc::new(
+            job.strategy
+                .layout_packed(padded, job.doc_lens, job.ranks)?,
+        ),
         sequence,
         dims,
         kv_heads,
