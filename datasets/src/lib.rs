@@ -1,10 +1,12 @@
 //! Data for ringbench: the LongChat line-retrieval task (generator, JSONL reader, tokenizer, scoring)
-//! and ExoRL-style offline RL (environments, collection, episodes in ExoRL's npz layout).
+//! ExoRL-style offline RL (environments, collection, episodes in ExoRL's npz layout), and document
+//! lengths for packed sequences.
 
 #![warn(missing_docs)]
 
 pub mod exorl;
 pub mod line_retrieval;
+pub mod packing;
 pub mod rng;
 pub mod tokenizer;
 mod words;

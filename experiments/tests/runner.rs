@@ -446,3 +446,35 @@ fn per_rank_peak_falls_from_vanilla_to_blockwise_to_ring() {
     }
     std::fs::remove_dir_all(root).unwrap();
 }
+
+#[test]
+fn doc_zigzag_balances_packed_batches() {
+    // 32K tokens on 8 ranks, packed documents of 1 to 4096 tokens with a long tail.
+    let root = temp("packed");
+    let spec = root.join("packed.toml");
+    std::fs::write(
+        &spec,
+        "kind = \"balance\"\n[sweep]\nstrategies = [\"contiguous\", \"striped\", \"zigzag\", \"doc-zigzag\"]\nranks = [8]\nblock_sizes = [4096]\nprofiles = [\"a100-nvlink\"]\ndocuments = [\"longtail:4096\"]\n",
+    )
+    .unwrap();
+    let dir = run(&spec, &root, false).unwrap().dir;
+    let (s, work) = (column(&dir, "strategy"), column(&dir, "work_max_over_mean"));
+    let get = |name: &str| -> f64 {
+        rows(&dir).iter().find(|r| &r[s] == name).unwrap()[work]
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        get("doc-zigzag") <= 1.05,
+        "doc-zigzag {}",
+        get("doc-zigzag")
+    );
+    // Zig-zag over the packed sequence as one balances nothing of the documents' own causality.
+    assert!(
+        get("zigzag") > 1.5 && get("contiguous") > 1.5,
+        "{} {}",
+        get("zigzag"),
+        get("contiguous")
+    );
+    std::fs::remove_dir_all(root).unwrap();
+}

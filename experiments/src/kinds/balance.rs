@@ -12,9 +12,10 @@ use anyhow::{Result, anyhow};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
-use strategies::{Partition, causal_pairs, causal_work_per_rank};
+use strategies::Partition;
 use workbench::Direction;
 use workbench::kernels::flops::FORWARD_PER_PAIR_DIM;
+use workbench::kernels::mask::{Window, visible_pairs, windows};
 
 /// The kind.
 pub struct Balance;
@@ -35,6 +36,9 @@ struct Sweep {
     /// Tokens per rank (the ring's block size c).
     block_sizes: Option<Vec<usize>>,
     profiles: Option<Vec<String>>,
+    /// Packed documents: `"none"` (one sequence) or `"longtail:MAX"` (lengths from 1 to MAX with a
+    /// long tail, filling the sequence; [`datasets::packing::long_tailed_lengths`], seed 0).
+    documents: Option<Vec<String>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -43,6 +47,10 @@ struct Row {
     ranks: usize,
     block_size: usize,
     profile: &'static str,
+    /// Empty unless the sweep packs documents.
+    documents: Option<String>,
+    /// Documents in the sequence (1: not packed).
+    document_count: usize,
     tile_costs: &'static str,
     work_max_over_mean: f64,
     makespan_ms: f64,
@@ -68,8 +76,60 @@ pub fn profiles(spec: &SpecText, names: &[String]) -> Result<Vec<&'static Profil
         .collect()
 }
 
+/// One sweep point: strategy, ranks, block size, profile, documents (by the sweep's name for them).
+type BalancePoint = (
+    &'static dyn Partition,
+    usize,
+    usize,
+    &'static Profile,
+    Option<Documents>,
+);
+
+/// How a point's sequence is packed.
+#[derive(Debug, Clone, Copy)]
+enum Documents {
+    /// One sequence.
+    None,
+    /// Long-tailed lengths up to this many tokens.
+    LongTail(usize),
+}
+
+impl Documents {
+    fn parse(spec: &SpecText, name: &str) -> Result<Documents> {
+        if name == "none" {
+            return Ok(Documents::None);
+        }
+        name.strip_prefix("longtail:")
+            .and_then(|max| max.parse().ok())
+            .filter(|&max: &usize| max > 0)
+            .map(Documents::LongTail)
+            .ok_or_else(|| {
+                spec.error(
+                    "sweep",
+                    "documents",
+                    &format!("'{name}' is neither \"none\" nor \"longtail:MAX\""),
+                )
+            })
+    }
+
+    fn name(self) -> String {
+        match self {
+            Documents::None => "none".into(),
+            Documents::LongTail(max) => format!("longtail:{max}"),
+        }
+    }
+
+    /// The document lengths of a `len`-token sequence (empty: one document).
+    fn lengths(self, len: usize) -> Vec<usize> {
+        match self {
+            Documents::None => Vec::new(),
+            Documents::LongTail(max) => datasets::packing::long_tailed_lengths(len, max, 0),
+        }
+    }
+}
+
 struct BalancePlan {
-    points: Vec<(&'static dyn Partition, usize, usize, &'static Profile)>,
+    points: Vec<BalancePoint>,
     model: ModelShape,
     /// This machine's matmul rate, measured once per run (measured tile costs only).
     matmul_flops: Option<f64>,
@@ -78,7 +138,13 @@ struct BalancePlan {
 const CARD: Card = Card {
     name: "balance",
     about: "causal load balance of each strategy: a simulated forward ring pass on a hardware profile",
-    sweep_keys: &["strategies", "ranks", "block_sizes", "profiles"],
+    sweep_keys: &[
+        "strategies",
+        "ranks",
+        "block_sizes",
+        "profiles",
+        "documents",
+    ],
     key_columns: &["strategy", "ranks", "block_size", "profile"],
     headline_columns: &["work_max_over_mean", "speedup_over_contiguous"],
 };
@@ -99,15 +165,36 @@ impl Experiment for Balance {
         let ranks = spec.ranks("sweep", &s.ranks)?;
         let blocks = spec.list("sweep", "block_sizes", &s.block_sizes)?;
         let profiles = profiles(spec, spec.list("sweep", "profiles", &s.profiles)?)?;
+        let documents: Vec<Option<Documents>> = match &s.documents {
+            None => vec![None],
+            Some(names) => spec
+                .list("sweep", "documents", &Some(names.clone()))?
+                .iter()
+                .map(|n| Documents::parse(spec, n).map(Some))
+                .collect::<Result<_>>()?,
+        };
+        if parsed.model.tile_costs == TileCosts::Measured
+            && documents
+                .iter()
+                .any(|d| matches!(d, Some(Documents::LongTail(_))))
+        {
+            return Err(spec.error(
+                "sweep",
+                "documents",
+                "packed documents need tile_costs = \"flops\" (tiles are timed without documents)",
+            ));
+        }
         let mut points = Vec::new();
-        for &p in &profiles {
-            for &block in blocks {
-                for &n in ranks {
-                    // Contiguous first: it is every other strategy's baseline.
-                    let mut order = strategies.clone();
-                    order.sort_by_key(|s| s.name() != strategies::Contiguous.name());
-                    for strategy in order {
-                        points.push((strategy, n, block, p));
+        for &docs in &documents {
+            for &p in &profiles {
+                for &block in blocks {
+                    for &n in ranks {
+                        // Contiguous first: it is every other strategy's baseline.
+                        let mut order = strategies.clone();
+                        order.sort_by_key(|s| s.name() != strategies::Contiguous.name());
+                        for strategy in order {
+                            points.push((strategy, n, block, p, docs));
+                        }
                     }
                 }
             }
@@ -123,10 +210,13 @@ impl Experiment for Balance {
         let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
         for row in &table.rows {
             let name = format!(
-                "{} c={} {}",
+                "{} c={} {}{}",
                 row.get("strategy").unwrap_or(""),
                 row.get("block_size").unwrap_or(""),
-                row.get("profile").unwrap_or("")
+                row.get("profile").unwrap_or(""),
+                row.get("documents")
+                    .filter(|d| !d.is_empty())
+                    .map_or(String::new(), |d| format!(" {d}"))
             );
             series
                 .entry(name)
@@ -143,63 +233,89 @@ impl Experiment for Balance {
     }
 }
 
-fn key(strategy: &str, ranks: usize, block: usize, p: &Profile) -> Record {
-    Record::new([
+fn key(strategy: &str, ranks: usize, block: usize, p: &Profile, docs: Option<Documents>) -> Record {
+    let mut key = Record::new([
         ("strategy", strategy.to_string()),
         ("ranks", ranks.to_string()),
         ("block_size", block.to_string()),
         ("profile", p.name.to_string()),
-    ])
+    ]);
+    // A sweep without documents keys its rows as it always did.
+    if let Some(docs) = docs {
+        key.0.push(("documents".into(), docs.name()));
+    }
+    key
 }
 
 impl Plan for BalancePlan {
     fn points(&self) -> Vec<Point> {
         self.points
             .iter()
-            .map(|&(s, n, c, p)| Point::single(key(s.name(), n, c, p)))
+            .map(|&(s, n, c, p, docs)| Point::single(key(s.name(), n, c, p, docs)))
             .collect()
     }
 
     fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
-        let (strategy, ranks, block, p) = self.points[index];
+        let (strategy, ranks, block, p, docs) = self.points[index];
+        let doc_lens = docs.map_or(Vec::new(), |d| d.lengths(ranks * block));
+        let contiguous = &strategies::Contiguous;
         // Contiguous is its own baseline; any other strategy reads contiguous's makespan from the
         // table when it is there (measured tiles are noisy: one baseline per point), else
         // simulates it.
-        let contiguous = if strategy.name() == strategies::Contiguous.name() {
+        let baseline = if strategy.name() == contiguous.name() {
             None
         } else {
             match context
                 .table
-                .find(&key(strategies::Contiguous.name(), ranks, block, p))
+                .find(&key(contiguous.name(), ranks, block, p, docs))
             {
                 Some(row) => Some(row.num("makespan_ms") / 1e3),
                 None => Some(
-                    self.simulate_pass(&strategies::Contiguous, ranks, block, p)?
+                    self.simulate_pass(contiguous, ranks, block, p, &doc_lens)?
                         .1,
                 ),
             }
         };
-        let (work, makespan, overlap_efficiency) = self.simulate_pass(strategy, ranks, block, p)?;
+        let (work, makespan, overlap_efficiency) =
+            self.simulate_pass(strategy, ranks, block, p, &doc_lens)?;
         let mean = work.iter().sum::<u64>() as f64 / ranks as f64;
         let max = *work.iter().max().unwrap_or(&0) as f64;
-        let contiguous_max = (2 * ranks - 1) as f64 / ranks as f64 * mean;
+        // Contiguous's busiest rank: (2N − 1)/N of the mean for one sequence; counted when packed.
+        let contiguous_max = if doc_lens.is_empty() {
+            (2 * ranks - 1) as f64 / ranks as f64 * mean
+        } else {
+            let layout = contiguous.layout(ranks * block, ranks)?;
+            *work_per_rank(&layout, &doc_lens).iter().max().unwrap_or(&0) as f64
+        };
         Ok(vec![Record::of(&Row {
             strategy: strategy.name(),
             ranks,
             block_size: block,
             profile: p.name,
+            documents: docs.map(Documents::name),
+            document_count: doc_lens.len().max(1),
             tile_costs: match self.model.tile_costs {
                 TileCosts::Flops => "flops",
                 TileCosts::Measured => "measured",
             },
             work_max_over_mean: max / mean,
             makespan_ms: makespan * 1e3,
-            speedup_over_contiguous: contiguous.unwrap_or(makespan) / makespan,
+            speedup_over_contiguous: baseline.unwrap_or(makespan) / makespan,
             theoretical_speedup: contiguous_max / max,
             contiguous_imbalance_2n_minus_1_over_n: (2 * ranks - 1) as f64 / ranks as f64,
             overlap_efficiency,
         })?])
     }
+}
+
+/// Visible (q, k) pairs of each rank's queries against the whole sequence, with documents.
+fn work_per_rank(layout: &strategies::Layout, doc_lens: &[usize]) -> Vec<u64> {
+    let all: Vec<usize> = (0..layout.seq_len).collect();
+    layout
+        .positions
+        .iter()
+        .map(|mine| visible_pairs(&windows(mine, layout.seq_len, doc_lens, true), &all))
+        .collect()
 }
 
 impl BalancePlan {
@@ -210,9 +326,15 @@ impl BalancePlan {
         ranks: usize,
         block: usize,
         p: &Profile,
+        doc_lens: &[usize],
     ) -> Result<(Vec<u64>, f64, f64)> {
         let m = &self.model;
-        let layout = partition.layout(ranks * block, ranks)?;
+        let layout = partition.layout_packed(ranks * block, doc_lens, ranks)?;
+        let win: Vec<Vec<Window>> = layout
+            .positions
+            .iter()
+            .map(|mine| windows(mine, layout.seq_len, doc_lens, true))
+            .collect();
         let measured = match m.tile_costs {
             TileCosts::Flops => None,
             TileCosts::Measured => {
@@ -240,8 +362,7 @@ impl BalancePlan {
                         Some((t, matmul)) => t[r][s] * matmul * shape_ratio / p.flops,
                         None => {
                             let owner = Direction::Cw.owner(r, s, ranks);
-                            causal_pairs(&layout.positions[r], &layout.positions[owner]) as f64
-                                * flops_per_pair
+                            visible_pairs(&win[r], &layout.positions[owner]) as f64 * flops_per_pair
                                 / p.flops
                         }
                     })
@@ -253,7 +374,7 @@ impl BalancePlan {
             return Err(anyhow!("simulated makespan is not finite"));
         }
         Ok((
-            causal_work_per_rank(&layout),
+            work_per_rank(&layout, doc_lens),
             sim.makespan,
             sim.overlap_efficiency,
         ))
