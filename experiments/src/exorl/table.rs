@@ -76,6 +76,7 @@ fn train_policy(
         checksum_every: 50,
         pad_token: 0,
         timeout: TIMEOUT,
+        pack: false,
     };
     let peak = std::sync::atomic::AtomicUsize::new(0);
     alloc::reset();

@@ -84,6 +84,9 @@ struct TrainSection {
     #[serde(default)]
     weight_decay: f32,
     grad_clip: Option<f32>,
+    /// Pack each step's prompts into one sequence of documents.
+    #[serde(default)]
+    pack: bool,
 }
 
 fn one() -> f64 {
@@ -282,6 +285,7 @@ impl Plan for TrainPlan {
             checksum_every: 0,
             pad_token: EOS,
             timeout: Duration::from_secs(600),
+            pack: t.pack,
         };
         let prompts = prompts(&self.task, t, run.seed);
         let device = Default::default();

@@ -70,6 +70,7 @@ fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> 
         checksum_every: t.checksum_every,
         pad_token: EOS,
         timeout: Duration::from_secs(600),
+        pack: t.pack,
     };
     std::fs::create_dir_all(&t.out)?;
     std::fs::write(t.out.join("train.toml"), toml::to_string(spec)?)?;

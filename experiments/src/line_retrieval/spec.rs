@@ -97,6 +97,10 @@ pub struct LineTrainSection {
     pub checksum_every: usize,
     /// Where the checkpoint, metrics and the copy of this spec go.
     pub out: PathBuf,
+    /// Pack each step's prompts end to end into one sequence of documents (attention stays
+    /// inside each prompt) instead of one padded row each.
+    #[serde(default)]
+    pub pack: bool,
     /// Stop early once the loss averaged over the last 50 steps is below this (0: never).
     pub stop_loss: f64,
     /// Wall-clock limit in minutes (0: none).

@@ -146,6 +146,7 @@ pub fn train_steps(
         checksum_every: 0,
         pad_token: 0,
         timeout: TIMEOUT,
+        pack: false,
     };
     let partition = strategies::by_name("zigzag")?;
     let partition = if partition.validate(seq, ranks).is_ok() {

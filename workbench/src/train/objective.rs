@@ -38,6 +38,10 @@ pub trait Objective<B: AutodiffBackend + RingBackend>: Sync {
     fn seq_len(&self, batch: &Self::Batch) -> usize;
     /// Sequences × positions, for tokens/s; 0 means the batch is empty.
     fn tokens(&self, batch: &Self::Batch) -> usize;
+    /// Documents packed end to end in each sequence, summing to its length (empty: one document).
+    fn doc_lens<'a>(&self, _batch: &'a Self::Batch) -> &'a [usize] {
+        &[]
+    }
     /// This rank's part of the global loss: summed over ranks it is the loss of the whole batch.
     fn local_loss(
         &self,
@@ -62,6 +66,10 @@ impl<B: AutodiffBackend + RingBackend> Objective<B> for NextToken {
         batch.batch * batch.len
     }
 
+    fn doc_lens<'a>(&self, batch: &'a Batch) -> &'a [usize] {
+        &batch.doc_lens
+    }
+
     fn local_loss(
         &self,
         model: &Llama<B>,
@@ -79,6 +87,8 @@ pub(crate) struct Batch {
     pub(crate) inputs: Vec<i64>,
     pub(crate) targets: Vec<i64>,
     pub(crate) weights: Vec<f32>,
+    /// Packed: the examples' lengths, then the padding's (empty: one example a row).
+    pub(crate) doc_lens: Vec<usize>,
 }
 
 pub(crate) fn assemble(
@@ -86,32 +96,61 @@ pub(crate) fn assemble(
     partition: &dyn Partition,
     ranks: usize,
     pad: u32,
+    pack: bool,
 ) -> Result<Batch, TrainError> {
-    let longest = examples
+    // (inputs, targets, weights) of every example, unpadded.
+    let rows: Vec<(Vec<i64>, Vec<i64>, Vec<f32>)> = examples
         .iter()
-        .map(|e| e.tokens.len().saturating_sub(1))
-        .max()
-        .unwrap_or(0);
+        .map(|e| {
+            let n = e.tokens.len().saturating_sub(1);
+            let id = |i: usize| i64::from(e.tokens[i]);
+            (
+                (0..n).map(id).collect(),
+                (0..n).map(|i| id(i + 1)).collect(),
+                e.weights[..n].to_vec(),
+            )
+        })
+        .collect();
+    let (rows, doc_lens) = if pack {
+        let lens: Vec<usize> = rows.iter().map(|r| r.0.len()).filter(|&n| n > 0).collect();
+        let joined = rows
+            .into_iter()
+            .fold((vec![], vec![], vec![]), |mut all, r| {
+                all.0.extend(r.0);
+                all.1.extend(r.1);
+                all.2.extend(r.2);
+                all
+            });
+        (vec![joined], lens)
+    } else {
+        (rows, Vec::new())
+    };
+    let longest = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     let len = padded_len(partition, longest, ranks)?;
     let mut batch = Batch {
-        batch: examples.len(),
+        batch: rows.len(),
         len,
-        inputs: Vec::with_capacity(examples.len() * len),
-        targets: Vec::with_capacity(examples.len() * len),
-        weights: Vec::with_capacity(examples.len() * len),
+        inputs: Vec::with_capacity(rows.len() * len),
+        targets: Vec::with_capacity(rows.len() * len),
+        weights: Vec::with_capacity(rows.len() * len),
+        doc_lens,
     };
-    for e in examples {
-        let n = e.tokens.len().saturating_sub(1);
-        let at = |i: usize| i64::from(*e.tokens.get(i).unwrap_or(&pad));
+    if !batch.doc_lens.is_empty() && len > longest {
+        // The padding is a document of its own (weight 0), so the documents cover the row.
+        batch.doc_lens.push(len - longest);
+    }
+    let pad = i64::from(pad);
+    for (inputs, targets, weights) in rows {
+        let n = inputs.len();
         batch
             .inputs
-            .extend((0..len).map(|i| if i < n { at(i) } else { i64::from(pad) }));
+            .extend(inputs.into_iter().chain((n..len).map(|_| pad)));
         batch
             .targets
-            .extend((0..len).map(|i| if i < n { at(i + 1) } else { i64::from(pad) }));
+            .extend(targets.into_iter().chain((n..len).map(|_| pad)));
         batch
             .weights
-            .extend((0..len).map(|i| if i < n { e.weights[i] } else { 0.0 }));
+            .extend(weights.into_iter().chain((n..len).map(|_| 0.0)));
     }
     Ok(batch)
 }
@@ -120,10 +159,17 @@ pub(crate) fn assemble(
 pub(crate) fn assembled<'a, F: Fn(usize) -> Vec<Example>>(
     batch_for: &'a F,
     partition: &'a dyn Partition,
-    ranks: usize,
-    pad_token: u32,
+    options: &'a super::TrainOptions,
 ) -> impl Fn(usize) -> Result<Batch, TrainError> + 'a {
-    move |step| assemble(&batch_for(step), partition, ranks, pad_token)
+    move |step| {
+        assemble(
+            &batch_for(step),
+            partition,
+            options.ranks,
+            options.pad_token,
+            options.pack,
+        )
+    }
 }
 
 /// Rows `[batch, t]` of this rank's positions.

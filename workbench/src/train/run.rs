@@ -7,7 +7,7 @@ use super::step::{StepGradient, step_gradient};
 use crate::error::{RingError, all_or_root_cause};
 use crate::model::Llama;
 use crate::model::lazy::materialize;
-use crate::ring::context::{RingConfig, RingContext};
+use crate::ring::context::{RingConfig, RingContext, Sequence};
 use crate::ring::op::RingBackend;
 use crate::transport::{Comm, run_ranks};
 use burn::module::Module;
@@ -43,6 +43,9 @@ pub struct TrainOptions {
     pub pad_token: u32,
     /// How long a rank waits for a silent peer before failing.
     pub timeout: Duration,
+    /// Pack a step's examples end to end into one sequence of documents (attention stays inside
+    /// each) instead of one padded row each.
+    pub pack: bool,
 }
 
 impl Default for TrainOptions {
@@ -61,6 +64,7 @@ impl Default for TrainOptions {
             checksum_every: 0,
             pad_token: 0,
             timeout: Duration::from_secs(60),
+            pack: false,
         }
     }
 }
@@ -119,7 +123,7 @@ where
     F: Fn(usize) -> Vec<Example> + Sync,
     L: Fn(&StepLog) + Sync,
 {
-    let batch_for = assembled(&batch_for, partition, options.ranks, options.pad_token);
+    let batch_for = assembled(&batch_for, partition, options);
     train_ranks(
         &NextToken, model, partition, options, batch_for, on_step, stop,
     )
@@ -208,7 +212,7 @@ where
         }
         .into());
     }
-    let batch_for = assembled(&batch_for, partition, options.ranks, options.pad_token);
+    let batch_for = assembled(&batch_for, partition, options);
     train_rank(
         comm, &NextToken, &model, partition, options, &batch_for, &on_step, stop,
     )
@@ -238,12 +242,19 @@ where
     };
     let rank = comm.rank();
     let mut next = Some(batch_for(0)?);
-    let first_len = objective.seq_len(next.as_ref().expect("just set"));
-    let mut ctx = Arc::new(RingContext::new(
-        comm,
-        Arc::new(partition.layout(first_len, options.ranks)?),
-        ring,
-    )?);
+    let first = next.as_ref().expect("just set");
+    let (first_len, first_docs) = (objective.seq_len(first), objective.doc_lens(first));
+    let mut ctx = Arc::new(
+        RingContext::new(
+            comm,
+            Arc::new(partition.layout_packed(first_len, first_docs, options.ranks)?),
+            ring,
+        )?
+        .with_sequence(Sequence {
+            len: first_len,
+            doc_lens: first_docs.to_vec(),
+        })?,
+    );
     let mut model = model.clone().fork(&Default::default());
     let mut optim = AdamWConfig::new()
         .with_weight_decay(options.weight_decay)
@@ -259,9 +270,14 @@ where
         if tokens == 0 {
             return Err(TrainError::EmptyBatch { step });
         }
-        let len = objective.seq_len(&batch);
-        if len != ctx.layout.seq_len {
-            ctx = Arc::new(ctx.with_layout(Arc::new(partition.layout(len, options.ranks)?))?);
+        let (len, docs) = (objective.seq_len(&batch), objective.doc_lens(&batch));
+        if len != ctx.layout.seq_len || docs != ctx.sequence().doc_lens {
+            let layout = Arc::new(partition.layout_packed(len, docs, options.ranks)?);
+            let sequence = Sequence {
+                len,
+                doc_lens: docs.to_vec(),
+            };
+            ctx = Arc::new(ctx.with_layout(layout)?.with_sequence(sequence)?);
         }
         let stop_requested = rank == 0 && stop.load(Ordering::Relaxed);
         ctx.ledger().reset_peak();
