@@ -348,6 +348,34 @@ fn causal_tiles_are_skipped_and_counted() {
     }
 }
 
+/// A tile whose queries and keys lie in different documents is skipped: no compute, no pairs.
+#[test]
+fn cross_document_tiles_are_skipped_and_counted() {
+    // Two documents of 24 on 2 contiguous ranks: each rank holds one document whole.
+    let c = case_with(48, (4, 4), true, 0.25, &[24, 24]);
+    for causal in [true, false] {
+        let config = RingConfig {
+            causal,
+            ..Default::default()
+        };
+        let result = run(&c, "contiguous", 2, config).unwrap();
+        let forward: Vec<_> = result
+            .events
+            .iter()
+            .flatten()
+            .filter(|e| e.phase == Phase::Forward)
+            .collect();
+        // Each rank attends its own block (step 0) and skips the other document's (step 1).
+        for e in &forward {
+            assert_eq!(e.pairs == 0, e.step == 1, "causal={causal}: {e:?}");
+            assert_eq!(e.pairs == 0, e.flops == 0);
+        }
+        let per_doc = if causal { 24 * 25 / 2 } else { 24 * 24 };
+        let pairs: u64 = forward.iter().map(|e| e.pairs).sum();
+        assert_eq!(pairs, 2 * per_doc * (BATCH * 4) as u64, "causal={causal}");
+    }
+}
+
 /// Lengths that span several fused sub-tiles in both directions (128 rows × 128 keys), so that the
 /// sub-tile skipping, partial masks and online-softmax rescaling across sub-tiles are exercised: every
 /// backward scheme and both directions, zig-zag on 4 ranks, and a softmax scale other than the default.
