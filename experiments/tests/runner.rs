@@ -478,3 +478,32 @@ fn doc_zigzag_balances_packed_batches() {
     );
     std::fs::remove_dir_all(root).unwrap();
 }
+
+#[test]
+fn attn_sweep_over_packed_documents_is_exact() {
+    let root = temp("attn-packed");
+    let spec = root.join("packed.toml");
+    std::fs::write(
+        &spec,
+        "kind = \"attn\"\n[sweep]\nstrategies = [\"zigzag\", \"doc-zigzag\"]\nbackward = [\"kv\", \"q\"]\nranks = [1, 3]\nseq_lens = [48]\ndocuments = [\"none\", \"longtail:16\"]\n[attention]\nheads = 2\nhead_dim = 8\n[measure]\nrepeats = 1\ncheck_tokens_per_rank = 8\n",
+    )
+    .unwrap();
+    let summary = run(&spec, &root, false).unwrap();
+    assert_eq!(summary.computed, 16);
+    let dir = summary.dir;
+    let (status, error, docs, count) = (
+        column(&dir, "status"),
+        column(&dir, "max_rel_error"),
+        column(&dir, "documents"),
+        column(&dir, "document_count"),
+    );
+    for r in rows(&dir) {
+        assert_eq!(&r[status], "ok", "{r:?}");
+        let e: f64 = r[error].parse().unwrap();
+        assert!(e <= 1e-5, "{r:?}");
+        let packed = &r[docs] == "longtail:16";
+        assert_eq!(r[count].parse::<usize>().unwrap() > 1, packed, "{r:?}");
+    }
+    assert_eq!(run(&spec, &root, false).unwrap().computed, 0);
+    std::fs::remove_dir_all(root).unwrap();
+}

@@ -4,6 +4,7 @@
 //! load balance, and the error against a float64 reference on a small copy of the point.
 
 use super::axes::RingAxes;
+use super::documents::Documents;
 use super::experiment::{Card, Experiment, Plan, Point, PointContext};
 use crate::measure::baseline::{matmul_gflops, random};
 use crate::measure::exactness::{Heads, max_rel_error};
@@ -53,6 +54,8 @@ struct Sweep {
     kv_heads: Option<Vec<usize>>,
     /// Default: `["fused"]`.
     kernels: Option<Vec<String>>,
+    /// Packed documents: `"none"` or `"longtail:MAX"` ([`Documents`]); absent: not a column.
+    documents: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -101,6 +104,8 @@ struct AttnPoint {
     causal: bool,
     kv_heads: usize,
     kernel: Kernel,
+    /// `None` when the sweep has no documents axis.
+    documents: Option<Documents>,
 }
 
 /// One row; every measured column is empty on a skipped row.
@@ -114,6 +119,10 @@ struct Row {
     causal: bool,
     kv_heads: usize,
     kernel: String,
+    /// Empty unless the sweep packs documents.
+    documents: Option<String>,
+    /// Documents in the sequence, when packed.
+    document_count: Option<usize>,
     heads: usize,
     head_dim: usize,
     batch: usize,
@@ -161,6 +170,7 @@ const CARD: Card = Card {
         "causal",
         "kv_heads",
         "kernels",
+        "documents",
     ],
     key_columns: KEYS,
     headline_columns: &[
@@ -213,25 +223,36 @@ impl Experiment for Attn {
         }
         let causal = &spec.list_or("sweep", "causal", &s.causal, vec![true])?;
         let kv_heads = &spec.list_or("sweep", "kv_heads", &s.kv_heads, vec![shape.heads])?;
+        let documents: Vec<Option<Documents>> = match &s.documents {
+            None => vec![None],
+            Some(names) => spec
+                .list("sweep", "documents", &Some(names.clone()))?
+                .iter()
+                .map(|n| Documents::parse(spec, n).map(Some))
+                .collect::<Result<_>>()?,
+        };
         let mut points = Vec::new();
-        for &ranks in &ranks {
-            for &seq_len in seq_lens {
-                for &causal in causal {
-                    for &kv_heads in kv_heads {
-                        for &kernel in &kernels {
-                            for &strategy in &strategies {
-                                for &forward in &forward {
-                                    for &backward in &backward {
-                                        points.push(AttnPoint {
-                                            strategy,
-                                            forward,
-                                            backward,
-                                            ranks,
-                                            seq_len,
-                                            causal,
-                                            kv_heads,
-                                            kernel,
-                                        });
+        for &documents in &documents {
+            for &ranks in &ranks {
+                for &seq_len in seq_lens {
+                    for &causal in causal {
+                        for &kv_heads in kv_heads {
+                            for &kernel in &kernels {
+                                for &strategy in &strategies {
+                                    for &forward in &forward {
+                                        for &backward in &backward {
+                                            points.push(AttnPoint {
+                                                strategy,
+                                                forward,
+                                                backward,
+                                                ranks,
+                                                seq_len,
+                                                causal,
+                                                kv_heads,
+                                                kernel,
+                                                documents,
+                                            });
+                                        }
                                     }
                                 }
                             }
@@ -287,7 +308,7 @@ impl Experiment for Attn {
 }
 
 fn key(p: &AttnPoint) -> Record {
-    Record::new([
+    let mut key = Record::new([
         ("strategy", p.strategy.name().to_string()),
         ("forward", p.forward.to_string()),
         ("backward", p.backward.to_string()),
@@ -296,7 +317,12 @@ fn key(p: &AttnPoint) -> Record {
         ("causal", p.causal.to_string()),
         ("kv_heads", p.kv_heads.to_string()),
         ("kernel", p.kernel.to_string()),
-    ])
+    ]);
+    // A sweep without documents keys its rows as it always did.
+    if let Some(documents) = p.documents {
+        key.0.push(("documents".into(), documents.name()));
+    }
+    key
 }
 
 /// Why a point cannot run, as the typed error says it; `None` if it can. A length the strategy
@@ -334,6 +360,8 @@ impl Plan for AttnPlan {
             causal: p.causal,
             kv_heads: p.kv_heads,
             kernel: p.kernel.to_string(),
+            documents: p.documents.map(Documents::name),
+            document_count: p.documents.map(|d| d.lengths(p.seq_len).len().max(1)),
             heads,
             head_dim,
             batch,
@@ -356,6 +384,7 @@ impl Plan for AttnPlan {
         let k = random(vec![b, s, hk, d], 2);
         let v = random(vec![b, s, hk, d], 3);
         let d_out = random(vec![b, s, h, d], 4);
+        let doc_lens = p.documents.map_or(Vec::new(), |d| d.lengths(s));
         let job = |with_grad: bool| AttentionJob {
             q: &q,
             k: &k,
@@ -367,7 +396,7 @@ impl Plan for AttnPlan {
             timeout: Duration::from_secs(3600),
             fault: None,
             link: None,
-            doc_lens: &[],
+            doc_lens: &doc_lens,
         };
         let (fwd, _) = fastest(&job(false), self.measure.repeats)?;
         let (fwd_bwd, result) = fastest(&job(true), self.measure.repeats)?;
@@ -394,6 +423,8 @@ impl Plan for AttnPlan {
                     && r.get("causal") == Some(&p.causal.to_string())
                     && r.get("kv_heads") == Some(&p.kv_heads.to_string())
                     && r.get("kernel") == Some(&p.kernel.to_string())
+                    && r.get("documents").unwrap_or("")
+                        == p.documents.map_or(String::new(), Documents::name)
             })
             .map(|r| r.num("fwd_bwd_seconds"));
         context
@@ -435,6 +466,7 @@ impl Plan for AttnPlan {
             },
             config,
             self.measure.check_tokens_per_rank,
+            &|len| p.documents.map_or(Vec::new(), |d| d.lengths(len)),
         )?);
         Ok(vec![Record::of(&row)?])
     }

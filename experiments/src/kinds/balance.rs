@@ -1,6 +1,7 @@
 //! Kind `balance`: the causal load balance of the partition strategies, one forward ring pass
 //! simulated on a hardware profile, with tile costs from exact FLOP counts or timed on this machine.
 
+use super::documents::Documents;
 use super::experiment::{Card, Experiment, Plan, Point, PointContext};
 use super::shape::{ModelShape, TileCosts};
 use crate::hardware::{Profile, profile, profile_names};
@@ -84,49 +85,6 @@ type BalancePoint = (
     &'static Profile,
     Option<Documents>,
 );
-
-/// How a point's sequence is packed.
-#[derive(Debug, Clone, Copy)]
-enum Documents {
-    /// One sequence.
-    None,
-    /// Long-tailed lengths up to this many tokens.
-    LongTail(usize),
-}
-
-impl Documents {
-    fn parse(spec: &SpecText, name: &str) -> Result<Documents> {
-        if name == "none" {
-            return Ok(Documents::None);
-        }
-        name.strip_prefix("longtail:")
-            .and_then(|max| max.parse().ok())
-            .filter(|&max: &usize| max > 0)
-            .map(Documents::LongTail)
-            .ok_or_else(|| {
-                spec.error(
-                    "sweep",
-                    "documents",
-                    &format!("'{name}' is neither \"none\" nor \"longtail:MAX\""),
-                )
-            })
-    }
-
-    fn name(self) -> String {
-        match self {
-            Documents::None => "none".into(),
-            Documents::LongTail(max) => format!("longtail:{max}"),
-        }
-    }
-
-    /// The document lengths of a `len`-token sequence (empty: one document).
-    fn lengths(self, len: usize) -> Vec<usize> {
-        match self {
-            Documents::None => Vec::new(),
-            Documents::LongTail(max) => datasets::packing::long_tailed_lengths(len, max, 0),
-        }
-    }
-}
 
 struct BalancePlan {
     points: Vec<BalancePoint>,

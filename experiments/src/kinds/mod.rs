@@ -4,6 +4,7 @@
 mod attn;
 mod axes;
 mod balance;
+mod documents;
 mod exorl;
 pub mod experiment;
 mod knee;

@@ -20,14 +20,16 @@ pub struct Heads {
 }
 
 /// `strategy` on `ranks` ranks with `config`, at about `tokens_per_rank` tokens per rank (the
-/// shortest length from there that the strategy accepts), against the float64 reference: the
-/// largest error of out, lse, dq, dk, dv, each relative to its tensor's scale.
+/// shortest length from there that the strategy accepts; packed as `doc_lens` says for that length),
+/// against the float64 reference: the largest error of out, lse, dq, dk, dv, each relative to its
+/// tensor's scale.
 pub fn max_rel_error(
     strategy: &dyn Partition,
     ranks: usize,
     shape: Heads,
     config: RingConfig,
     tokens_per_rank: usize,
+    doc_lens: &dyn Fn(usize) -> Vec<usize>,
 ) -> Result<f64> {
     against_reference(
         strategy,
@@ -35,6 +37,7 @@ pub fn max_rel_error(
         shape,
         config,
         tokens_per_rank,
+        doc_lens,
         config.causal,
     )
 }
@@ -47,6 +50,7 @@ fn against_reference(
     shape: Heads,
     config: RingConfig,
     tokens_per_rank: usize,
+    doc_lens: &dyn Fn(usize) -> Vec<usize>,
     causal: bool,
 ) -> Result<f64> {
     let start = tokens_per_rank.max(1) * ranks;
@@ -61,6 +65,7 @@ fn against_reference(
             )
         })?;
     let (b, h, hk, d) = (1, shape.heads, shape.kv_heads, shape.head_dim);
+    let doc_lens = doc_lens(s);
     let mut rng = ringbench_tests::Rng::new(0x5EED ^ s as u64);
     let q = rng.vec(b * s * h * d, 1.0);
     let k = rng.vec(b * s * hk * d, 1.0);
@@ -85,11 +90,11 @@ fn against_reference(
             timeout: Duration::from_secs(600),
             fault: None,
             link: None,
-            doc_lens: &[],
+            doc_lens: &doc_lens,
         },
         &Default::default(),
     )?;
-    let want = ringbench_tests::reference(
+    let want = ringbench_tests::reference_packed(
         &q,
         &k,
         &v,
@@ -98,6 +103,7 @@ fn against_reference(
         hk,
         causal,
         1.0 / (d as f64).sqrt(),
+        &doc_lens,
     );
     let grads = result
         .grads
@@ -129,7 +135,16 @@ mod tests {
             kv_heads,
             head_dim: 64,
         };
-        against_reference(&strategies::ZigZag, ranks, shape, config, 16, causal).unwrap()
+        against_reference(
+            &strategies::ZigZag,
+            ranks,
+            shape,
+            config,
+            16,
+            &|_| Vec::new(),
+            causal,
+        )
+        .unwrap()
     }
 
     #[test]

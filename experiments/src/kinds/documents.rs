@@ -1,0 +1,50 @@
+//! The `documents` sweep axis of the balance and attn kinds: one sequence, or packed documents with
+//! long-tailed lengths ([`datasets::packing::long_tailed_lengths`], seed 0).
+
+use crate::spec::SpecText;
+use anyhow::Result;
+
+/// How a point's sequence is packed.
+#[derive(Debug, Clone, Copy)]
+pub enum Documents {
+    /// One sequence.
+    None,
+    /// Long-tailed lengths up to this many tokens.
+    LongTail(usize),
+}
+
+impl Documents {
+    /// `"none"` or `"longtail:MAX"` from the spec's `[sweep] documents`.
+    pub fn parse(spec: &SpecText, name: &str) -> Result<Documents> {
+        if name == "none" {
+            return Ok(Documents::None);
+        }
+        name.strip_prefix("longtail:")
+            .and_then(|max| max.parse().ok())
+            .filter(|&max: &usize| max > 0)
+            .map(Documents::LongTail)
+            .ok_or_else(|| {
+                spec.error(
+                    "sweep",
+                    "documents",
+                    &format!("'{name}' is neither \"none\" nor \"longtail:MAX\""),
+                )
+            })
+    }
+
+    /// Its name in specs and tables.
+    pub fn name(self) -> String {
+        match self {
+            Documents::None => "none".into(),
+            Documents::LongTail(max) => format!("longtail:{max}"),
+        }
+    }
+
+    /// The document lengths of a `len`-token sequence (empty: one document).
+    pub fn lengths(self, len: usize) -> Vec<usize> {
+        match self {
+            Documents::None => Vec::new(),
+            Documents::LongTail(max) => datasets::packing::long_tailed_lengths(len, max, 0),
+        }
+    }
+}
