@@ -668,3 +668,52 @@ fn documents_and_padding_from_the_command_line() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn packed_documents_match_numpy() {
+    // `make_attn_fixture.py`: documents 7/12/11, causal inside each, NumPy's float64 reference.
+    let packed = |name: &str| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/attn_packed")
+            .join(name)
+    };
+    for (strategy, ranks) in [("doc-zigzag", "3"), ("zigzag", "4"), ("striped", "2")] {
+        let out = temp_dir(&format!("packed-{strategy}"));
+        let mut args: Vec<String> = vec!["attn".into()];
+        for name in ["q", "k", "v", "do"] {
+            args.push(format!("--{name}"));
+            args.push(
+                packed(&format!("{name}.npy"))
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+        for a in [
+            "--doc-lens",
+            "7,12,11",
+            "--causal",
+            "--strategy",
+            strategy,
+            "--ranks",
+            ranks,
+            "--out",
+            &out.to_string_lossy(),
+        ] {
+            args.push(a.into());
+        }
+        let status = ringbench(&args);
+        assert!(
+            status.status.success(),
+            "{strategy}: {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+        for name in ["out", "lse", "dq", "dk", "dv"] {
+            let got = npy::read(&out.join(format!("{name}.npy"))).unwrap();
+            let want = npy::read(&packed(&format!("expected_{name}.npy"))).unwrap();
+            assert_eq!(got.shape, want.shape, "{strategy} {name}");
+            let err = rel_err(&got.data, &want.data);
+            assert!(err <= 1e-5, "{strategy} {name}: rel err {err:.3e}");
+        }
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}
