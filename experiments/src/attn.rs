@@ -96,6 +96,17 @@ fn run_nccl(job: &AttentionJob, id_file: &Path, args: &AttnArgs) -> Result<()> {
     let rank = launcher_var(&["RANK", "OMPI_COMM_WORLD_RANK"])?;
     let world = launcher_var(&["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"])?;
     let device = launcher_var(&["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"]).unwrap_or(0);
+    // NCCL's receive size is its send size: every shard must have the same length.
+    let seq = job.q.shape[1];
+    let padded = strategies::padded_len(job.strategy, seq, world)?;
+    let layout = job.strategy.layout_packed(padded, job.doc_lens, world)?;
+    let lens: Vec<usize> = (0..world).map(|r| layout.shard_len(r)).collect();
+    if lens.iter().min() != lens.iter().max() {
+        anyhow::bail!(
+            "NCCL moves equal shards; {} gives shards of {lens:?} tokens for these documents",
+            job.strategy.name()
+        );
+    }
     let transport = NcclTransport::from_id_file(
         rank,
         world,
