@@ -47,7 +47,7 @@ pub fn reference(
     reference_packed(q, k, v, d_out, dims, hk, causal, scale, &[])
 }
 
-/// [`reference`] over packed documents of `doc_lens` laid end to end (empty: one document): query
+/// [`reference()`] over packed documents of `doc_lens` laid end to end (empty: one document): query
 /// i sees key j iff both lie in the same document and (not causal, or j ≤ i).
 #[allow(clippy::too_many_arguments)]
 pub fn reference_packed(
