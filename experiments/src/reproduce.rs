@@ -42,6 +42,7 @@ pub struct ReproduceArgs {
 pub const TABLES: &[(&str, &str)] = &[
     ("balance_quick", "balance"),
     ("balance_measured_quick", "balance_measured"),
+    ("balance_packed", "balance_packed"),
     ("overlap", "overlap"),
     ("knee_quick", "knee"),
     ("memory_quick", "memory"),
