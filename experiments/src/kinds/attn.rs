@@ -223,14 +223,7 @@ impl Experiment for Attn {
         }
         let causal = &spec.list_or("sweep", "causal", &s.causal, vec![true])?;
         let kv_heads = &spec.list_or("sweep", "kv_heads", &s.kv_heads, vec![shape.heads])?;
-        let documents: Vec<Option<Documents>> = match &s.documents {
-            None => vec![None],
-            Some(names) => spec
-                .list("sweep", "documents", &Some(names.clone()))?
-                .iter()
-                .map(|n| Documents::parse(spec, n).map(Some))
-                .collect::<Result<_>>()?,
-        };
+        let documents = Documents::axis(spec, &s.documents)?;
         let mut points = Vec::new();
         for &documents in &documents {
             for &ranks in &ranks {

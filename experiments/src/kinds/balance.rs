@@ -123,14 +123,7 @@ impl Experiment for Balance {
         let ranks = spec.ranks("sweep", &s.ranks)?;
         let blocks = spec.list("sweep", "block_sizes", &s.block_sizes)?;
         let profiles = profiles(spec, spec.list("sweep", "profiles", &s.profiles)?)?;
-        let documents: Vec<Option<Documents>> = match &s.documents {
-            None => vec![None],
-            Some(names) => spec
-                .list("sweep", "documents", &Some(names.clone()))?
-                .iter()
-                .map(|n| Documents::parse(spec, n).map(Some))
-                .collect::<Result<_>>()?,
-        };
+        let documents = Documents::axis(spec, &s.documents)?;
         if parsed.model.tile_costs == TileCosts::Measured
             && documents
                 .iter()

@@ -14,6 +14,19 @@ pub enum Documents {
 }
 
 impl Documents {
+    /// The `[sweep] documents` axis: `[None]` when the spec has none (rows then have no documents
+    /// column), else each name parsed.
+    pub fn axis(spec: &SpecText, names: &Option<Vec<String>>) -> Result<Vec<Option<Documents>>> {
+        match names {
+            None => Ok(vec![None]),
+            Some(names) => spec
+                .list("sweep", "documents", &Some(names.clone()))?
+                .iter()
+                .map(|n| Documents::parse(spec, n).map(Some))
+                .collect(),
+        }
+    }
+
     /// `"none"` or `"longtail:MAX"` from the spec's `[sweep] documents`.
     pub fn parse(spec: &SpecText, name: &str) -> Result<Documents> {
         if name == "none" {
