@@ -485,11 +485,11 @@ fn attn_sweep_over_packed_documents_is_exact() {
     let spec = root.join("packed.toml");
     std::fs::write(
         &spec,
-        "kind = \"attn\"\n[sweep]\nstrategies = [\"zigzag\", \"doc-zigzag\"]\nbackward = [\"kv\", \"q\"]\nranks = [1, 3]\nseq_lens = [48]\ndocuments = [\"none\", \"longtail:16\"]\n[attention]\nheads = 2\nhead_dim = 8\n[measure]\nrepeats = 1\ncheck_tokens_per_rank = 8\n",
+        "kind = \"attn\"\n[sweep]\nstrategies = [\"zigzag\", \"doc-zigzag\"]\nbackward = [\"kv\", \"q\"]\nranks = [1, 3]\nseq_lens = [48]\ndocuments = [\"none\", \"longtail:16\", \"random:6\"]\n[attention]\nheads = 2\nhead_dim = 8\n[measure]\nrepeats = 1\ncheck_tokens_per_rank = 8\n",
     )
     .unwrap();
     let summary = run(&spec, &root, false).unwrap();
-    assert_eq!(summary.computed, 16);
+    assert_eq!(summary.computed, 24);
     let dir = summary.dir;
     let (status, error, docs, count) = (
         column(&dir, "status"),
@@ -501,7 +501,7 @@ fn attn_sweep_over_packed_documents_is_exact() {
         assert_eq!(&r[status], "ok", "{r:?}");
         let e: f64 = r[error].parse().unwrap();
         assert!(e <= 1e-5, "{r:?}");
-        let packed = &r[docs] == "longtail:16";
+        let packed = &r[docs] != "none";
         assert_eq!(r[count].parse::<usize>().unwrap() > 1, packed, "{r:?}");
     }
     assert_eq!(run(&spec, &root, false).unwrap().computed, 0);

@@ -54,7 +54,8 @@ struct Sweep {
     kv_heads: Option<Vec<usize>>,
     /// Default: `["fused"]`.
     kernels: Option<Vec<String>>,
-    /// Packed documents: `"none"` or `"longtail:MAX"` ([`Documents`]); absent: not a column.
+    /// Packed documents: `"none"`, `"longtail:MAX"` or `"random:MEAN"` ([`Documents`]); absent: not
+    /// a column.
     documents: Option<Vec<String>>,
 }
 

@@ -37,8 +37,8 @@ struct Sweep {
     /// Tokens per rank (the ring's block size c).
     block_sizes: Option<Vec<usize>>,
     profiles: Option<Vec<String>>,
-    /// Packed documents: `"none"` (one sequence) or `"longtail:MAX"` (lengths from 1 to MAX with a
-    /// long tail, filling the sequence; [`datasets::packing::long_tailed_lengths`], seed 0).
+    /// Packed documents: `"none"` (one sequence), `"longtail:MAX"` (lengths from 1 to MAX with a
+    /// long tail) or `"random:MEAN"` (lengths around MEAN), filling the sequence ([`Documents`]).
     documents: Option<Vec<String>>,
 }
 
@@ -127,7 +127,7 @@ impl Experiment for Balance {
         if parsed.model.tile_costs == TileCosts::Measured
             && documents
                 .iter()
-                .any(|d| matches!(d, Some(Documents::LongTail(_))))
+                .any(|d| matches!(d, Some(Documents::LongTail(_) | Documents::Random(_))))
         {
             return Err(spec.error(
                 "sweep",

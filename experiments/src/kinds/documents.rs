@@ -1,5 +1,5 @@
 //! The `documents` sweep axis of the balance and attn kinds: one sequence, or packed documents with
-//! long-tailed lengths ([`datasets::packing::long_tailed_lengths`], seed 0).
+//! long-tailed lengths or lengths around a mean ([`datasets::packing`], seed 0).
 
 use crate::spec::SpecText;
 use anyhow::Result;
@@ -11,6 +11,8 @@ pub enum Documents {
     None,
     /// Long-tailed lengths up to this many tokens.
     LongTail(usize),
+    /// Lengths around this mean.
+    Random(usize),
 }
 
 impl Documents {
@@ -27,20 +29,24 @@ impl Documents {
         }
     }
 
-    /// `"none"` or `"longtail:MAX"` from the spec's `[sweep] documents`.
+    /// `"none"`, `"longtail:MAX"` or `"random:MEAN"` from the spec's `[sweep] documents`.
     pub fn parse(spec: &SpecText, name: &str) -> Result<Documents> {
         if name == "none" {
             return Ok(Documents::None);
         }
-        name.strip_prefix("longtail:")
-            .and_then(|max| max.parse().ok())
-            .filter(|&max: &usize| max > 0)
+        let number = |prefix: &str| {
+            name.strip_prefix(prefix)
+                .and_then(|n| n.parse().ok())
+                .filter(|&n: &usize| n > 0)
+        };
+        number("longtail:")
             .map(Documents::LongTail)
+            .or_else(|| number("random:").map(Documents::Random))
             .ok_or_else(|| {
                 spec.error(
                     "sweep",
                     "documents",
-                    &format!("'{name}' is neither \"none\" nor \"longtail:MAX\""),
+                    &format!("'{name}' is not \"none\", \"longtail:MAX\" or \"random:MEAN\""),
                 )
             })
     }
@@ -50,6 +56,7 @@ impl Documents {
         match self {
             Documents::None => "none".into(),
             Documents::LongTail(max) => format!("longtail:{max}"),
+            Documents::Random(mean) => format!("random:{mean}"),
         }
     }
 
@@ -58,6 +65,7 @@ impl Documents {
         match self {
             Documents::None => Vec::new(),
             Documents::LongTail(max) => datasets::packing::long_tailed_lengths(len, max, 0),
+            Documents::Random(mean) => datasets::packing::random_lengths(len, mean, 0),
         }
     }
 }
