@@ -15,6 +15,18 @@ fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     err / scale
 }
 
+/// Every output in `out` (out, lse, dq, dk, dv) has the shape of `expected(name)` and lies within
+/// 1e-5 of it, relative to its largest magnitude.
+fn assert_matches(out: &Path, expected: impl Fn(&str) -> std::path::PathBuf, label: &str) {
+    for name in ["out", "lse", "dq", "dk", "dv"] {
+        let got = npy::read(&out.join(format!("{name}.npy"))).unwrap();
+        let want = npy::read(&expected(&format!("expected_{name}.npy"))).unwrap();
+        assert_eq!(got.shape, want.shape, "{label} {name} shape");
+        let err = rel_err(&got.data, &want.data);
+        assert!(err <= 1e-5, "{label} {name}: rel err {err:.3e}");
+    }
+}
+
 #[test]
 fn attn_matches_numpy_reference_for_every_strategy() {
     for (strategy, ranks, fwd, bwd) in [
@@ -45,13 +57,7 @@ fn attn_matches_numpy_reference_for_every_strategy() {
             "{}",
             String::from_utf8_lossy(&status.stderr)
         );
-        for name in ["out", "lse", "dq", "dk", "dv"] {
-            let got = npy::read(&out.join(format!("{name}.npy"))).unwrap();
-            let want = npy::read(&fixture(&format!("expected_{name}.npy"))).unwrap();
-            assert_eq!(got.shape, want.shape, "{strategy} {name} shape");
-            let err = rel_err(&got.data, &want.data);
-            assert!(err <= 1e-5, "{strategy} {name}: rel err {err:.3e}");
-        }
+        assert_matches(&out, fixture, strategy);
         std::fs::remove_dir_all(&out).unwrap();
     }
 }
@@ -615,16 +621,7 @@ fn documents_and_padding_from_the_command_line() {
             "{name}: {}",
             String::from_utf8_lossy(&status.stderr)
         );
-        for t in ["out", "lse", "dq", "dk", "dv"] {
-            let got = read(&dir, t);
-            let err = rel_err(
-                &got.data,
-                &npy::read(&fixture(&format!("expected_{t}.npy")))
-                    .unwrap()
-                    .data,
-            );
-            assert!(err <= 1e-5, "{name} {t}: {err:.3e}");
-        }
+        assert_matches(&dir, fixture, name);
         std::fs::remove_dir_all(&dir).unwrap();
     }
     // Two documents of 10 and 14: the first document's queries see what they saw before (causal),
@@ -707,13 +704,7 @@ fn packed_documents_match_numpy() {
             "{strategy}: {}",
             String::from_utf8_lossy(&status.stderr)
         );
-        for name in ["out", "lse", "dq", "dk", "dv"] {
-            let got = npy::read(&out.join(format!("{name}.npy"))).unwrap();
-            let want = npy::read(&packed(&format!("expected_{name}.npy"))).unwrap();
-            assert_eq!(got.shape, want.shape, "{strategy} {name}");
-            let err = rel_err(&got.data, &want.data);
-            assert!(err <= 1e-5, "{strategy} {name}: rel err {err:.3e}");
-        }
+        assert_matches(&out, packed, strategy);
         std::fs::remove_dir_all(&out).unwrap();
     }
 }
