@@ -1,6 +1,6 @@
 //! Property tests of every registered partition strategy.
 
-use strategies::{Partition, PartitionError, by_name, causal_work_per_rank, names};
+use strategies::{Partition, PartitionError, by_name, names, work_per_rank};
 
 const RANKS: [usize; 6] = [1, 2, 3, 4, 8, 16];
 
@@ -52,8 +52,13 @@ fn shard_then_unshard_is_identity() {
 fn causal_work_balance() {
     for ranks in RANKS {
         let seq_len = 64 * ranks;
-        let work =
-            |name| causal_work_per_rank(&by_name(name).unwrap().layout(seq_len, ranks).unwrap());
+        let work = |name| {
+            work_per_rank(
+                &by_name(name).unwrap().layout(seq_len, ranks).unwrap(),
+                &[],
+                true,
+            )
+        };
         let total: u64 = (1..=seq_len as u64).sum();
 
         let zigzag = work("zigzag");

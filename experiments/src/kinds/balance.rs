@@ -13,10 +13,9 @@ use anyhow::{Result, anyhow};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
-use strategies::Partition;
+use strategies::{Partition, Window, visible_pairs, windows, work_per_rank};
 use workbench::Direction;
 use workbench::kernels::flops::FORWARD_PER_PAIR_DIM;
-use workbench::kernels::mask::{Window, visible_pairs, windows};
 
 /// The kind.
 pub struct Balance;
@@ -236,7 +235,10 @@ impl Plan for BalancePlan {
             (2 * ranks - 1) as f64 / ranks as f64 * mean
         } else {
             let layout = contiguous.layout(ranks * block, ranks)?;
-            *work_per_rank(&layout, &doc_lens).iter().max().unwrap_or(&0) as f64
+            *work_per_rank(&layout, &doc_lens, true)
+                .iter()
+                .max()
+                .unwrap_or(&0) as f64
         };
         Ok(vec![Record::of(&Row {
             strategy: strategy.name(),
@@ -257,16 +259,6 @@ impl Plan for BalancePlan {
             overlap_efficiency,
         })?])
     }
-}
-
-/// Visible (q, k) pairs of each rank's queries against the whole sequence, with documents.
-fn work_per_rank(layout: &strategies::Layout, doc_lens: &[usize]) -> Vec<u64> {
-    let all: Vec<usize> = (0..layout.seq_len).collect();
-    layout
-        .positions
-        .iter()
-        .map(|mine| visible_pairs(&windows(mine, layout.seq_len, doc_lens, true), &all))
-        .collect()
 }
 
 impl BalancePlan {
@@ -325,7 +317,7 @@ impl BalancePlan {
             return Err(anyhow!("simulated makespan is not finite"));
         }
         Ok((
-            work_per_rank(&layout, doc_lens),
+            work_per_rank(&layout, doc_lens, true),
             sim.makespan,
             sim.overlap_efficiency,
         ))

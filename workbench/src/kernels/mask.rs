@@ -1,24 +1,9 @@
 //! Mask geometry from global positions, shared by both kernels. Every query sees one window of key
-//! positions ([`Window`]: causal, non-causal, packed documents and padding are all windows); this
-//! file says what the windows leave of a tile or sub-tile, how many pairs they let through, and
-//! builds the additive mask itself.
+//! positions ([`Window`], defined with the work accounting in `strategies`: causal, non-causal,
+//! packed documents and padding are all windows); this file says what the windows leave of a tile
+//! or sub-tile and builds the additive mask itself.
 
-/// The key positions one query may see: `lo..=hi`. Causal: from its document's start to itself;
-/// non-causal: its whole document; a padded query sees only itself (its output is dropped).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
-    /// First visible key position.
-    pub lo: usize,
-    /// Last visible key position.
-    pub hi: usize,
-}
-
-impl Window {
-    /// Whether the key at `position` is visible.
-    pub fn sees(&self, position: usize) -> bool {
-        self.lo <= position && position <= self.hi
-    }
-}
+pub use strategies::{Window, visible_pairs, windows};
 
 /// What a mask leaves of a block of queries against a block of keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,19 +59,6 @@ impl Bounds {
     }
 }
 
-/// Visible (q, k) pairs of queries with windows `win_q` against keys at `pos_k`.
-pub fn visible_pairs(win_q: &[Window], pos_k: &[usize]) -> u64 {
-    let mut sorted = pos_k.to_vec();
-    sorted.sort_unstable();
-    win_q
-        .iter()
-        .map(|w| {
-            let end = sorted.partition_point(|&k| k <= w.hi);
-            end.saturating_sub(sorted.partition_point(|&k| k < w.lo)) as u64
-        })
-        .sum()
-}
-
 /// How much of a whole tile the mask lets through, with its pair count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Visibility {
@@ -139,50 +111,9 @@ pub fn bias(win_q: &[Window], pos_k: &[usize]) -> Vec<f32> {
         .collect()
 }
 
-/// The windows of queries at `positions` in a sequence of `len` real tokens made of documents of
-/// `doc_lens` laid end to end (empty: one document), causal or not. A position at or past `len` is
-/// padding: it sees only itself, and no real query sees it.
-pub fn windows(positions: &[usize], len: usize, doc_lens: &[usize], causal: bool) -> Vec<Window> {
-    // Document starts, ascending, ending with `len`.
-    let mut starts = vec![0];
-    for &l in doc_lens {
-        starts.push(starts.last().copied().unwrap_or(0) + l);
-    }
-    if starts.last() != Some(&len) {
-        starts.push(len);
-    }
-    positions
-        .iter()
-        .map(|&p| {
-            if p >= len {
-                return Window { lo: p, hi: p };
-            }
-            let doc = starts.partition_point(|&s| s <= p) - 1;
-            let (lo, end) = (starts[doc], starts[doc + 1]);
-            Window {
-                lo,
-                hi: if causal { p } else { end - 1 },
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn windows_follow_documents_causality_and_padding() {
-        // Documents of 2 and 3 tokens, one padded position.
-        let w = windows(&[0, 1, 2, 4, 5], 5, &[2, 3], true);
-        let pairs: Vec<(usize, usize)> = w.iter().map(|w| (w.lo, w.hi)).collect();
-        assert_eq!(pairs, [(0, 0), (0, 1), (2, 2), (2, 4), (5, 5)]);
-        let w = windows(&[1, 3], 5, &[2, 3], false);
-        assert_eq!((w[0].lo, w[0].hi, w[1].lo, w[1].hi), (0, 1, 2, 4));
-        // No documents: plain causal and plain full attention.
-        assert_eq!(windows(&[3], 8, &[], true)[0], Window { lo: 0, hi: 3 });
-        assert_eq!(windows(&[3], 8, &[], false)[0], Window { lo: 0, hi: 7 });
-    }
 
     #[test]
     fn visibility_counts_pairs_inside_windows_only() {
