@@ -1,10 +1,12 @@
 //! The ring algorithm (Liu et al. 2023, §3): what travels ([`block`]), the schedule written once
 //! (`engine`), each rank's options and context ([`context`]), the bytes a rank holds ([`ledger`]),
-//! ring attention as a Burn autodiff op ([`op`]), and one-call jobs over N ranks ([`jobs`]).
+//! ring attention as a Burn autodiff op ([`op`]), and one-call jobs over N ranks ([`jobs`]) on
+//! host arrays ([`host_tensor`]).
 
 pub mod block;
 pub mod context;
 pub(crate) mod engine;
+pub mod host_tensor;
 pub mod jobs;
 pub mod ledger;
 pub mod op;
