@@ -2,7 +2,6 @@
 //! against each other when loaded.
 
 use anyhow::{Context, Result, bail};
-use burn::backend::Flex;
 use burn::config::Config;
 use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
@@ -34,16 +33,18 @@ pub fn save_checkpoint<B: Backend>(
     Ok(())
 }
 
-/// Loads a checkpoint written by `ringbench train`, checking it against its config.
-pub fn load_checkpoint(dir: &Path) -> Result<(Llama<Flex>, LlamaConfig, Tokenizer)> {
+/// Loads a checkpoint written by `ringbench train` onto backend `B`, checking it against its config.
+pub fn load_checkpoint<B: Backend>(
+    dir: &Path,
+    device: &B::Device,
+) -> Result<(Llama<B>, LlamaConfig, Tokenizer)> {
     if !dir.is_dir() {
         bail!(
             "{}: no such checkpoint directory (ringbench train writes one)",
             dir.display()
         );
     }
-    let config = LlamaConfig::load(dir.join("config.json"))
-        .map_err(|e| anyhow::anyhow!("{}: {e}", dir.join("config.json").display()))?;
+    let config = read_config(&dir.join("config.json"))?;
     config.validate()?;
     let tokenizer = Tokenizer::load(&dir.join("tokenizer.json"))?;
     if tokenizer.vocab_size() != config.vocab {
@@ -55,10 +56,10 @@ pub fn load_checkpoint(dir: &Path) -> Result<(Llama<Flex>, LlamaConfig, Tokenize
         );
     }
     let file = dir.join("model.mpk");
-    let fresh = config.init::<Flex>(&Default::default());
+    let fresh = config.init::<B>(device);
     let expected = param_shapes(&fresh);
     let model = fresh
-        .load_file(dir.join("model"), &recorder(), &Default::default())
+        .load_file(dir.join("model"), &recorder(), device)
         .map_err(|e| {
             anyhow::anyhow!(
                 "{}: checkpoint does not match config.json: {e}",
@@ -82,6 +83,24 @@ pub fn load_checkpoint(dir: &Path) -> Result<(Llama<Flex>, LlamaConfig, Tokenize
         );
     }
     Ok((model, config, tokenizer))
+}
+
+/// `config.json`; a field added to [`LlamaConfig`] after the checkpoint was written takes its
+/// default (every such field is an option that does not change the weights).
+fn read_config(path: &Path) -> Result<LlamaConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut found: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let Some(fields) = found.as_object_mut() else {
+        bail!("{}: not a JSON object", path.display());
+    };
+    let defaults = serde_json::to_value(LlamaConfig::new(0))?;
+    for (key, value) in defaults.as_object().into_iter().flatten() {
+        if key != "vocab" {
+            fields.entry(key.clone()).or_insert_with(|| value.clone());
+        }
+    }
+    serde_json::from_value(found).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 /// Shapes of every float parameter, in module order.

@@ -55,7 +55,8 @@ pub struct AccuracyRow {
 
 /// `ringbench eval-lines`: accuracy per number of lines, written as CSV.
 pub fn run_eval(args: &EvalArgs) -> Result<Vec<AccuracyRow>> {
-    let (model, _, tokenizer) = load_checkpoint(&args.checkpoint)?;
+    let (model, _, tokenizer) =
+        load_checkpoint::<burn::backend::Flex>(&args.checkpoint, &Default::default())?;
     let cases = read_jsonl(&args.cases)?;
     let partition = strategies::by_name(&args.strategy)?;
     let rows = accuracy(

@@ -8,19 +8,19 @@ pub use checkpoint::load_checkpoint;
 pub use eval::{AccuracyRow, EvalArgs, GenArgs, accuracy, run_eval, run_gen};
 pub use spec::{LineTrainSection, ModelSpec, Prompts, RingSpec, TrainSpec, example, load_spec};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use checkpoint::save_checkpoint;
 use datasets::Tokenizer;
 use datasets::tokenizer::EOS;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use workbench::RingBackend;
-use workbench::model::Llama;
+use workbench::model::{Llama, LlamaConfig};
 use workbench::model::lazy::seeded;
 use workbench::train::{Example, StepLog, TrainOptions, train};
 
@@ -75,10 +75,17 @@ fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> 
     std::fs::create_dir_all(&t.out)?;
     std::fs::write(t.out.join("train.toml"), toml::to_string(spec)?)?;
     let device = Default::default();
-    let model = seeded::<B, _>(t.seed, &device, || config.init::<B>(&device));
+    let model = match &t.init {
+        None => seeded::<B, _>(t.seed, &device, || config.init::<B>(&device)),
+        Some(dir) => start_from::<B>(dir, &config, &device)?,
+    };
     println!(
-        "training {} parameters on {} ranks ({}), {} steps of {} prompts with {}..={} lines",
+        "training {} parameters{} on {} ranks ({}), {} steps of {} prompts with {}..={} lines",
         config.num_params(),
+        t.init
+            .as_ref()
+            .map(|d| format!(" from {}", d.display()))
+            .unwrap_or_default(),
         options.ranks,
         spec.ring.strategy,
         t.steps,
@@ -173,6 +180,23 @@ fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> 
         t.out.display()
     );
     Ok(())
+}
+
+/// The weights of the checkpoint in `dir`, which must have the architecture `config` describes
+/// (chunking and rematerialization may differ: they do not change the weights).
+fn start_from<B: Backend>(dir: &Path, config: &LlamaConfig, device: &B::Device) -> Result<Llama<B>> {
+    let (model, found, _) = load_checkpoint::<B>(dir, device)?;
+    let comparable = found
+        .clone()
+        .with_ffn_chunk(config.ffn_chunk)
+        .with_rematerialize_ffn(config.rematerialize_ffn);
+    if &comparable != config {
+        bail!(
+            "train.init = {}: the checkpoint's model ({found:?}) is not the spec's [model] ({config:?})",
+            dir.display()
+        );
+    }
+    Ok(model)
 }
 
 /// Trains on in-process threads, or, under `mpirun`, as this process's rank (then only rank 0 gets

@@ -101,6 +101,10 @@ pub struct LineTrainSection {
     /// inside each prompt) instead of one padded row each.
     #[serde(default)]
     pub pack: bool,
+    /// Start from this checkpoint's weights instead of a seeded init (a curriculum stage: e.g. short
+    /// prompts first, then long); its architecture must be `[model]`'s.
+    #[serde(default)]
+    pub init: Option<PathBuf>,
     /// Stop early once the loss averaged over the last 50 steps is below this (0: never).
     pub stop_loss: f64,
     /// Wall-clock limit in minutes (0: none).
