@@ -1,12 +1,13 @@
 //! `ringbench attn`: ring attention on NumPy arrays, for checking against PyTorch or JAX.
 
+use crate::backend::{BackendName, OnBackend, on_backend, parse_devices};
 use crate::npy;
 use anyhow::{Context, Result, bail};
-use burn::backend::{Autodiff, Flex};
+use burn::backend::Autodiff;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use workbench::ring::jobs::{AttentionJob, AttentionResult, HostTensor, run_attention};
-use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
+use workbench::ring::jobs::{AttentionJob, AttentionResult, HostTensor, run_attention_on_devices};
+use workbench::{BackwardScheme, Direction, Kernel, RingBackend, RingConfig};
 
 /// `ringbench attn`'s arguments.
 #[derive(Debug, clap::Args)]
@@ -38,9 +39,17 @@ pub struct AttnArgs {
     /// Backward scheme: kv, kv-reverse or q.
     #[arg(long, default_value = "kv")]
     pub bwd: BackwardScheme,
-    /// Tile kernel: fused (fast CPU path) or generic (Burn tensor ops, the reference twin).
+    /// Tile kernel: fused (fast CPU path, on host blocks) or generic (Burn tensor ops on the
+    /// backend's device; what runs on wgpu and cuda).
     #[arg(long, default_value = "fused")]
     pub kernel: Kernel,
+    /// Backend: flex (CPU), wgpu or cuda (each compiled in by its feature).
+    #[arg(long, default_value = "flex")]
+    pub backend: BackendName,
+    /// Devices of the ranks, comma-separated (rank r on the (r mod n)-th); default: the backend's
+    /// default device.
+    #[arg(long)]
+    pub devices: Option<String>,
     /// Packed documents: their lengths, comma-separated, summing to seq (a query attends only within
     /// its document). Default: one document.
     #[arg(long)]
@@ -63,20 +72,28 @@ pub struct AttnArgs {
     pub fail_step: Option<usize>,
 }
 
-/// Runs the job on in-process threads, or, under `mpirun`, as this process's rank. Returns the
-/// results on the process that writes them (rank 0 under MPI).
-fn run(job: &AttentionJob, timeout: f64) -> Result<Option<AttentionResult>> {
-    let timeout = Duration::from_secs_f64(timeout);
-    let ranked = crate::mpi_rank::as_mpi_rank(timeout, |comm| {
-        workbench::ring::jobs::run_attention_on::<Autodiff<Flex>>(comm, job, &Default::default())
-    })?;
-    if let Some((rank, result)) = ranked {
-        return Ok((rank == 0).then_some(result));
+/// The job on in-process threads, or, under `mpirun`, as this process's rank, on one backend.
+struct AttnOnBackend<'a> {
+    job: &'a AttentionJob<'a>,
+    timeout: Duration,
+}
+
+impl OnBackend for AttnOnBackend<'_> {
+    /// The results on the process that writes them (rank 0 under MPI).
+    type Output = Option<AttentionResult>;
+
+    fn run<I: RingBackend>(self, devices: Vec<I::Device>) -> Result<Self::Output> {
+        let ranked = crate::mpi_rank::as_mpi_rank(self.timeout, |comm| {
+            let device = &devices[comm.rank() % devices.len()];
+            workbench::ring::jobs::run_attention_on::<Autodiff<I>>(comm, self.job, device)
+        })?;
+        if let Some((rank, result)) = ranked {
+            return Ok((rank == 0).then_some(result));
+        }
+        Ok(Some(run_attention_on_devices::<Autodiff<I>>(
+            self.job, &devices,
+        )?))
     }
-    Ok(Some(run_attention::<Autodiff<Flex>>(
-        job,
-        &Default::default(),
-    )?))
 }
 
 /// A variable of the launcher's environment: PyTorch-style or Open MPI's.
@@ -114,7 +131,10 @@ fn run_nccl(job: &AttentionJob, id_file: &Path, args: &AttnArgs) -> Result<()> {
         id_file,
         Duration::from_secs_f64(args.timeout),
     )?;
-    let result = workbench::ring::jobs::run_attention_on::<Autodiff<Flex>>(
+    if args.backend != BackendName::Flex {
+        bail!("--nccl-id-file runs on the flex backend (NCCL stages blocks through host memory)");
+    }
+    let result = workbench::ring::jobs::run_attention_on::<Autodiff<burn::backend::Flex>>(
         Comm::new(Box::new(transport)),
         job,
         &Default::default(),
@@ -189,7 +209,12 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
     if let Some(id_file) = &args.nccl_id_file {
         return run_nccl(&job, id_file, args);
     }
-    let Some(result) = run(&job, args.timeout)? else {
+    let devices = args.devices.as_deref().map(parse_devices).transpose()?;
+    let work = AttnOnBackend {
+        job: &job,
+        timeout: Duration::from_secs_f64(args.timeout),
+    };
+    let Some(result) = on_backend(args.backend, devices.as_deref().unwrap_or(&[]), work)? else {
         return Ok(());
     };
     write_outputs(args, &result)
@@ -211,12 +236,15 @@ fn write_outputs(args: &AttnArgs, result: &AttentionResult) -> Result<()> {
     }
     // Under MPI or NCCL only this process's rank is counted.
     let bytes: u64 = result.traffic.iter().map(|t| t.total_bytes()).sum();
+    let host_device: u64 = result.traffic.iter().map(|t| t.host_device_bytes()).sum();
     println!(
-        "wrote {} to {} ({} ranks, {}; this process ran {} of them, which sent {} bytes)",
+        "wrote {} to {} ({} ranks, {} on {}; their ring steps moved {} bytes between host and device; this process ran {} of them, which sent {} bytes)",
         written.join(", "),
         args.out.display(),
         args.ranks,
         args.strategy,
+        args.backend,
+        host_device,
         result.ranks_here.len(),
         bytes
     );

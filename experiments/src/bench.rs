@@ -4,18 +4,19 @@
 //! backward (5 matmuls, recomputing the scores), as FlashAttention-2 counts them. Every ratio is taken
 //! against a matmul rate measured in the same run, since the machines are shared and noisy.
 
-use crate::measure::baseline::{matmul_gflops, random};
+use crate::backend::{BackendName, OnBackend, on_backend, parse_devices};
+use crate::measure::baseline::{matmul_gflops_on, random};
 use crate::results::{Record, Table};
 use crate::units::MIB;
 use anyhow::{Context, Result};
-use burn::backend::{Autodiff, Flex};
+use burn::backend::Autodiff;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM, visible_pairs};
-use workbench::ring::jobs::{AttentionJob, run_attention};
-use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
+use workbench::ring::jobs::{AttentionJob, run_attention_on_devices};
+use workbench::{BackwardScheme, Direction, Kernel, RingBackend, RingConfig};
 
 /// `ringbench bench`'s subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -36,9 +37,18 @@ pub struct BenchAttnArgs {
     /// Strategies to run; all registered ones by default.
     #[arg(long, value_delimiter = ',')]
     pub strategies: Vec<String>,
-    /// Kernels to time: fused, generic (the generic twin is slow at long lengths).
-    #[arg(long, value_delimiter = ',', default_value = "fused,generic")]
+    /// Kernels to time: fused, generic (default: both on flex; generic, the device path, elsewhere).
+    #[arg(long, value_delimiter = ',')]
     pub kernels: Vec<Kernel>,
+    /// Backend: flex (CPU), wgpu or cuda.
+    #[arg(long, default_value = "flex")]
+    pub backend: BackendName,
+    /// Devices of the ranks, comma-separated (rank r on the (r mod n)-th).
+    #[arg(long)]
+    pub devices: Option<String>,
+    /// Side of the square matmul measured beside every row.
+    #[arg(long, default_value_t = 1024)]
+    pub matmul: usize,
     /// Attention heads.
     #[arg(long, default_value_t = 4)]
     pub heads: usize,
@@ -69,6 +79,8 @@ pub struct AttnBenchRow {
     pub causal: bool,
     /// Kernel name.
     pub kernel: String,
+    /// Backend name.
+    pub backend: String,
     /// Fastest forward, seconds.
     pub fwd_seconds: f64,
     /// Forward useful GFLOP/s.
@@ -77,7 +89,7 @@ pub struct AttnBenchRow {
     pub fwd_bwd_seconds: f64,
     /// Forward + backward useful GFLOP/s.
     pub fwd_bwd_gflops: f64,
-    /// The 1024³ matmul rate measured beside this row.
+    /// The `--matmul`³ matmul rate on the same backend, measured beside this row.
     pub matmul_gflops: f64,
     /// fwd+bwd GFLOP/s over the matmul GFLOP/s of the same run.
     pub fwd_bwd_over_matmul: f64,
@@ -89,6 +101,8 @@ pub struct AttnBenchRow {
     pub peak_mib_per_rank: Option<f64>,
     /// What one rank must hold in the backward: q, dO, dQ, out, 2 × (K, V, dK, dV), 4 row statistics.
     pub working_set_mib_per_rank: f64,
+    /// The most bytes any rank's ring step moved between host and device in fwd+bwd.
+    pub host_device_bytes_per_step: u64,
 }
 
 struct Measured {
@@ -100,6 +114,30 @@ struct Measured {
 /// `ringbench bench`.
 pub fn run(command: &BenchCommand) -> Result<()> {
     let BenchCommand::Attn(args) = command;
+    let devices = args.devices.as_deref().map(parse_devices).transpose()?;
+    on_backend(
+        args.backend,
+        devices.as_deref().unwrap_or(&[]),
+        BenchOn(args),
+    )
+}
+
+struct BenchOn<'a>(&'a BenchAttnArgs);
+
+impl OnBackend for BenchOn<'_> {
+    type Output = ();
+    fn run<I: RingBackend>(self, devices: Vec<I::Device>) -> Result<()> {
+        bench_attn::<I>(self.0, &devices)
+    }
+}
+
+fn bench_attn<I: RingBackend>(args: &BenchAttnArgs, devices: &[I::Device]) -> Result<()> {
+    let kernels = match (&args.kernels[..], args.backend) {
+        ([], BackendName::Flex) => vec![Kernel::Fused, Kernel::Generic],
+        ([], _) => vec![Kernel::Generic],
+        (given, _) => given.to_vec(),
+    };
+    let matmul_gflops = || matmul_gflops_on::<I>(args.matmul, &devices[0]);
     let strategies: Vec<String> = if args.strategies.is_empty() {
         strategies::names().into_iter().map(String::from).collect()
     } else {
@@ -109,7 +147,7 @@ pub fn run(command: &BenchCommand) -> Result<()> {
     for &seq in &args.seq {
         for strategy in &strategies {
             for causal in [false, true] {
-                for &kernel in &args.kernels {
+                for &kernel in &kernels {
                     for &ranks in &args.ranks {
                         cases.push((seq, ranks, strategy.as_str(), causal, kernel));
                     }
@@ -119,8 +157,10 @@ pub fn run(command: &BenchCommand) -> Result<()> {
     }
     let counting = crate::alloc::active();
     println!(
-        "matmul 1024^3 f32 (flex): {:.1} GFLOP/s",
-        matmul_gflops(1024)
+        "matmul {n}^3 f32 ({}): {:.1} GFLOP/s",
+        args.backend,
+        matmul_gflops(),
+        n = args.matmul
     );
     let bar = ProgressBar::new(cases.len() as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed_precise} {msg}")
@@ -142,7 +182,8 @@ pub fn run(command: &BenchCommand) -> Result<()> {
         let k = random(vec![b, seq, h, d], 2);
         let v = random(vec![b, seq, h, d], 3);
         let d_out = random(vec![b, seq, h, d], 4);
-        let time = |with_grad: bool| -> Result<Measured> {
+        let mut host_device_bytes_per_step = 0;
+        let mut time = |with_grad: bool| -> Result<Measured> {
             let job = AttentionJob {
                 q: &q,
                 k: &k,
@@ -171,8 +212,10 @@ pub fn run(command: &BenchCommand) -> Result<()> {
             for _ in 0..args.repeats.max(1) {
                 crate::alloc::reset();
                 let start = Instant::now();
-                run_attention::<Autodiff<Flex>>(&job, &Default::default())?;
+                let result = run_attention_on_devices::<Autodiff<I>>(&job, devices)?;
                 let seconds = start.elapsed().as_secs_f64();
+                let most = result.traffic.iter().flat_map(|t| &t.host_device);
+                host_device_bytes_per_step = most.map(|r| r.bytes).max().unwrap_or(0);
                 let stats = crate::alloc::stats();
                 if seconds < best.seconds {
                     best = Measured {
@@ -187,7 +230,7 @@ pub fn run(command: &BenchCommand) -> Result<()> {
         let fwd = time(false)?;
         let fwd_bwd = time(true)?;
         // The baseline is re-measured beside every row: these machines are shared and noisy.
-        let matmul = matmul_gflops(1024);
+        let matmul = matmul_gflops();
         let pair_dims = (visible_pairs(seq, causal) * (b * h * d) as u64) as f64;
         let fwd_flops = FORWARD_PER_PAIR_DIM as f64 * pair_dims;
         let fwd_bwd_flops = (FORWARD_PER_PAIR_DIM + BACKWARD_PER_PAIR_DIM) as f64 * pair_dims;
@@ -209,6 +252,7 @@ pub fn run(command: &BenchCommand) -> Result<()> {
             strategy: strategy.to_owned(),
             causal,
             kernel: kernel.to_string(),
+            backend: args.backend.to_string(),
             fwd_seconds: fwd.seconds,
             fwd_gflops: fwd_flops / fwd.seconds / 1e9,
             fwd_bwd_seconds: fwd_bwd.seconds,
@@ -220,6 +264,7 @@ pub fn run(command: &BenchCommand) -> Result<()> {
                 .then(|| fwd_bwd.allocated as f64 / (ranks * 2 * ranks) as f64 / MIB),
             peak_mib_per_rank: counting.then(|| fwd_bwd.peak as f64 / ranks as f64 / MIB),
             working_set_mib_per_rank: (12.0 * block + 4.0 * (b * h * t * 4) as f64) / MIB,
+            host_device_bytes_per_step,
         };
         if bar.is_hidden() {
             println!("{}", format_row(&row));
@@ -248,29 +293,35 @@ fn opt(x: Option<f64>, digits: usize) -> String {
 
 fn format_row(r: &AttnBenchRow) -> String {
     format!(
-        "S={:5} N={} {:10} causal={:5} {:7} fwd {:7.3}s {:6.1} GFLOP/s  fwd+bwd {:7.3}s {:6.1} GFLOP/s ({:.2} of matmul, ring/single {})",
+        "S={:5} N={} {:10} causal={:5} {:7} {} fwd {:7.3}s {:6.1} GFLOP/s  fwd+bwd {:7.3}s {:6.1} GFLOP/s ({:.2} of matmul {:.1} GFLOP/s, ring/single {}, host<->device {} B/step)",
         r.seq,
         r.ranks,
         r.strategy,
         r.causal,
         r.kernel,
+        r.backend,
         r.fwd_seconds,
         r.fwd_gflops,
         r.fwd_bwd_seconds,
         r.fwd_bwd_gflops,
         r.fwd_bwd_over_matmul,
+        r.matmul_gflops,
         opt(r.ring_over_single, 2),
+        r.host_device_bytes_per_step,
     )
 }
 
 fn about(rows: &[AttnBenchRow], args: &BenchAttnArgs) -> String {
     format!(
-        "batch {}, heads {}, head_dim {}; matmul 1024^3 f32 (flex), best of 5, is measured beside every row \
-         (first row: {:.1} GFLOP/s) and `fwd_bwd_over_matmul` is against that row's value. FLOPs: 4·d (forward) + \
-         10·d (backward) per visible (q, k) pair and head.",
+        "batch {}, heads {}, head_dim {}; backend {}; matmul {}^3 f32 on the same backend, best of 5, is measured \
+         beside every row (first row: {:.1} GFLOP/s) and `fwd_bwd_over_matmul` is against that row's value. FLOPs: \
+         4·d (forward) + 10·d (backward) per visible (q, k) pair and head. `host_device_bytes_per_step`: the most \
+         any rank's ring step copied between host and device.",
         args.batch,
         args.heads,
         args.head_dim,
+        args.backend,
+        args.matmul,
         rows.first().map_or(0.0, |r| r.matmul_gflops),
     )
 }

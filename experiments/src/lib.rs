@@ -5,6 +5,7 @@
 
 pub mod alloc;
 pub mod attn;
+pub mod backend;
 pub mod bench;
 pub mod exorl;
 pub mod hardware;

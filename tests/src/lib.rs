@@ -3,6 +3,96 @@
 //! The reference builds the full score matrix and softmax in f64, one (batch, head) at a time, with no
 //! blocking, no log-sum-exp merging and no shared code with the engine.
 
+use burn::tensor::backend::AutodiffBackend;
+use std::time::Duration;
+use workbench::ring::jobs::{AttentionJob, AttentionResult, HostTensor, run_attention};
+use workbench::{RingBackend, RingConfig, RingError};
+
+/// Sequences per batch of every case.
+pub const BATCH: usize = 2;
+/// Width of a head in every case.
+pub const HEAD_DIM: usize = 16;
+
+/// Seeded inputs of one exactness case and their float64 reference.
+pub struct Case {
+    /// Queries `[batch, seq, heads, head_dim]`.
+    pub q: HostTensor,
+    /// Keys `[batch, seq, kv_heads, head_dim]`.
+    pub k: HostTensor,
+    /// Values, shaped like the keys.
+    pub v: HostTensor,
+    /// The output's gradient, shaped like the queries.
+    pub d_out: HostTensor,
+    /// Packed documents (empty: one).
+    pub doc_lens: Vec<usize>,
+    /// The float64 reference.
+    pub want: Reference,
+}
+
+/// A seeded case of `seq` tokens, `heads` (query, kv) heads, [`BATCH`] sequences of [`HEAD_DIM`]-wide
+/// heads, with its float64 reference at `scale` over documents `doc_lens`.
+pub fn case_with(
+    seq: usize,
+    (heads, kv_heads): (usize, usize),
+    causal: bool,
+    scale: f64,
+    doc_lens: &[usize],
+) -> Case {
+    let mut rng = Rng::new((seq * 131 + heads * 7 + usize::from(causal)) as u64);
+    let q_shape = vec![BATCH, seq, heads, HEAD_DIM];
+    let kv_shape = vec![BATCH, seq, kv_heads, HEAD_DIM];
+    let q = rng.vec(q_shape.iter().product(), 2.0);
+    let k = rng.vec(kv_shape.iter().product(), 2.0);
+    let v = rng.vec(kv_shape.iter().product(), 1.0);
+    let d_out = rng.vec(q_shape.iter().product(), 1.0);
+    let want = reference_packed(
+        &q,
+        &k,
+        &v,
+        &d_out,
+        [BATCH, seq, heads, HEAD_DIM],
+        kv_heads,
+        causal,
+        scale,
+        doc_lens,
+    );
+    Case {
+        q: HostTensor::new(q_shape.clone(), q),
+        k: HostTensor::new(kv_shape.clone(), k),
+        v: HostTensor::new(kv_shape, v),
+        d_out: HostTensor::new(q_shape, d_out),
+        doc_lens: doc_lens.to_vec(),
+        want,
+    }
+}
+
+/// Runs `c` with its gradient on `ranks` in-process ranks of `strategy`, all on `device`.
+pub fn run_case<B>(
+    c: &Case,
+    strategy: &str,
+    ranks: usize,
+    config: RingConfig,
+    device: &B::Device,
+) -> Result<AttentionResult, RingError>
+where
+    B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
+{
+    let job = AttentionJob {
+        q: &c.q,
+        k: &c.k,
+        v: &c.v,
+        d_out: Some(&c.d_out),
+        ranks,
+        strategy: strategies::by_name(strategy).expect("a registered strategy"),
+        config,
+        timeout: Duration::from_secs(30),
+        fault: None,
+        link: None,
+        doc_lens: &c.doc_lens,
+    };
+    run_attention::<B>(&job, device)
+}
+
 /// Seeded test inputs, uniform in [−1, 1) (the project's one generator, `datasets::SplitMix64`).
 pub struct Rng(datasets::SplitMix64);
 

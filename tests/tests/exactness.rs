@@ -2,11 +2,10 @@
 //! causal × {MHA, GQA} × kernel (fused, generic twin) against the float64 reference, plus scheme agreement and traffic accounting.
 
 use burn::backend::{Autodiff, Flex};
-use ringbench_tests::{Reference, Rng, reference_packed, rel_diff, rel_err};
-use std::time::Duration;
+use ringbench_tests::{BATCH, Case, HEAD_DIM, case_with, rel_diff, rel_err, run_case};
 use strategies::{by_name, names};
 use workbench::ring::block::BlockKind;
-use workbench::ring::jobs::{AttentionJob, AttentionResult, HostTensor, run_attention};
+use workbench::ring::jobs::AttentionResult;
 use workbench::transport::Phase;
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig, RingError};
 
@@ -21,17 +20,6 @@ const SEQ_LENS: [usize; 2] = [48, 40];
 const RANKS: [usize; 5] = [1, 2, 3, 4, 8];
 /// (query heads, kv heads): multi-head and grouped-query (8 query heads sharing 2 kv heads).
 const HEADS: [(usize, usize); 2] = [(4, 4), (8, 2)];
-const BATCH: usize = 2;
-const HEAD_DIM: usize = 16;
-
-struct Case {
-    q: HostTensor,
-    k: HostTensor,
-    v: HostTensor,
-    d_out: HostTensor,
-    doc_lens: Vec<usize>,
-    want: Reference,
-}
 
 /// Whether `strategy` splits `seq` tokens over `ranks` ranks without padding, written here from each
 /// strategy's definition (not asked of the strategy): contiguous and striped need `ranks | seq`,
@@ -49,69 +37,21 @@ fn accepts(strategy: &str, seq: usize, ranks: usize) -> bool {
     }
 }
 
-fn case(seq: usize, heads: (usize, usize), causal: bool) -> Case {
-    case_with(seq, heads, causal, 1.0 / (HEAD_DIM as f64).sqrt(), &[])
-}
-
-fn case_scaled(seq: usize, heads: (usize, usize), causal: bool, scale: f64) -> Case {
-    case_with(seq, heads, causal, scale, &[])
-}
-
-fn case_with(
-    seq: usize,
-    (heads, kv_heads): (usize, usize),
-    causal: bool,
-    scale: f64,
-    doc_lens: &[usize],
-) -> Case {
-    let mut rng = Rng::new((seq * 131 + heads * 7 + usize::from(causal)) as u64);
-    let q_shape = vec![BATCH, seq, heads, HEAD_DIM];
-    let kv_shape = vec![BATCH, seq, kv_heads, HEAD_DIM];
-    let q = rng.vec(q_shape.iter().product(), 2.0);
-    let k = rng.vec(kv_shape.iter().product(), 2.0);
-    let v = rng.vec(kv_shape.iter().product(), 1.0);
-    let d_out = rng.vec(q_shape.iter().product(), 1.0);
-    let want = reference_packed(
-        &q,
-        &k,
-        &v,
-        &d_out,
-        [BATCH, seq, heads, HEAD_DIM],
-        kv_heads,
-        causal,
-        scale,
-        doc_lens,
-    );
-    Case {
-        q: HostTensor::new(q_shape.clone(), q),
-        k: HostTensor::new(kv_shape.clone(), k),
-        v: HostTensor::new(kv_shape, v),
-        d_out: HostTensor::new(q_shape, d_out),
-        doc_lens: doc_lens.to_vec(),
-        want,
-    }
-}
-
 fn run(
     c: &Case,
     strategy: &str,
     ranks: usize,
     config: RingConfig,
 ) -> Result<AttentionResult, RingError> {
-    let job = AttentionJob {
-        q: &c.q,
-        k: &c.k,
-        v: &c.v,
-        d_out: Some(&c.d_out),
-        ranks,
-        strategy: by_name(strategy).unwrap(),
-        config,
-        timeout: Duration::from_secs(30),
-        fault: None,
-        link: None,
-        doc_lens: &c.doc_lens,
-    };
-    run_attention::<B>(&job, &Default::default())
+    run_case::<B>(c, strategy, ranks, config, &Default::default())
+}
+
+fn case(seq: usize, heads: (usize, usize), causal: bool) -> Case {
+    case_with(seq, heads, causal, 1.0 / (HEAD_DIM as f64).sqrt(), &[])
+}
+
+fn case_scaled(seq: usize, heads: (usize, usize), causal: bool, scale: f64) -> Case {
+    case_with(seq, heads, causal, scale, &[])
 }
 
 /// Every strategy × kernel × ranks × direction × scheme on `c` against its float64 reference, and

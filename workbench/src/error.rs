@@ -153,6 +153,16 @@ pub enum RingError {
         /// Its value.
         value: f32,
     },
+    /// A position past what the generic kernel's device masks hold exactly (f32 positions).
+    #[error(
+        "position {position} is past {limit}, the longest sequence the generic kernel's device masks hold exactly (positions are f32)"
+    )]
+    TooLongForDeviceMasks {
+        /// The position.
+        position: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// A name outside a fixed set (direction, scheme, kernel).
     #[error("unknown {what} '{got}'; expected one of: {expected}")]
     UnknownOption {

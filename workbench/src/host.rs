@@ -1,9 +1,11 @@
-//! Reading a backend's tensor into host memory: the one copy every ring block starts from.
+//! Moving values between host memory and a backend's device: the one home of those copies, each
+//! counted on the calling thread (a rank's thread), so that the ring can report what a step moved.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use std::cell::Cell;
 
 /// Backends whose tensors the ring reads as host f32. The default goes through `into_data`; a backend
 /// that can read its buffer in place overrides it to copy once.
@@ -12,6 +14,38 @@ pub trait HostRead: Backend {
     fn to_host<const D: usize>(tensor: Tensor<Self, D>) -> Vec<f32> {
         via_data(tensor)
     }
+}
+
+thread_local! {
+    static MOVED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Bytes this thread has moved between host and device (both ways) through [`read`] and [`place`].
+/// On the CPU backend the "device" is host memory: these are then copies between tensors and host
+/// blocks.
+pub fn moved_bytes() -> u64 {
+    MOVED.with(Cell::get)
+}
+
+fn count(shape: &[usize]) {
+    let bytes = (shape.iter().product::<usize>() * std::mem::size_of::<f32>()) as u64;
+    MOVED.with(|m| m.set(m.get() + bytes));
+}
+
+/// The tensor's values on the host (counted).
+pub fn read<B: HostRead, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
+    count(&tensor.dims());
+    B::to_host(tensor)
+}
+
+/// Host values placed on `device` as a tensor of `shape` (counted).
+pub fn place<B: Backend, const D: usize>(
+    data: Vec<f32>,
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D> {
+    count(&shape);
+    Tensor::from_data(TensorData::new(data, shape), device)
 }
 
 /// Any backend's tensor as host f32, through `into_data` (a shared Flex buffer is copied three times).
@@ -41,5 +75,8 @@ impl HostRead for burn::backend::Flex {
 
 #[cfg(feature = "cuda")]
 impl HostRead for burn::backend::Cuda {}
+
+#[cfg(feature = "wgpu")]
+impl HostRead for burn::backend::Wgpu {}
 
 impl<B: Backend, C: CheckpointStrategy> HostRead for Autodiff<B, C> {}

@@ -209,17 +209,17 @@ fn a_rate_limited_link_delays_delivery_but_not_the_sender() {
         |mut comm| -> Result<[f64; 4], RingError> {
             let (rank, peer) = (comm.rank(), 1 - comm.rank());
             comm.barrier()?;
-            let block = Arc::new(Block {
-                kind: BlockKind::K,
-                shape: vec![250_000],
-                data: vec![rank as f32; 250_000],
-            });
+            let block = Arc::new(Block::host(
+                BlockKind::K,
+                vec![250_000],
+                vec![rank as f32; 250_000],
+            ));
             let before_send = clock.elapsed().as_secs_f64();
             let pending = comm.exchange(Phase::Forward, 0, peer, peer, vec![block])?;
             let posted = clock.elapsed().as_secs_f64();
             let got = comm.wait(pending)?;
             let arrived = clock.elapsed().as_secs_f64();
-            assert_eq!(got[0].data[0], peer as f32);
+            assert_eq!(got[0].host_values()[0], peer as f32);
             Ok([
                 before_send,
                 posted,

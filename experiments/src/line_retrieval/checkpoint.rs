@@ -88,7 +88,8 @@ pub fn load_checkpoint<B: Backend>(
 /// `config.json`; a field added to [`LlamaConfig`] after the checkpoint was written takes its
 /// default (every such field is an option that does not change the weights).
 fn read_config(path: &Path) -> Result<LlamaConfig> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut found: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let Some(fields) = found.as_object_mut() else {

@@ -20,8 +20,8 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use workbench::RingBackend;
-use workbench::model::{Llama, LlamaConfig};
 use workbench::model::lazy::seeded;
+use workbench::model::{Llama, LlamaConfig};
 use workbench::train::{Example, StepLog, TrainOptions, train};
 
 /// One row of `metrics.csv`.
@@ -184,7 +184,11 @@ fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> 
 
 /// The weights of the checkpoint in `dir`, which must have the architecture `config` describes
 /// (chunking and rematerialization may differ: they do not change the weights).
-fn start_from<B: Backend>(dir: &Path, config: &LlamaConfig, device: &B::Device) -> Result<Llama<B>> {
+fn start_from<B: Backend>(
+    dir: &Path,
+    config: &LlamaConfig,
+    device: &B::Device,
+) -> Result<Llama<B>> {
     let (model, found, _) = load_checkpoint::<B>(dir, device)?;
     let comparable = found
         .clone()

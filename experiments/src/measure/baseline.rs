@@ -1,15 +1,21 @@
 //! Measurements every table is taken against: this machine's matmul rate, and seeded random inputs.
 
 use burn::backend::Flex;
+use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
 use std::time::Instant;
 use workbench::ring::jobs::HostTensor;
 
 /// Best-of-5 GFLOP/s of a square f32 `n³` matmul on the Flex backend.
 pub fn matmul_gflops(n: usize) -> f64 {
-    let device = Default::default();
-    let a = Tensor::<Flex, 2>::random([n, n], Distribution::Default, &device);
-    let b = Tensor::<Flex, 2>::random([n, n], Distribution::Default, &device);
+    matmul_gflops_on::<Flex>(n, &Default::default())
+}
+
+/// Best-of-5 GFLOP/s of a square f32 `n³` matmul on backend `B`'s `device` (the result is read back,
+/// so a device backend's queue has finished it).
+pub fn matmul_gflops_on<B: Backend>(n: usize, device: &B::Device) -> f64 {
+    let a = Tensor::<B, 2>::random([n, n], Distribution::Default, device);
+    let b = Tensor::<B, 2>::random([n, n], Distribution::Default, device);
     let _ = a.clone().matmul(b.clone()).into_data();
     let best = (0..5)
         .map(|_| {

@@ -2,35 +2,21 @@
 //!
 //! The engine hands host blocks to these functions and never asks which kernel runs.
 
+pub(crate) mod device_mask;
 pub mod flops;
 pub mod fused;
 pub mod mask;
 pub(crate) mod reference;
 
-use crate::host::via_data;
+use crate::host::HostRead;
 use crate::ring::block::Block;
 use crate::ring::context::Kernel;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
+use device_mask::DeviceMasks;
 use fused::{BackwardTile, OnlineSoftmax, TileDims};
 use mask::{Visibility, Window};
 use reference::{block_attention, block_attention_backward, merge_block};
 use std::sync::Arc;
-
-fn tensor<B: Backend, const D: usize>(
-    data: &[f32],
-    shape: [usize; D],
-    device: &B::Device,
-) -> Tensor<B, D> {
-    Tensor::from_data(TensorData::new(data.to_vec(), shape), device)
-}
-
-fn bias(visibility: Visibility, win_q: &[Window], pos_k: &[usize]) -> Option<Vec<f32>> {
-    matches!(visibility, Visibility::Partial { .. }).then(|| mask::bias(win_q, pos_k))
-}
-
-fn kv_shape(d: &TileDims) -> [usize; 4] {
-    [d.batch, d.kv_heads, d.tk, d.head_dim]
-}
 
 fn q_shape(d: &TileDims) -> [usize; 4] {
     [d.batch, d.heads, d.tq, d.head_dim]
@@ -52,78 +38,85 @@ pub(crate) fn workspace_bytes(kernel: Kernel, dims: &TileDims, backward: bool) -
 
 /// One rank's forward accumulator over the blocks of a ring pass.
 pub(crate) enum ForwardTiles<B: Backend> {
+    /// The generic twin: everything stays a tensor on the rank's device.
     Generic {
         q: Tensor<B, 4>,
         acc: Option<(Tensor<B, 4>, Tensor<B, 3>)>,
-        win_q: Vec<Window>,
+        masks: DeviceMasks<B>,
+        rank: usize,
         scale: f32,
     },
-    Fused {
-        q: Arc<Block>,
-        state: OnlineSoftmax,
-    },
+    /// The fused CPU kernel, on host blocks.
+    Fused { q: Arc<Block>, state: OnlineSoftmax },
 }
 
-impl<B: Backend> ForwardTiles<B> {
-    /// `q` as a tensor (the generic twin) and as the host block the fused kernel reads.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        kernel: Kernel,
-        q: Tensor<B, 4>,
-        q_host: Arc<Block>,
+impl<B: HostRead> ForwardTiles<B> {
+    /// The generic twin's state for rank `rank`'s queries, with every rank's masks on the device.
+    pub fn generic(q: Tensor<B, 4>, masks: DeviceMasks<B>, rank: usize, scale: f32) -> Self {
+        ForwardTiles::Generic {
+            q,
+            acc: None,
+            masks,
+            rank,
+            scale,
+        }
+    }
+
+    /// The fused kernel's state for the host block `q` (`[b, h, t, d]`).
+    pub fn fused(
+        q: Arc<Block>,
         kv_heads: usize,
         win_q: &[Window],
         scale: f32,
         parallel: bool,
     ) -> Self {
-        match kernel {
-            Kernel::Generic => ForwardTiles::Generic {
-                q,
-                acc: None,
-                win_q: win_q.to_vec(),
-                scale,
-            },
-            Kernel::Fused => {
-                let [batch, heads, tq, head_dim] = q.dims();
-                let dims = TileDims {
-                    batch,
-                    heads,
-                    kv_heads,
-                    tq,
-                    tk: 0,
-                    head_dim,
-                };
-                ForwardTiles::Fused {
-                    q: q_host,
-                    state: OnlineSoftmax::new(dims, win_q, scale).with_parallel(parallel),
-                }
-            }
+        let [batch, heads, tq, head_dim] = q.shape[..] else {
+            unreachable!("q blocks are 4-d")
+        };
+        let dims = TileDims {
+            batch,
+            heads,
+            kv_heads,
+            tq,
+            tk: 0,
+            head_dim,
+        };
+        ForwardTiles::Fused {
+            q,
+            state: OnlineSoftmax::new(dims, win_q, scale).with_parallel(parallel),
         }
     }
 
-    /// Folds a key/value block (`[b, hk, tk, d]`) with global positions `pos_k` into the state.
-    pub fn attend(&mut self, k: &Block, v: &Block, pos_k: &[usize], visibility: Visibility) {
+    /// Folds rank `owner`'s key/value block (`[b, hk, tk, d]`, keys at global `pos_k`) into the state.
+    pub fn attend(
+        &mut self,
+        k: &Block,
+        v: &Block,
+        owner: usize,
+        pos_k: &[usize],
+        visibility: Visibility,
+    ) {
         match self {
             ForwardTiles::Generic {
                 q,
                 acc,
-                win_q,
+                masks,
+                rank,
                 scale,
             } => {
                 let device = q.device();
-                let shape: [usize; 4] = k.shape.clone().try_into().expect("k/v blocks are 4-d");
-                let (k, v) = (
-                    tensor::<B, 4>(&k.data, shape, &device),
-                    tensor::<B, 4>(&v.data, shape, &device),
-                );
-                let bias = bias(visibility, win_q, pos_k);
-                let tile = block_attention(q, &k, &v, bias.as_deref(), *scale);
+                let (k, v) = (k.tensor::<B, 4>(&device), v.tensor::<B, 4>(&device));
+                let bias = matches!(visibility, Visibility::Partial { .. })
+                    .then(|| masks.bias(*rank, owner));
+                let tile = block_attention(q, &k, &v, bias, *scale);
                 *acc = Some(match acc.take() {
                     None => tile,
                     Some(prev) => merge_block(prev, tile),
                 });
             }
-            ForwardTiles::Fused { q, state } => state.attend(&q.data, &k.data, &v.data, pos_k),
+            ForwardTiles::Fused { q, state } => {
+                state.attend(&q.host_values(), &k.host_values(), &v.host_values(), pos_k)
+            }
         }
     }
 
@@ -150,43 +143,39 @@ impl<B: Backend> ForwardTiles<B> {
     }
 }
 
-/// Adds one tile's gradient contributions to `[dq, dk, dv]` (host buffers shaped like q, k, v).
-pub(crate) fn backward_tile<B: Backend>(
-    kernel: Kernel,
+/// The inputs of one generic backward tile, as blocks on (or, from another process, copied to)
+/// the rank's device: q and dO `[b, h, tq, d]`, lse and δ `[b, h, tq]`, k and v `[b, hk, tk, d]`.
+pub(crate) struct DeviceTile<'a, B: Backend> {
+    pub q: &'a Block,
+    pub d_out: &'a Block,
+    pub lse: &'a Block,
+    pub delta: &'a Block,
+    pub k: &'a Block,
+    pub v: &'a Block,
+    /// The tile's additive mask `[tq, tk]`; `None` when every pair is visible.
+    pub bias: Option<Tensor<B, 2>>,
+    pub scale: f32,
+}
+
+/// One generic tile's gradients `[dq, dk, dv]`, computed on the device.
+pub(crate) fn backward_tile_generic<B: Backend>(
+    tile: DeviceTile<'_, B>,
     device: &B::Device,
-    tile: &BackwardTile,
-    visibility: Visibility,
-    [dq, dk, dv]: [&mut [f32]; 3],
-) {
-    let dims = tile.dims;
-    match kernel {
-        Kernel::Fused => fused::backward(tile, dq, dk, dv),
-        Kernel::Generic => {
-            let rows = [dims.batch, dims.heads, dims.tq];
-            let q = tensor::<B, 4>(tile.q, q_shape(&dims), device);
-            let k = tensor::<B, 4>(tile.k, kv_shape(&dims), device);
-            let v = tensor::<B, 4>(tile.v, kv_shape(&dims), device);
-            let d_out = tensor::<B, 4>(tile.d_out, q_shape(&dims), device);
-            let lse = tensor::<B, 3>(tile.lse, rows, device);
-            let delta = tensor::<B, 3>(tile.delta, rows, device);
-            let bias = bias(visibility, tile.win_q, tile.pos_k);
-            let (dq_t, dk_t, dv_t) = block_attention_backward(
-                &q,
-                &k,
-                &v,
-                &d_out,
-                &lse,
-                &delta,
-                bias.as_deref(),
-                tile.scale,
-            );
-            for (sum, part) in [
-                (dq, via_data(dq_t)),
-                (dk, via_data(dk_t)),
-                (dv, via_data(dv_t)),
-            ] {
-                sum.iter_mut().zip(part).for_each(|(a, b)| *a += b);
-            }
-        }
-    }
+) -> [Tensor<B, 4>; 3] {
+    let (dq, dk, dv) = block_attention_backward(
+        &tile.q.tensor(device),
+        &tile.k.tensor(device),
+        &tile.v.tensor(device),
+        &tile.d_out.tensor(device),
+        &tile.lse.tensor(device),
+        &tile.delta.tensor(device),
+        tile.bias,
+        tile.scale,
+    );
+    [dq, dk, dv]
+}
+
+/// Adds one fused tile's gradient contributions to `[dq, dk, dv]` (host buffers shaped like q, k, v).
+pub(crate) fn backward_tile_fused(tile: &BackwardTile, [dq, dk, dv]: [&mut [f32]; 3]) {
+    fused::backward(tile, dq, dk, dv)
 }

@@ -8,13 +8,13 @@
 //! q, o, dO: `[b, h, tq, d]`; k, v: `[b, hk, tk, d]` with `h = g · hk` (grouped-query attention,
 //! query head `i` reads kv head `i / g`); lse, delta: `[b, h, tq]`.
 
-use burn::tensor::{Tensor, TensorData, backend::Backend};
+use burn::tensor::{Tensor, backend::Backend};
 
 /// A tile's scores `scale · q kᵀ` with the mask applied, laid out `[b, h, tq, tk]`.
 fn scores<B: Backend>(
     q: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
-    bias: Option<&[f32]>,
+    bias: Option<Tensor<B, 2>>,
     scale: f32,
 ) -> Tensor<B, 4> {
     let [b, h, tq, d] = q.dims();
@@ -24,13 +24,7 @@ fn scores<B: Backend>(
         .matmul(k.clone().swap_dims(2, 3))
         .reshape([b, h, tq, tk]);
     match bias {
-        Some(bias) => {
-            let bias = Tensor::<B, 4>::from_data(
-                TensorData::new(bias.to_vec(), [1, 1, tq, tk]),
-                &s.device(),
-            );
-            s + bias
-        }
+        Some(bias) => s + bias.reshape([1, 1, tq, tk]),
         None => s,
     }
 }
@@ -46,13 +40,14 @@ fn grouped_matmul<B: Backend>(p: Tensor<B, 4>, v: &Tensor<B, 4>) -> Tensor<B, 4>
 
 /// Forward of one tile: normalized output `[b, h, tq, d]` and log-sum-exp `[b, h, tq]`.
 ///
-/// `bias` is a [`super::mask::bias`] for partially visible tiles, `None` for fully visible ones.
+/// `bias` is the tile's additive mask `[tq, tk]` (0 or −∞) for partially visible tiles, `None` for
+/// fully visible ones.
 /// Rows with no visible key get output 0 and lse −∞, which [`merge_block`] treats as empty.
 pub fn block_attention<B: Backend>(
     q: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
     v: &Tensor<B, 4>,
-    bias: Option<&[f32]>,
+    bias: Option<Tensor<B, 2>>,
     scale: f32,
 ) -> (Tensor<B, 4>, Tensor<B, 3>) {
     let s = scores(q, k, bias, scale);
@@ -94,7 +89,7 @@ pub fn block_attention_backward<B: Backend>(
     d_out: &Tensor<B, 4>,
     lse: &Tensor<B, 3>,
     delta: &Tensor<B, 3>,
-    bias: Option<&[f32]>,
+    bias: Option<Tensor<B, 2>>,
     scale: f32,
 ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
     let [b, h, tq, d] = q.dims();

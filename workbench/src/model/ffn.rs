@@ -73,6 +73,9 @@ impl FfnBackend for burn::backend::Flex {}
 #[cfg(feature = "cuda")]
 impl FfnBackend for burn::backend::Cuda {}
 
+#[cfg(feature = "wgpu")]
+impl FfnBackend for burn::backend::Wgpu {}
+
 #[derive(Debug)]
 struct SwigluBackward;
 

@@ -1,7 +1,12 @@
-//! Plain f32 blocks: what travels between ranks, detached from any autodiff graph.
+//! Blocks: what travels between ranks, detached from any autodiff graph, held on the host (the fused
+//! CPU kernel, MPI and NCCL staging) or as a tensor of the rank's backend (the generic kernel).
 
-use crate::host::HostRead;
-use burn::tensor::{Tensor, TensorData, backend::Backend};
+use crate::host::{self, HostRead};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorPrimitive, backend::Backend};
+use std::any::Any;
+use std::borrow::Cow;
+use std::sync::Arc;
 
 /// What a block carries; traffic is counted per kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -28,50 +33,186 @@ pub enum BlockKind {
     Reduce,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-/// A host block of f32 values and its shape.
+/// Where a block's values live.
+#[derive(Clone)]
+enum Values {
+    /// Host f32, row-major.
+    Host(Vec<f32>),
+    /// A float tensor of some backend, type-erased so that transports need not know the backend.
+    Device(DeviceValues),
+}
+
+/// A backend's float tensor, flattened to one dimension (a reshape is free on every backend) and
+/// behind `Any`, with the one function that reads it to the host.
+#[derive(Clone)]
+struct DeviceValues {
+    flat: Arc<dyn Any + Send + Sync>,
+    read: fn(&(dyn Any + Send + Sync)) -> Vec<f32>,
+}
+
+fn flat_of<B: Backend>(values: &(dyn Any + Send + Sync)) -> Option<Tensor<B, 1>> {
+    let primitive = values.downcast_ref::<FloatTensor<B>>()?.clone();
+    Some(Tensor::from_primitive(TensorPrimitive::Float(primitive)))
+}
+
+fn read_device<B: HostRead>(values: &(dyn Any + Send + Sync)) -> Vec<f32> {
+    host::read(flat_of::<B>(values).expect("read is stored with the tensor's own backend"))
+}
+
+#[derive(Clone)]
+/// A block of f32 values and its shape, on the host or on a device.
 pub struct Block {
     /// What it carries.
     pub kind: BlockKind,
     /// Its shape.
     pub shape: Vec<usize>,
-    /// Its values, row-major.
-    pub data: Vec<f32>,
+    values: Values,
+}
+
+impl std::fmt::Debug for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let place = match &self.values {
+            Values::Host(_) => "host",
+            Values::Device(_) => "device",
+        };
+        write!(f, "Block({:?}, {:?}, {place})", self.kind, self.shape)
+    }
+}
+
+impl PartialEq for Block {
+    /// Same kind, shape and values (device values are read to compare).
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind
+            && self.shape == other.shape
+            && self.host_values() == other.host_values()
+    }
 }
 
 impl Block {
-    /// A block of zeros.
-    pub fn zeros(kind: BlockKind, shape: Vec<usize>) -> Self {
-        let len = shape.iter().product();
+    /// A host block of `data` shaped `shape`.
+    pub fn host(kind: BlockKind, shape: Vec<usize>, data: Vec<f32>) -> Self {
+        debug_assert_eq!(shape.iter().product::<usize>(), data.len());
         Self {
             kind,
             shape,
-            data: vec![0.0; len],
+            values: Values::Host(data),
         }
     }
 
-    /// The tensor's values on the host, as a block of kind `kind`.
-    pub fn from_tensor<B: HostRead, const D: usize>(kind: BlockKind, tensor: Tensor<B, D>) -> Self {
-        let shape = tensor.dims().to_vec();
-        let data = B::to_host(tensor);
-        Self { kind, shape, data }
+    /// A host block of zeros.
+    pub fn zeros(kind: BlockKind, shape: Vec<usize>) -> Self {
+        let len = shape.iter().product();
+        Self::host(kind, shape, vec![0.0; len])
     }
 
-    /// The block as a tensor, without copying its data.
+    /// A block of zeros on `device`.
+    pub fn zeros_on<B: HostRead>(kind: BlockKind, shape: Vec<usize>, device: &B::Device) -> Self {
+        let len = shape.iter().product::<usize>();
+        Self::flat_on_device(kind, shape, Tensor::<B, 1>::zeros([len], device))
+    }
+
+    /// The tensor itself as a block on its device: nothing is copied.
+    pub fn on_device<B: HostRead, const D: usize>(kind: BlockKind, tensor: Tensor<B, D>) -> Self {
+        let shape = tensor.dims().to_vec();
+        let flat = tensor.reshape([shape.iter().product::<usize>()]);
+        Self::flat_on_device(kind, shape, flat)
+    }
+
+    fn flat_on_device<B: HostRead>(kind: BlockKind, shape: Vec<usize>, flat: Tensor<B, 1>) -> Self {
+        let primitive: FloatTensor<B> = flat.into_primitive().tensor();
+        Self {
+            kind,
+            shape,
+            values: Values::Device(DeviceValues {
+                flat: Arc::new(primitive),
+                read: read_device::<B>,
+            }),
+        }
+    }
+
+    /// The tensor's values copied to the host, as a block of kind `kind`.
+    pub fn from_tensor<B: HostRead, const D: usize>(kind: BlockKind, tensor: Tensor<B, D>) -> Self {
+        let shape = tensor.dims().to_vec();
+        Self::host(kind, shape, host::read(tensor))
+    }
+
+    /// Whether the values are a device tensor.
+    pub fn is_on_device(&self) -> bool {
+        matches!(self.values, Values::Device(_))
+    }
+
+    /// The values on the host: borrowed when they are there, read from the device (counted) when not.
+    pub fn host_values(&self) -> Cow<'_, [f32]> {
+        match &self.values {
+            Values::Host(data) => Cow::Borrowed(data),
+            Values::Device(d) => Cow::Owned((d.read)(d.flat.as_ref())),
+        }
+    }
+
+    /// Mutable host values; a device block is first read to the host (counted) and stays there.
+    pub fn host_values_mut(&mut self) -> &mut [f32] {
+        if let Values::Device(d) = &self.values {
+            self.values = Values::Host((d.read)(d.flat.as_ref()));
+        }
+        match &mut self.values {
+            Values::Host(data) => data,
+            Values::Device(_) => unreachable!("read to the host above"),
+        }
+    }
+
+    /// The block as a tensor of backend `B` on `device`: the tensor itself when it is one of `B`'s
+    /// (no copy), else its host values placed on `device` (counted).
+    pub fn tensor<B: Backend, const D: usize>(&self, device: &B::Device) -> Tensor<B, D> {
+        let shape: [usize; D] = self
+            .shape
+            .clone()
+            .try_into()
+            .expect("a block is read with its own number of dimensions");
+        self.flat(device).reshape(shape)
+    }
+
+    /// The values as a 1-d tensor of `B` on `device` (no copy when they are one already).
+    fn flat<B: Backend>(&self, device: &B::Device) -> Tensor<B, 1> {
+        if let Values::Device(d) = &self.values
+            && let Some(flat) = flat_of::<B>(d.flat.as_ref())
+        {
+            return flat;
+        }
+        host::place(self.host_values().into_owned(), [self.len()], device)
+    }
+
+    /// The block as a tensor of `B` on `device`, consuming it.
     pub fn into_tensor<B: Backend, const D: usize>(self, device: &B::Device) -> Tensor<B, D> {
-        Tensor::from_data(TensorData::new(self.data, self.shape), device)
+        self.tensor(device)
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether it holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Bytes of its values.
     pub fn bytes(&self) -> u64 {
-        (self.data.len() * std::mem::size_of::<f32>()) as u64
+        (self.len() * std::mem::size_of::<f32>()) as u64
     }
 
-    /// Elementwise `self += other`; shapes were fixed when the accumulator was created.
-    pub fn add_assign(&mut self, other: &Block) {
+    /// Elementwise `self += other` (shapes were fixed when the accumulator was created): on the device
+    /// when `self` is a device block, on the host when it is a host block.
+    pub fn add_assign<B: HostRead>(&mut self, other: &Block, device: &B::Device) {
         debug_assert_eq!(self.shape, other.shape);
-        for (a, b) in self.data.iter_mut().zip(&other.data) {
-            *a += b;
+        if self.is_on_device() {
+            let sum = self.flat::<B>(device) + other.flat::<B>(device);
+            *self = Self::flat_on_device(self.kind, std::mem::take(&mut self.shape), sum);
+        } else {
+            let other = other.host_values();
+            for (a, b) in self.host_values_mut().iter_mut().zip(other.iter()) {
+                *a += b;
+            }
         }
     }
 }

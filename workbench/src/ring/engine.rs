@@ -5,13 +5,16 @@
 //! Forward and every backward scheme are one `ring_pass` each with a different cargo.
 
 use crate::error::RingError;
-use crate::host::HostRead;
+use crate::host::{self, HostRead};
+use crate::kernels::device_mask::DeviceMasks;
 use crate::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM};
 use crate::kernels::fused::{BackwardTile, TileDims, softmax_delta};
 use crate::kernels::mask::Visibility;
-use crate::kernels::{ForwardTiles, backward_tile, workspace_bytes};
+use crate::kernels::{
+    DeviceTile, ForwardTiles, backward_tile_fused, backward_tile_generic, workspace_bytes,
+};
 use crate::ring::block::{Block, BlockKind};
-use crate::ring::context::{BackwardScheme, Direction, RingContext, StepEvent};
+use crate::ring::context::{BackwardScheme, Direction, Kernel, RingContext, StepEvent};
 use crate::ring::ledger::{Charge, Ledger};
 use crate::transport::{Comm, Phase};
 use burn::tensor::Tensor;
@@ -27,7 +30,9 @@ use std::time::Instant;
 ///
 /// `ledger` is charged for the second buffer of each exchange from its post to the end of the step
 /// (the received cargo or accumulator it becomes is charged while held), and for the accumulator.
-pub(crate) fn ring_pass(
+/// The bytes each step moves between host and `device` are recorded in the traffic.
+pub(crate) fn ring_pass<B: HostRead>(
+    device: &B::Device,
     comm: &mut Comm,
     ledger: &Arc<Ledger>,
     phase: Phase,
@@ -48,6 +53,7 @@ pub(crate) fn ring_pass(
     let mut _held_charge: Option<Charge> = None;
     let mut incoming_acc = None;
     for step in 0..world {
+        let moved_before = host::moved_bytes();
         let incoming = if step + 1 < world {
             let arriving = ledger.charge(bytes(&held));
             Some((
@@ -67,7 +73,7 @@ pub(crate) fn ring_pass(
                     .collect();
             }
             for (a, c) in acc.iter_mut().zip(contribution.iter().flatten()) {
-                a.add_assign(c);
+                a.add_assign::<B>(c, device);
             }
             if world > 1 {
                 let outgoing = std::mem::take(acc).into_iter().map(Arc::new).collect();
@@ -79,6 +85,7 @@ pub(crate) fn ring_pass(
             held = comm.wait(pending)?;
             _held_charge = Some(arriving);
         }
+        comm.record_host_device(phase, step, host::moved_bytes() - moved_before);
     }
     if let Some((pending, _arriving)) = incoming_acc {
         accumulator = Some(
@@ -146,6 +153,30 @@ pub(crate) fn check_shapes(
     Ok(())
 }
 
+/// Every rank's query windows and key positions, placed on `device` for the generic kernel's masks.
+fn device_masks<B: HostRead>(
+    ctx: &RingContext,
+    device: &B::Device,
+) -> Result<DeviceMasks<B>, RingError> {
+    let ranks = 0..ctx.world();
+    let windows: Vec<_> = ranks.clone().map(|r| ctx.windows(r)).collect();
+    let positions: Vec<_> = ranks.map(|r| ctx.positions(r)).collect();
+    DeviceMasks::new(&windows, &positions, device)
+}
+
+/// A tensor as a block: on the host for the fused kernel (one copy), as itself on the device for the
+/// generic one (no copy).
+fn block_for<B: HostRead, const D: usize>(
+    kernel: Kernel,
+    kind: BlockKind,
+    tensor: Tensor<B, D>,
+) -> Block {
+    match kernel {
+        Kernel::Fused => Block::from_tensor(kind, tensor),
+        Kernel::Generic => Block::on_device(kind, tensor),
+    }
+}
+
 /// Ring forward on one rank: this rank's output `[b, h, t, d]`, log-sum-exp `[b, h, t]`, and what
 /// the backward needs.
 pub fn forward<B: HostRead>(
@@ -156,33 +187,32 @@ pub fn forward<B: HostRead>(
 ) -> Result<(Tensor<B, 4>, Tensor<B, 3>, Saved), RingError> {
     check_shapes(ctx, q.dims(), k.dims(), v.dims())?;
     let [b, h, t, d] = q.dims();
+    let kv_heads = k.dims()[1];
     let scale = scale_of(ctx, d);
     let device = q.device();
-    let win_q = ctx.windows(ctx.rank());
-    let q_host = Arc::new(Block::from_tensor(BlockKind::Q, q.clone()));
-    let mut tiles = ForwardTiles::new(
-        ctx.config.kernel,
-        q,
-        q_host.clone(),
-        k.dims()[1],
-        win_q,
-        scale,
-        parallel_units(ctx),
-    );
+    let rank = ctx.rank();
+    let win_q = ctx.windows(rank);
+    let kernel = ctx.config.kernel;
+    let q_block = Arc::new(block_for(kernel, BlockKind::Q, q.clone()));
+    let mut tiles = match kernel {
+        Kernel::Fused => {
+            ForwardTiles::fused(q_block.clone(), kv_heads, win_q, scale, parallel_units(ctx))
+        }
+        Kernel::Generic => ForwardTiles::generic(q, device_masks(ctx, &device)?, rank, scale),
+    };
     let (k, v) = (
-        Arc::new(Block::from_tensor(BlockKind::K, k)),
-        Arc::new(Block::from_tensor(BlockKind::V, v)),
+        Arc::new(block_for(kernel, BlockKind::K, k)),
+        Arc::new(block_for(kernel, BlockKind::V, v)),
     );
     let ledger = ctx.ledger();
     let rows = (b * h * t * std::mem::size_of::<f32>()) as u64;
     // What the backward keeps (q, k, v, lse), and the forward's accumulators (out, row max, row sum).
-    let saved_charge = ledger.charge(q_host.bytes() + k.bytes() + v.bytes() + rows);
+    let saved_charge = ledger.charge(q_block.bytes() + k.bytes() + v.bytes() + rows);
     let _accumulators = ledger.charge(rows * d as u64 + 2 * rows);
-    let kernel = ctx.config.kernel;
-    let kv_heads = k.shape[1];
     let cargo = vec![k.clone(), v.clone()];
     let mut comm = ctx.comm();
-    ring_pass(
+    ring_pass::<B>(
+        &device,
         &mut comm,
         ledger,
         Phase::Forward,
@@ -204,7 +234,7 @@ pub fn forward<B: HostRead>(
                     head_dim: d,
                 };
                 let _workspace = ledger.charge(workspace_bytes(kernel, &dims, false));
-                tiles.attend(&held[0], &held[1], pos_k, visibility);
+                tiles.attend(&held[0], &held[1], owner, pos_k, visibility);
             }
             ctx.record(StepEvent {
                 phase: Phase::Forward,
@@ -219,17 +249,18 @@ pub fn forward<B: HostRead>(
     )?;
     let (out, lse) = tiles.finish(&device);
     let saved = Saved {
-        q: q_host,
+        q: q_block,
         k,
         v,
-        lse: Arc::new(Block::from_tensor(BlockKind::Lse, lse.clone())),
+        lse: Arc::new(block_for(kernel, BlockKind::Lse, lse.clone())),
         _charge: Arc::new(saved_charge),
     };
     Ok((out, lse, saved))
 }
 
-/// What the backward needs from the forward, on one rank: the forward's own host blocks of q, k, v
-/// `[b, h|hk, t, d]` and of the log-sum-exp `[b, h, t]`. The output is the caller's to keep.
+/// What the backward needs from the forward, on one rank: the forward's own blocks of q, k, v
+/// `[b, h|hk, t, d]` and of the log-sum-exp `[b, h, t]` (host blocks for the fused kernel, device
+/// tensors for the generic one). The output is the caller's to keep.
 #[derive(Debug, Clone)]
 pub struct Saved {
     pub(crate) q: Arc<Block>,
@@ -247,7 +278,8 @@ pub type QkvGrads<B> = (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>);
 ///
 /// `kv`/`kv-reverse`: K and V travel with the dK/dV accumulator, dQ accumulates here. `q`: Q, dO, lse
 /// and delta travel with the dQ accumulator, dK/dV accumulate here. Either way every (query block,
-/// key block) pair meets exactly once.
+/// key block) pair meets exactly once. With the generic kernel every block, accumulator and mask
+/// stays a tensor on the rank's device.
 pub fn backward<B: HostRead>(
     ctx: &RingContext,
     saved: &Saved,
@@ -261,12 +293,29 @@ pub fn backward<B: HostRead>(
     let scale = scale_of(ctx, d);
     let kernel = ctx.config.kernel;
     let parallel = parallel_units(ctx);
-    let d_out = Arc::new(Block::from_tensor(BlockKind::DOut, d_out));
-    let delta = Arc::new(Block {
-        kind: BlockKind::Delta,
-        shape: vec![b, h, t],
-        data: softmax_delta(&d_out.data, &B::to_host(out), d),
-    });
+    let (d_out, delta) = match kernel {
+        Kernel::Fused => {
+            let d_out = Block::from_tensor(BlockKind::DOut, d_out);
+            let delta = softmax_delta(&d_out.host_values(), &host::read(out), d);
+            (d_out, Block::host(BlockKind::Delta, vec![b, h, t], delta))
+        }
+        Kernel::Generic => {
+            let delta: Tensor<B, 3> = (d_out.clone() * out).sum_dim(3).squeeze_dim(3);
+            (
+                Block::on_device(BlockKind::DOut, d_out),
+                Block::on_device(BlockKind::Delta, delta),
+            )
+        }
+    };
+    let (d_out, delta) = (Arc::new(d_out), Arc::new(delta));
+    let masks = match kernel {
+        Kernel::Fused => None,
+        Kernel::Generic => Some(device_masks::<B>(ctx, &device)?),
+    };
+    let zeros = |kind: BlockKind, shape: &[usize]| match kernel {
+        Kernel::Fused => Block::zeros(kind, shape.to_vec()),
+        Kernel::Generic => Block::zeros_on::<B>(kind, shape.to_vec(), &device),
+    };
     let dims = TileDims {
         batch: b,
         heads: h,
@@ -286,20 +335,20 @@ pub fn backward<B: HostRead>(
     let (cargo, accumulator, mut stay) = if travelling_q {
         (
             vec![q.clone(), d_out.clone(), lse.clone(), delta.clone()],
-            vec![Block::zeros(BlockKind::DQ, q_shape.clone())],
+            vec![zeros(BlockKind::DQ, &q_shape)],
             vec![
-                Block::zeros(BlockKind::DK, kv_shape.clone()),
-                Block::zeros(BlockKind::DV, kv_shape.clone()),
+                zeros(BlockKind::DK, &kv_shape),
+                zeros(BlockKind::DV, &kv_shape),
             ],
         )
     } else {
         (
             vec![k.clone(), v.clone()],
             vec![
-                Block::zeros(BlockKind::DK, kv_shape.clone()),
-                Block::zeros(BlockKind::DV, kv_shape.clone()),
+                zeros(BlockKind::DK, &kv_shape),
+                zeros(BlockKind::DV, &kv_shape),
             ],
-            vec![Block::zeros(BlockKind::DQ, q_shape.clone())],
+            vec![zeros(BlockKind::DQ, &q_shape)],
         )
     };
     let rank = ctx.rank();
@@ -310,7 +359,8 @@ pub fn backward<B: HostRead>(
     let contribution_bytes: u64 = accumulator.iter().map(Block::bytes).sum();
     let tile_bytes = contribution_bytes + workspace_bytes(kernel, &dims, true);
     let mut comm = ctx.comm();
-    let home = ring_pass(
+    let home = ring_pass::<B>(
+        &device,
         &mut comm,
         ledger,
         Phase::Backward,
@@ -335,50 +385,72 @@ pub fn backward<B: HostRead>(
                 } else {
                     (q, &d_out, lse, &delta, &held[0], &held[1])
                 };
+                // The gradients of what stays here accumulate in place; those of the cargo go
+                // into fresh blocks that join the travelling accumulator.
+                if let Some(masks) = &masks {
+                    let tile = DeviceTile {
+                        q,
+                        d_out,
+                        lse,
+                        delta,
+                        k,
+                        v,
+                        bias: matches!(visibility, Visibility::Partial { .. })
+                            .then(|| masks.bias(q_rank, k_rank)),
+                        scale,
+                    };
+                    let [dq, dk, dv] = backward_tile_generic(tile, &device);
+                    let on_device = Block::on_device::<B, 4>;
+                    return if travelling_q {
+                        stay[0].add_assign::<B>(&on_device(BlockKind::DK, dk), &device);
+                        stay[1].add_assign::<B>(&on_device(BlockKind::DV, dv), &device);
+                        vec![on_device(BlockKind::DQ, dq)]
+                    } else {
+                        stay[0].add_assign::<B>(&on_device(BlockKind::DQ, dq), &device);
+                        vec![on_device(BlockKind::DK, dk), on_device(BlockKind::DV, dv)]
+                    };
+                }
                 // Shards may differ in length (a strategy that splits documents unevenly).
+                let (qh, kh, vh) = (q.host_values(), k.host_values(), v.host_values());
+                let (doh, lh, dh) = (d_out.host_values(), lse.host_values(), delta.host_values());
                 let tile = BackwardTile {
                     dims: TileDims {
                         tq: win_q.len(),
                         tk: pos_k.len(),
                         ..dims
                     },
-                    q: &q.data,
-                    k: &k.data,
-                    v: &v.data,
-                    d_out: &d_out.data,
-                    lse: &lse.data,
-                    delta: &delta.data,
+                    q: &qh,
+                    k: &kh,
+                    v: &vh,
+                    d_out: &doh,
+                    lse: &lh,
+                    delta: &dh,
                     win_q,
                     pos_k,
                     scale,
                     parallel,
                 };
-                // The gradients of what stays here accumulate in place; those of the cargo go
-                // into fresh blocks that join the travelling accumulator.
                 if travelling_q {
                     let mut dq = Block::zeros(BlockKind::DQ, q.shape.clone());
                     let [dk, dv] = &mut stay[..] else {
                         unreachable!("two stay-at-home blocks: dK, dV")
                     };
-                    backward_tile::<B>(
-                        kernel,
-                        &device,
-                        &tile,
-                        visibility,
-                        [&mut dq.data, &mut dk.data, &mut dv.data],
-                    );
+                    let grads = [
+                        dq.host_values_mut(),
+                        dk.host_values_mut(),
+                        dv.host_values_mut(),
+                    ];
+                    backward_tile_fused(&tile, grads);
                     vec![dq]
                 } else {
                     let mut dk = Block::zeros(BlockKind::DK, k.shape.clone());
                     let mut dv = Block::zeros(BlockKind::DV, v.shape.clone());
-                    let dq = &mut stay[0].data;
-                    backward_tile::<B>(
-                        kernel,
-                        &device,
-                        &tile,
-                        visibility,
-                        [dq, &mut dk.data, &mut dv.data],
-                    );
+                    let grads = [
+                        stay[0].host_values_mut(),
+                        dk.host_values_mut(),
+                        dv.host_values_mut(),
+                    ];
+                    backward_tile_fused(&tile, grads);
                     vec![dk, dv]
                 }
             });

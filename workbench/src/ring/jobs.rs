@@ -3,12 +3,12 @@
 //! This is what `ringbench attn` and the exactness test table run.
 
 use crate::error::{RingError, all_or_root_cause};
-use crate::host::HostRead;
+use crate::host;
 use crate::ring::context::{RingConfig, RingContext, Sequence, StepEvent};
 use crate::ring::op::{RingBackend, ring_attention};
 use crate::transport::{Comm, Link, Traffic, run_ranks_with};
+use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Tensor, TensorData};
 use std::sync::Arc;
 use std::time::Duration;
 use strategies::{Layout, Partition};
@@ -210,11 +210,9 @@ where
     let positions = ctx.positions(rank);
     let local = positions.len();
     let load = |t: &HostTensor, h: usize| {
-        Tensor::<B, 4>::from_data(
-            TensorData::new(
-                gather_rank(&t.data, [batch, seq, h, head_dim], positions),
-                [batch, h, local, head_dim],
-            ),
+        host::place::<B, 4>(
+            gather_rank(&t.data, [batch, seq, h, head_dim], positions),
+            [batch, h, local, head_dim],
             device,
         )
     };
@@ -239,15 +237,15 @@ where
             }
             let mut grad = |t: &Tensor<B, 4>| {
                 t.grad_remove(&mut grads)
-                    .map(B::InnerBackend::to_host)
+                    .map(host::read)
                     .unwrap_or_else(|| vec![0.0; t.shape().num_elements()])
             };
             Some([grad(&q), grad(&k), grad(&v)])
         }
     };
     let output = RankOutput {
-        out: B::InnerBackend::to_host(out.inner()),
-        lse: B::InnerBackend::to_host(lse.inner()),
+        out: host::read(out.inner()),
+        lse: host::read(lse.inner()),
         grads,
         traffic: ctx.take_traffic(),
         events: ctx.take_events(),
@@ -255,7 +253,7 @@ where
     Ok((output, ctx))
 }
 
-/// Runs ring attention (and, with `d_out`, its backward) on `job.ranks` threads.
+/// Runs ring attention (and, with `d_out`, its backward) on `job.ranks` threads, all on `device`.
 pub fn run_attention<B>(
     job: &AttentionJob,
     device: &B::Device,
@@ -263,8 +261,26 @@ pub fn run_attention<B>(
 where
     B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
 {
+    run_attention_on_devices::<B>(job, std::slice::from_ref(device))
+}
+
+/// Runs ring attention on `job.ranks` threads, rank r on `devices[r % devices.len()]` (the backend's
+/// default device when `devices` is empty).
+pub fn run_attention_on_devices<B>(
+    job: &AttentionJob,
+    devices: &[B::Device],
+) -> Result<AttentionResult, RingError>
+where
+    B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
+{
     let plan = plan_job(job)?;
+    let default = B::Device::default();
+    let device_of = |rank: usize| match devices.len() {
+        0 => &default,
+        n => &devices[rank % n],
+    };
     let results = run_ranks_with(job.ranks, job.timeout, job.link, |comm| {
+        let device = device_of(comm.rank());
         attend_rank::<B>(comm, job, &plan, device).map(|(output, _)| output)
     });
     let outputs = all_or_root_cause(results, RingError::echo_level)?;

@@ -45,6 +45,9 @@ impl RingBackend for burn::backend::Flex {}
 #[cfg(feature = "cuda")]
 impl RingBackend for burn::backend::Cuda {}
 
+#[cfg(feature = "wgpu")]
+impl RingBackend for burn::backend::Wgpu {}
+
 #[derive(Debug)]
 struct RingBackward;
 

@@ -27,6 +27,18 @@ pub struct SendRecord {
     pub bytes: u64,
 }
 
+/// Bytes one ring step moved between host memory and the rank's device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostDeviceRecord {
+    /// Forward or backward.
+    pub phase: Phase,
+    /// The ring step.
+    pub step: usize,
+    /// Bytes copied host to device or device to host during the step (exchange, compute,
+    /// accumulation). On the CPU backend these are copies between tensors and host blocks.
+    pub bytes: u64,
+}
+
 #[derive(Debug, Clone, Default, PartialEq)]
 /// What one rank sent, and how long it waited.
 pub struct Traffic {
@@ -34,6 +46,8 @@ pub struct Traffic {
     pub sends: Vec<SendRecord>,
     /// Seconds this rank spent blocked waiting for ring blocks (communication it could not hide).
     pub wait_seconds: f64,
+    /// Host↔device bytes of every ring step, in order.
+    pub host_device: Vec<HostDeviceRecord>,
 }
 
 impl Traffic {
@@ -48,6 +62,11 @@ impl Traffic {
     /// Bytes sent in all.
     pub fn total_bytes(&self) -> u64 {
         self.sends.iter().map(|s| s.bytes).sum()
+    }
+
+    /// Host↔device bytes of all ring steps together.
+    pub fn host_device_bytes(&self) -> u64 {
+        self.host_device.iter().map(|r| r.bytes).sum()
     }
 }
 
@@ -142,6 +161,13 @@ impl Comm {
             self.transport.abort();
         }
         result
+    }
+
+    /// Records the host↔device bytes of one ring step.
+    pub fn record_host_device(&mut self, phase: Phase, step: usize, bytes: u64) {
+        self.traffic
+            .host_device
+            .push(HostDeviceRecord { phase, step, bytes });
     }
 
     /// Waits for a posted receive; the time blocked counts as waiting.

@@ -11,7 +11,7 @@ mod threads;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 mod wire;
 
-pub use comm::{Comm, Phase, SendRecord, Traffic};
+pub use comm::{Comm, HostDeviceRecord, Phase, SendRecord, Traffic};
 pub use threads::{
     Link, ThreadTransport, run_ranks, run_ranks_with, thread_ring, thread_ring_with,
 };
@@ -70,11 +70,11 @@ pub trait Transport: Send + std::fmt::Debug {
         if world == 1 {
             return Ok(());
         }
-        let mine = Arc::new(Block {
-            kind: BlockKind::Reduce,
-            shape: vec![data.len()],
-            data: data.to_vec(),
-        });
+        let mine = Arc::new(Block::host(
+            BlockKind::Reduce,
+            vec![data.len()],
+            data.to_vec(),
+        ));
         let mut pending = Vec::with_capacity(world - 1);
         for distance in 1..world {
             let (to, from) = ((rank + distance) % world, (rank + world - distance) % world);
@@ -86,7 +86,7 @@ pub trait Transport: Send + std::fmt::Debug {
             let from = p.from;
             let mut payload = self.wait(p)?;
             let block = (!payload.is_empty()).then(|| payload.swap_remove(0));
-            let got = block.as_ref().map_or(0, |b| b.data.len());
+            let got = block.as_ref().map_or(0, |b| b.len());
             if got != data.len() {
                 return Err(TransportError::LengthMismatch {
                     rank,
@@ -100,7 +100,7 @@ pub trait Transport: Send + std::fmt::Debug {
         parts[rank] = Some(mine);
         data.fill(0.0);
         for part in parts.iter().flatten() {
-            for (acc, x) in data.iter_mut().zip(&part.data) {
+            for (acc, x) in data.iter_mut().zip(part.host_values().iter()) {
                 *acc += x;
             }
         }

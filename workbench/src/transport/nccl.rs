@@ -248,11 +248,11 @@ mod tests {
     fn one_rank_round_trip() {
         let file = std::env::temp_dir().join(format!("ringbench-nccl-one-{}", std::process::id()));
         let mut t = NcclTransport::from_id_file(0, 1, 0, &file, Duration::from_secs(10)).unwrap();
-        let block = crate::ring::block::Block {
-            kind: crate::ring::block::BlockKind::K,
-            shape: vec![2, 3],
-            data: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
-        };
+        let block = crate::ring::block::Block::host(
+            crate::ring::block::BlockKind::K,
+            vec![2, 3],
+            vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+        );
         let pending = t.send_recv(0, 0, 1, vec![Arc::new(block.clone())]).unwrap();
         t.commit().unwrap();
         let got = t.wait(pending).unwrap();

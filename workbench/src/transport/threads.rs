@@ -84,7 +84,7 @@ impl ThreadTransport {
         };
         let arrives = match self.link {
             Some(link) if to != self.rank => {
-                let bytes: usize = payload.iter().map(|b| 4 * b.data.len()).sum();
+                let bytes: usize = payload.iter().map(|b| 4 * b.len()).sum();
                 let wire = Duration::from_secs_f64(bytes as f64 / link.bytes_per_s);
                 let done = self.link_free[to].max(Instant::now()) + wire;
                 self.link_free[to] = done;

@@ -26,11 +26,11 @@ pub(crate) fn encode(payload: &Payload) -> Vec<f32> {
         header.push(b.shape.len() as f32);
         header.extend(b.shape.iter().map(|&d| d as f32));
     }
-    let data_len: usize = payload.iter().map(|b| b.data.len()).sum();
+    let data_len: usize = payload.iter().map(|b| b.len()).sum();
     let mut out = Vec::with_capacity(header.len() + data_len);
     out.extend(header);
     for b in payload {
-        out.extend_from_slice(&b.data);
+        out.extend_from_slice(&b.host_values());
     }
     out
 }
@@ -61,7 +61,7 @@ pub(crate) fn decode(message: &[f32], rank: usize, peer: usize) -> Result<Payloa
             let len: usize = shape.iter().product();
             let data = message.get(offset..offset + len).ok_or_else(bad)?.to_vec();
             offset += len;
-            Ok(Arc::new(Block { kind, shape, data }))
+            Ok(Arc::new(Block::host(kind, shape, data)))
         })
         .collect()
 }
