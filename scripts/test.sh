@@ -12,11 +12,14 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
 fi
 
 # apt packages: Open MPI (found through pkg-config) and clang (bindgen) for the `mpi` feature and its
-# multi-process tests. The SVG figures need no font packages: their text is SVG text.
+# multi-process tests; Mesa's software Vulkan device (llvmpipe) and the Vulkan loader for the `wgpu`
+# backend's tests on a machine without a GPU. The SVG figures need no font packages: their text is SVG text.
 missing=()
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v mpirun >/dev/null 2>&1 && pkg-config --exists ompi 2>/dev/null || missing+=(libopenmpi-dev openmpi-bin)
 command -v clang >/dev/null 2>&1 && ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || missing+=(clang libclang-dev)
+ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || missing+=(mesa-vulkan-drivers)
+ldconfig -p | grep -q 'libvulkan.so.1 ' || missing+=(libvulkan1)
 if [ ${#missing[@]} -gt 0 ]; then
   step "installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -30,27 +33,31 @@ python3 scripts/import_cycles.py
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+# Every feature at once: mpi, nccl, wgpu and cuda (the CUDA backend compiles without a GPU: its
+# libraries load at run time). This is the compile check of the cuda and nccl features too.
+all_features=experiments/mpi,experiments/nccl,experiments/wgpu,experiments/cuda
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
-step "cargo clippy with the mpi and nccl features"
-cargo clippy --workspace --all-targets --features experiments/mpi,experiments/nccl -- -D warnings
+step "cargo clippy with every feature ($all_features)"
+cargo clippy --workspace --all-targets --features "$all_features" -- -D warnings
 
 step "cargo doc --workspace --no-deps, warnings as errors (broken links, stray HTML)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
-step "cargo check --features cuda and --features nccl (need no GPU: CUDA libraries load at run time)"
-cargo check -p experiments --features cuda --target-dir target/cuda-check
-cargo check -p experiments --features nccl
-
 status=0
+# The tests' features; the example is built with the same ones so that the two share one build.
+test_features=experiments/mpi,experiments/nccl,experiments/wgpu
 step "the use-it-from-your-own-model example (workbench/examples/own_model.rs): 4 ranks must give the
 1-rank losses"
-cargo run -q -p workbench --example own_model || status=$?
+cargo run -q -p workbench --example own_model --features mpi,nccl,wgpu || status=$?
 
-step "cargo test --workspace with the mpi and nccl features (MPI tests start 4 processes with mpirun;
-the NCCL test checks that a machine without CUDA gets an error, not a panic)"
+step "cargo test --workspace with the mpi, nccl and wgpu features (MPI tests start 4 processes with
+mpirun; the NCCL test checks that a machine without CUDA gets an error, not a panic; the wgpu tests run
+on Mesa's software Vulkan device)"
 # As root, mpirun needs --allow-run-as-root; the tests pass it and --oversubscribe (4 ranks, 2 cores).
-cargo test --workspace --no-fail-fast --features experiments/mpi,experiments/nccl 2>&1 | tee target/test.log \
+# Without a session, Vulkan's loader warns that XDG_RUNTIME_DIR is unset; give it a directory.
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+cargo test --workspace --no-fail-fast --features "$test_features" 2>&1 | tee target/test.log \
   || status=$?
 # Each test binary prints its own summary; add them up into one closing line. A binary that failed to
 # build or crashed prints no summary: the exit status still fails the run.

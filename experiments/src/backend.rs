@@ -23,6 +23,15 @@ impl BackendName {
     /// The accepted names, for error messages.
     pub const NAMES: &'static str = "flex, wgpu, cuda";
 
+    /// Whether this binary was built with the backend.
+    pub fn compiled_in(self) -> bool {
+        match self {
+            BackendName::Flex => true,
+            BackendName::Wgpu => cfg!(feature = "wgpu"),
+            BackendName::Cuda => cfg!(feature = "cuda"),
+        }
+    }
+
     /// The cargo feature that compiles the backend in (`None`: always there).
     pub fn feature(self) -> Option<&'static str> {
         match self {
@@ -92,6 +101,23 @@ pub fn on_backend<W: OnBackend>(
         BackendName::Wgpu => wgpu::run(indices, work),
         BackendName::Cuda => cuda::run(indices, work),
     }
+}
+
+/// Ring attention (with the backward when the job has dO) on the default device of backend `name`.
+pub fn run_attention_on(
+    name: BackendName,
+    job: &workbench::ring::jobs::AttentionJob,
+) -> Result<workbench::ring::jobs::AttentionResult> {
+    struct Attention<'a, 'j>(&'a workbench::ring::jobs::AttentionJob<'j>);
+    impl OnBackend for Attention<'_, '_> {
+        type Output = workbench::ring::jobs::AttentionResult;
+        fn run<I: RingBackend>(self, devices: Vec<I::Device>) -> Result<Self::Output> {
+            Ok(workbench::ring::jobs::run_attention_on_devices::<
+                burn::backend::Autodiff<I>,
+            >(self.0, &devices)?)
+        }
+    }
+    on_backend(name, &[], Attention(job))
 }
 
 /// A first small computation on each device, with the panic a missing device raises turned into an

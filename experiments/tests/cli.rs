@@ -708,3 +708,66 @@ fn packed_documents_match_numpy() {
         std::fs::remove_dir_all(&out).unwrap();
     }
 }
+
+/// `--backend wgpu` (the generic kernel on the device) on the NumPy fixture, within 1e-5 of NumPy's
+/// float64 reference; no ring step copies between host and device.
+#[cfg(feature = "wgpu")]
+#[test]
+fn attn_on_wgpu_matches_numpy() {
+    let out = temp_dir("wgpu");
+    let o = out.to_string_lossy();
+    let run = ringbench(&attn_on_fixture(
+        true,
+        &[
+            "--ranks",
+            "4",
+            "--strategy",
+            "zigzag",
+            "--causal",
+            "--bwd",
+            "q",
+            "--kernel",
+            "generic",
+            "--backend",
+            "wgpu",
+            "--out",
+            &o,
+        ],
+    ));
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        stdout.contains("zigzag on wgpu; their ring steps moved 0 bytes between host and device"),
+        "{stdout}"
+    );
+    assert_matches(&out, fixture, "wgpu");
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// A backend this binary lacks, or an unknown one, is one line naming it.
+#[test]
+fn unavailable_backends_are_one_line() {
+    let out = temp_dir("backend");
+    let o = out.to_string_lossy();
+    let mut cases = vec![("metal", "unknown backend 'metal'; expected one of: flex, wgpu, cuda")];
+    if !cfg!(feature = "cuda") {
+        cases.push(("cuda", "backend cuda: this ringbench was built without it"));
+    }
+    if !cfg!(feature = "wgpu") {
+        cases.push(("wgpu", "backend wgpu: this ringbench was built without it"));
+    }
+    for (backend, message) in cases {
+        let run = ringbench(&attn_on_fixture(
+            false,
+            &["--backend", backend, "--out", &o],
+        ));
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success(), "{backend}");
+        assert!(stderr.contains(message), "{backend}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{backend}: {stderr}");
+    }
+}

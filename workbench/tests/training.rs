@@ -365,3 +365,38 @@ fn packed_training_equals_separate_rows() {
         }
     }
 }
+
+/// Three steps on Burn's wgpu backend (the generic kernel, blocks on the device) give Flex's losses:
+/// the same weights (copied from the Flex model) and data, 2 zig-zag ranks.
+#[cfg(feature = "wgpu")]
+#[test]
+fn training_on_wgpu_gives_flex_losses() {
+    use burn::backend::Wgpu;
+    use burn::backend::wgpu::WgpuDevice;
+    use workbench::Kernel;
+    let mut options = options(2, BackwardScheme::Kv);
+    options.steps = 3;
+    options.ring.kernel = Kernel::Generic;
+    let partition = strategies::by_name("zigzag").unwrap();
+    let on_flex = model();
+    let config = LlamaConfig::new(VOCAB)
+        .with_d_model(32)
+        .with_heads(4)
+        .with_kv_heads(2)
+        .with_ffn_chunk(5);
+    let device = WgpuDevice::DefaultDevice;
+    let on_wgpu = with_flat_params(
+        config.init::<Autodiff<Wgpu>>(&device),
+        &flat_params(&on_flex),
+    );
+    let stop = AtomicBool::new(false);
+    let flex = train(on_flex, partition, &options, batch_for, |_| {}, &stop).unwrap();
+    let wgpu = train(on_wgpu, partition, &options, batch_for, |_| {}, &stop).unwrap();
+    assert_eq!(wgpu.losses.len(), 3);
+    for (step, (a, b)) in flex.losses.iter().zip(&wgpu.losses).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs(),
+            "step {step}: flex {a} wgpu {b}"
+        );
+    }
+}

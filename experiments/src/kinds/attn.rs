@@ -6,20 +6,20 @@
 use super::axes::RingAxes;
 use super::documents::Documents;
 use super::experiment::{Card, Experiment, Plan, Point, PointContext};
-use crate::measure::baseline::{matmul_gflops, random};
+use crate::measure::baseline::{matmul_gflops_of, random};
 use crate::measure::exactness::{Heads, max_rel_error};
 use crate::plot::{Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
 use anyhow::{Result, anyhow};
-use burn::backend::{Autodiff, Flex};
+use crate::backend::{BackendName, run_attention_on};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use strategies::Partition;
 use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM, visible_pairs};
-use workbench::ring::jobs::{AttentionJob, AttentionResult, run_attention};
+use workbench::ring::jobs::{AttentionJob, AttentionResult};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 /// The kind.
@@ -57,6 +57,8 @@ struct Sweep {
     /// Packed documents: `"none"`, `"longtail:MAX"` or `"random:MEAN"` ([`Documents`]); absent: not
     /// a column.
     documents: Option<Vec<String>>,
+    /// Backends (`flex`, `wgpu`, `cuda`); absent: flex, and not a column.
+    backends: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -107,6 +109,8 @@ struct AttnPoint {
     kernel: Kernel,
     /// `None` when the sweep has no documents axis.
     documents: Option<Documents>,
+    /// `None` when the sweep has no backends axis (then flex).
+    backend: Option<BackendName>,
 }
 
 /// One row; every measured column is empty on a skipped row.
@@ -124,6 +128,10 @@ struct Row {
     documents: Option<String>,
     /// Documents in the sequence, when packed.
     document_count: Option<usize>,
+    /// Empty unless the sweep has a backends axis.
+    backend: Option<String>,
+    /// The most bytes any rank's ring step moved between host and device in fwd+bwd.
+    host_device_bytes_per_step: Option<u64>,
     heads: usize,
     head_dim: usize,
     batch: usize,
@@ -172,6 +180,7 @@ const CARD: Card = Card {
         "kv_heads",
         "kernels",
         "documents",
+        "backends",
     ],
     key_columns: KEYS,
     headline_columns: &[
@@ -225,8 +234,33 @@ impl Experiment for Attn {
         let causal = &spec.list_or("sweep", "causal", &s.causal, vec![true])?;
         let kv_heads = &spec.list_or("sweep", "kv_heads", &s.kv_heads, vec![shape.heads])?;
         let documents = Documents::axis(spec, &s.documents)?;
+        let backends: Vec<Option<BackendName>> = match &s.backends {
+            None => vec![None],
+            Some(_) => spec
+                .parsed::<BackendName>(
+                    "sweep",
+                    "backends",
+                    spec.list("sweep", "backends", &s.backends)?,
+                )?
+                .into_iter()
+                .map(|b: BackendName| match b.compiled_in() {
+                    true => Ok(Some(b)),
+                    false => Err(spec.error(
+                        "sweep",
+                        "backends",
+                        &format!(
+                            "this ringbench was built without {b} (cargo build --release --features {})",
+                            b.feature().unwrap_or_default()
+                        ),
+                    )),
+                })
+                .collect::<Result<_>>()?,
+        };
         let mut points = Vec::new();
-        for &documents in &documents {
+        for (&documents, &backend) in documents
+            .iter()
+            .flat_map(|d| backends.iter().map(move |b| (d, b)))
+        {
             for &ranks in &ranks {
                 for &seq_len in seq_lens {
                     for &causal in causal {
@@ -245,6 +279,7 @@ impl Experiment for Attn {
                                                 kv_heads,
                                                 kernel,
                                                 documents,
+                                                backend,
                                             });
                                         }
                                     }
@@ -316,6 +351,9 @@ fn key(p: &AttnPoint) -> Record {
     if let Some(documents) = p.documents {
         key.0.push(("documents".into(), documents.name()));
     }
+    if let Some(backend) = p.backend {
+        key.0.push(("backend".into(), backend.to_string()));
+    }
     key
 }
 
@@ -356,6 +394,7 @@ impl Plan for AttnPlan {
             kernel: p.kernel.to_string(),
             documents: p.documents.map(Documents::name),
             document_count: p.documents.map(|d| d.lengths(p.seq_len).len().max(1)),
+            backend: p.backend.map(|b| b.to_string()),
             heads,
             head_dim,
             batch,
@@ -392,10 +431,11 @@ impl Plan for AttnPlan {
             link: None,
             doc_lens: &doc_lens,
         };
-        let (fwd, _) = fastest(&job(false), self.measure.repeats)?;
-        let (fwd_bwd, result) = fastest(&job(true), self.measure.repeats)?;
+        let backend = p.backend.unwrap_or_default();
+        let (fwd, _) = fastest(backend, &job(false), self.measure.repeats)?;
+        let (fwd_bwd, result) = fastest(backend, &job(true), self.measure.repeats)?;
         // The baseline is re-measured beside every row: these machines are shared and noisy.
-        let matmul = matmul_gflops(1024);
+        let matmul = matmul_gflops_of(backend, 1024)?;
         let flops = ((FORWARD_PER_PAIR_DIM + BACKWARD_PER_PAIR_DIM)
             * visible_pairs(s, p.causal)
             * (b * h * d) as u64) as f64;
@@ -419,6 +459,8 @@ impl Plan for AttnPlan {
                     && r.get("kernel") == Some(&p.kernel.to_string())
                     && r.get("documents").unwrap_or("")
                         == p.documents.map_or(String::new(), Documents::name)
+                    && r.get("backend").unwrap_or("")
+                        == p.backend.map_or(String::new(), |b| b.to_string())
             })
             .map(|r| r.num("fwd_bwd_seconds"));
         context
@@ -450,7 +492,13 @@ impl Plan for AttnPlan {
         row.busy_max_over_mean =
             Some(busy.iter().copied().fold(0.0, f64::max) / busy_mean.max(f64::MIN_POSITIVE));
         row.ring_over_single = single.map(|t| fwd_bwd / t);
+        row.host_device_bytes_per_step = result
+            .traffic
+            .iter()
+            .flat_map(|t| t.host_device.iter().map(|r| r.bytes))
+            .max();
         row.max_rel_error = Some(max_rel_error(
+            backend,
             p.strategy,
             p.ranks,
             Heads {
@@ -480,12 +528,16 @@ fn point_label(p: &AttnPoint) -> String {
     )
 }
 
-/// The fastest of `repeats` runs of `job`: its wall seconds and result.
-fn fastest(job: &AttentionJob, repeats: usize) -> Result<(f64, AttentionResult)> {
+/// The fastest of `repeats` runs of `job` on `backend`: its wall seconds and result.
+fn fastest(
+    backend: BackendName,
+    job: &AttentionJob,
+    repeats: usize,
+) -> Result<(f64, AttentionResult)> {
     let mut best: Option<(f64, AttentionResult)> = None;
     for _ in 0..repeats.max(1) {
         let start = Instant::now();
-        let result = run_attention::<Autodiff<Flex>>(job, &Default::default())?;
+        let result = run_attention_on(backend, job)?;
         let seconds = start.elapsed().as_secs_f64();
         if best.as_ref().is_none_or(|(t, _)| seconds < *t) {
             best = Some((seconds, result));

@@ -2,6 +2,7 @@
 //! fresh cases in LongChat's JSONL format.
 
 use super::checkpoint::load_checkpoint;
+use crate::backend::{BackendName, OnBackend, on_backend};
 use anyhow::{Context, Result, bail};
 use datasets::tokenizer::{BOS, EOS};
 use datasets::{Case, SplitMix64, Tokenizer, WordSplit, generate, read_jsonl, score_reply};
@@ -35,9 +36,13 @@ pub struct EvalArgs {
     /// Writes the CSV here; with `--plot`, an SVG of accuracy against the number of lines too.
     #[arg(long)]
     pub out: PathBuf,
-    /// Also plot accuracy against the number of lines here.
+    /// Also plot accuracy against the prompt's length in tokens here (Figure 3's axes), with the
+    /// checkpoint's longest training prompt marked when its train.toml says.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Backend: flex (CPU), wgpu or cuda.
+    #[arg(long, default_value = "flex")]
+    pub backend: BackendName,
 }
 
 /// Accuracy at one number of lines.
@@ -51,44 +56,71 @@ pub struct AccuracyRow {
     pub correct: usize,
     /// correct / cases.
     pub accuracy: f64,
+    /// Mean prompt length in tokens (BOS included).
+    pub prompt_tokens: f64,
 }
 
 /// `ringbench eval-lines`: accuracy per number of lines, written as CSV.
 pub fn run_eval(args: &EvalArgs) -> Result<Vec<AccuracyRow>> {
-    let (model, _, tokenizer) =
-        load_checkpoint::<burn::backend::Flex>(&args.checkpoint, &Default::default())?;
-    let cases = read_jsonl(&args.cases)?;
-    let partition = strategies::by_name(&args.strategy)?;
-    let rows = accuracy(
-        &model, &tokenizer, &cases, partition, args.ranks, args.batch,
-    )?;
+    let rows = on_backend(args.backend, &[], EvalOn(args))?;
     let mut w = csv::Writer::from_path(&args.out)
         .with_context(|| format!("writing {}", args.out.display()))?;
-    println!("num_lines,cases,correct,accuracy");
+    println!("num_lines,cases,correct,accuracy,prompt_tokens");
     for r in &rows {
         w.serialize(r)?;
         println!(
-            "{},{},{},{:.4}",
-            r.num_lines, r.cases, r.correct, r.accuracy
+            "{},{},{},{:.4},{:.1}",
+            r.num_lines, r.cases, r.correct, r.accuracy, r.prompt_tokens
         );
     }
     w.flush()?;
     if let Some(plot) = &args.plot {
+        let mut series = vec![crate::plot::Series {
+            name: format!("checkpoint {}", args.checkpoint.display()),
+            points: rows
+                .iter()
+                .map(|r| (r.prompt_tokens, r.accuracy))
+                .collect(),
+        }];
+        if let Some((lines, tokens)) = trained_length(args, &rows) {
+            series.push(crate::plot::Series {
+                name: format!("longest training prompt: {lines} lines, ~{tokens:.0} tokens"),
+                points: vec![(tokens, 0.0), (tokens, 1.0)],
+            });
+        }
         crate::plot::line_chart(
             plot,
-            "Line retrieval: exact match vs number of lines",
-            "lines in the prompt",
+            "Line retrieval: exact match vs context length",
+            "prompt length (tokens)",
             "accuracy",
-            &[crate::plot::Series {
-                name: format!("checkpoint {}", args.checkpoint.display()),
-                points: rows
-                    .iter()
-                    .map(|r| (r.num_lines as f64, r.accuracy))
-                    .collect(),
-            }],
+            &series,
         )?;
     }
     Ok(rows)
+}
+
+/// The checkpoint's most training lines (from its train.toml) and their mean prompt tokens, when
+/// that line count was evaluated.
+fn trained_length(args: &EvalArgs, rows: &[AccuracyRow]) -> Option<(usize, f64)> {
+    let spec = super::load_spec(&args.checkpoint.join("train.toml")).ok()?;
+    let lines = spec.train.num_lines;
+    let row = rows.iter().find(|r| r.num_lines == lines)?;
+    Some((lines, row.prompt_tokens))
+}
+
+struct EvalOn<'a>(&'a EvalArgs);
+
+impl OnBackend for EvalOn<'_> {
+    type Output = Vec<AccuracyRow>;
+    fn run<I: RingBackend>(self, devices: Vec<I::Device>) -> Result<Vec<AccuracyRow>> {
+        let args = self.0;
+        let (model, _, tokenizer) = load_checkpoint::<I>(&args.checkpoint, &devices[0])?;
+        let cases = read_jsonl(&args.cases)?;
+        let partition = strategies::by_name(&args.strategy)?;
+        accuracy(
+            &model, &tokenizer, &cases, partition, args.ranks, args.batch,
+        )
+    }
 }
 
 /// Exact-match accuracy per number of lines of greedy replies to `cases`, decoded `batch` prompts at a
@@ -102,7 +134,8 @@ pub fn accuracy<B: RingBackend>(
     batch: usize,
 ) -> Result<Vec<AccuracyRow>> {
     let bar = ProgressBar::new(cases.len() as u64);
-    let mut tally: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+    // Per line count: cases, correct, prompt tokens.
+    let mut tally: BTreeMap<usize, (usize, usize, usize)> = BTreeMap::new();
     for chunk in cases.chunks(batch.max(1)) {
         let prompts: Vec<Vec<u32>> = chunk
             .iter()
@@ -121,22 +154,24 @@ pub fn accuracy<B: RingBackend>(
             timeout: Duration::from_secs(600),
         };
         let replies = greedy(model, &prompts, &decoding)?;
-        for (case, reply) in chunk.iter().zip(replies) {
+        for ((case, reply), prompt) in chunk.iter().zip(replies).zip(&prompts) {
             let text = tokenizer.decode(&reply)?;
             let entry = tally.entry(case.num_lines).or_default();
             entry.0 += 1;
             entry.1 += usize::from(score_reply(&text) == Some(case.expected_number));
+            entry.2 += prompt.len();
         }
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
     let rows: Vec<AccuracyRow> = tally
         .into_iter()
-        .map(|(num_lines, (cases, correct))| AccuracyRow {
+        .map(|(num_lines, (cases, correct, tokens))| AccuracyRow {
             num_lines,
             cases,
             correct,
             accuracy: correct as f64 / cases as f64,
+            prompt_tokens: tokens as f64 / cases as f64,
         })
         .collect();
     Ok(rows)

@@ -10,7 +10,8 @@ pub use spec::{LineTrainSection, ModelSpec, Prompts, RingSpec, TrainSpec, exampl
 
 use anyhow::{Context, Result, bail};
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
-use burn::backend::{Autodiff, Flex};
+use crate::backend::{BackendName, OnBackend, on_backend};
+use burn::backend::Autodiff;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use checkpoint::save_checkpoint;
 use datasets::Tokenizer;
@@ -40,19 +41,31 @@ pub struct TrainArgs {
     /// The training spec, e.g. experiments/line_retrieval.toml.
     #[arg(long)]
     pub config: PathBuf,
+    /// Backend: flex (CPU), wgpu or cuda (every rank on the backend's default device).
+    #[arg(long, default_value = "flex")]
+    pub backend: BackendName,
 }
 
 /// `ringbench train`: trains and writes the checkpoint, metrics and loss curve.
 pub fn run_train(args: &TrainArgs) -> Result<()> {
     let spec = load_spec(&args.config)?;
-    if spec.model.checkpointing {
-        train_with::<Autodiff<Flex, BalancedCheckpointing>>(&spec)
-    } else {
-        train_with::<Autodiff<Flex>>(&spec)
+    on_backend(args.backend, &[], TrainOn(&spec))
+}
+
+struct TrainOn<'a>(&'a TrainSpec);
+
+impl OnBackend for TrainOn<'_> {
+    type Output = ();
+    fn run<I: RingBackend>(self, devices: Vec<I::Device>) -> Result<()> {
+        if self.0.model.checkpointing {
+            train_with::<Autodiff<I, BalancedCheckpointing>>(self.0, &devices[0])
+        } else {
+            train_with::<Autodiff<I>>(self.0, &devices[0])
+        }
     }
 }
 
-fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> {
+fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec, device: &B::Device) -> Result<()> {
     let tokenizer = Tokenizer::line_retrieval();
     let config = spec.model.config(tokenizer.vocab_size());
     config.validate()?;
@@ -74,10 +87,9 @@ fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec) -> Result<()> 
     };
     std::fs::create_dir_all(&t.out)?;
     std::fs::write(t.out.join("train.toml"), toml::to_string(spec)?)?;
-    let device = Default::default();
     let model = match &t.init {
-        None => seeded::<B, _>(t.seed, &device, || config.init::<B>(&device)),
-        Some(dir) => start_from::<B>(dir, &config, &device)?,
+        None => seeded::<B, _>(t.seed, device, || config.init::<B>(device)),
+        Some(dir) => start_from::<B>(dir, &config, device)?,
     };
     println!(
         "training {} parameters{} on {} ranks ({}), {} steps of {} prompts with {}..={} lines",

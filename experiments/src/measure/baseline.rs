@@ -27,6 +27,18 @@ pub fn matmul_gflops_on<B: Backend>(n: usize, device: &B::Device) -> f64 {
     2.0 * (n as f64).powi(3) / best / 1e9
 }
 
+/// [`matmul_gflops_on`] on the default device of backend `name`.
+pub fn matmul_gflops_of(name: crate::backend::BackendName, n: usize) -> anyhow::Result<f64> {
+    struct Matmul(usize);
+    impl crate::backend::OnBackend for Matmul {
+        type Output = f64;
+        fn run<I: workbench::RingBackend>(self, devices: Vec<I::Device>) -> anyhow::Result<f64> {
+            Ok(matmul_gflops_on::<I>(self.0, &devices[0]))
+        }
+    }
+    crate::backend::on_backend(name, &[], Matmul(n))
+}
+
 /// Seeded uniform values in [−0.5, 0.5).
 pub fn random(shape: Vec<usize>, seed: u64) -> HostTensor {
     let mut rng = datasets::SplitMix64::new(seed);

@@ -2,11 +2,11 @@
 //! `attn` kind reports as `max_rel_error` for every point.
 
 use anyhow::{Result, anyhow};
-use burn::backend::{Autodiff, Flex};
+use crate::backend::{BackendName, run_attention_on};
 use std::time::Duration;
 use strategies::Partition;
 use workbench::RingConfig;
-use workbench::ring::jobs::{AttentionJob, HostTensor, run_attention};
+use workbench::ring::jobs::{AttentionJob, HostTensor};
 
 /// The attention shape of a check.
 #[derive(Debug, Clone, Copy)]
@@ -22,8 +22,9 @@ pub struct Heads {
 /// `strategy` on `ranks` ranks with `config`, at about `tokens_per_rank` tokens per rank (the
 /// shortest length from there that the strategy accepts; packed as `doc_lens` says for that length),
 /// against the float64 reference: the largest error of out, lse, dq, dk, dv, each relative to its
-/// tensor's scale.
+/// tensor's scale. Runs on backend `backend`.
 pub fn max_rel_error(
+    backend: BackendName,
     strategy: &dyn Partition,
     ranks: usize,
     shape: Heads,
@@ -32,6 +33,7 @@ pub fn max_rel_error(
     doc_lens: &dyn Fn(usize) -> Vec<usize>,
 ) -> Result<f64> {
     against_reference(
+        backend,
         strategy,
         ranks,
         shape,
@@ -44,7 +46,9 @@ pub fn max_rel_error(
 
 /// The run with `config` against the reference with mask `causal` (they differ only in a test that
 /// shows a wrong run is caught).
+#[allow(clippy::too_many_arguments)]
 fn against_reference(
+    backend: BackendName,
     strategy: &dyn Partition,
     ranks: usize,
     shape: Heads,
@@ -78,7 +82,8 @@ fn against_reference(
         tensor(&v, hk),
         tensor(&d_out, h),
     );
-    let result = run_attention::<Autodiff<Flex>>(
+    let result = run_attention_on(
+        backend,
         &AttentionJob {
             q: &qt,
             k: &kt,
@@ -92,7 +97,6 @@ fn against_reference(
             link: None,
             doc_lens: &doc_lens,
         },
-        &Default::default(),
     )?;
     let want = ringbench_tests::reference_packed(
         &q,
@@ -136,6 +140,7 @@ mod tests {
             head_dim: 64,
         };
         against_reference(
+            BackendName::Flex,
             &strategies::ZigZag,
             ranks,
             shape,
