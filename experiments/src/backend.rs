@@ -131,16 +131,18 @@ fn probe<I: burn::tensor::backend::Backend>(
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let answered = devices.iter().try_for_each(|device| {
-        std::panic::catch_unwind(|| Tensor::<I, 1>::ones([2], device).sum().into_scalar())
-            .map(|_| ())
-            .map_err(|panic| {
-                let message = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                anyhow::anyhow!("backend {name}: device {device:?} did not answer: {message}")
-            })
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Tensor::<I, 1>::ones([2], device).sum().into_scalar()
+        }))
+        .map(|_| ())
+        .map_err(|panic| {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            anyhow::anyhow!("backend {name}: device {device:?} did not answer: {message}")
+        })
     });
     std::panic::set_hook(hook);
     answered
@@ -150,8 +152,8 @@ fn probe<I: burn::tensor::backend::Backend>(
 mod wgpu {
     use super::{BackendName, OnBackend, probe};
     use anyhow::Result;
-    use burn::backend::Wgpu;
     use burn::backend::wgpu::WgpuDevice;
+    use workbench::backends::Wgpu;
 
     /// Index i is the i-th discrete GPU; no index: the default adapter (on a machine without a GPU,
     /// Mesa's software Vulkan device).

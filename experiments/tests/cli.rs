@@ -753,7 +753,10 @@ fn attn_on_wgpu_matches_numpy() {
 fn unavailable_backends_are_one_line() {
     let out = temp_dir("backend");
     let o = out.to_string_lossy();
-    let mut cases = vec![("metal", "unknown backend 'metal'; expected one of: flex, wgpu, cuda")];
+    let mut cases = vec![(
+        "metal",
+        "unknown backend 'metal'; expected one of: flex, wgpu, cuda",
+    )];
     if !cfg!(feature = "cuda") {
         cases.push(("cuda", "backend cuda: this ringbench was built without it"));
     }

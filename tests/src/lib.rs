@@ -93,6 +93,22 @@ where
     run_attention::<B>(&job, device)
 }
 
+/// Asserts that out, lse, dq, dk and dv of `result` each lie within `tolerance` of the reference,
+/// relative to the reference tensor's largest magnitude.
+pub fn assert_within(result: &AttentionResult, want: &Reference, tolerance: f64, label: &str) {
+    let grads = result.grads.as_ref().expect("d_out was given");
+    for (name, got, want) in [
+        ("out", &result.out.data, &want.out),
+        ("lse", &result.lse.data, &want.lse),
+        ("dq", &grads.dq.data, &want.dq),
+        ("dk", &grads.dk.data, &want.dk),
+        ("dv", &grads.dv.data, &want.dv),
+    ] {
+        let err = rel_err(got, want);
+        assert!(err <= tolerance, "{label}: {name} rel err {err:.3e}");
+    }
+}
+
 /// Seeded test inputs, uniform in [−1, 1) (the project's one generator, `datasets::SplitMix64`).
 pub struct Rng(datasets::SplitMix64);
 

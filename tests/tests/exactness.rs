@@ -2,7 +2,7 @@
 //! causal × {MHA, GQA} × kernel (fused, generic twin) against the float64 reference, plus scheme agreement and traffic accounting.
 
 use burn::backend::{Autodiff, Flex};
-use ringbench_tests::{BATCH, Case, HEAD_DIM, case_with, rel_diff, rel_err, run_case};
+use ringbench_tests::{BATCH, Case, HEAD_DIM, assert_within, case_with, rel_diff, run_case};
 use strategies::{by_name, names};
 use workbench::ring::block::BlockKind;
 use workbench::ring::jobs::AttentionResult;
@@ -80,17 +80,8 @@ fn check_case(c: &Case, name: &str, causal: bool) -> (usize, usize) {
                     };
                     let result =
                         run(c, strategy, ranks, config).unwrap_or_else(|e| panic!("{label}: {e}"));
+                    assert_within(&result, &c.want, TOLERANCE, &label);
                     let grads = result.grads.expect("d_out was given");
-                    let errors = [
-                        ("out", rel_err(&result.out.data, &c.want.out)),
-                        ("lse", rel_err(&result.lse.data, &c.want.lse)),
-                        ("dq", rel_err(&grads.dq.data, &c.want.dq)),
-                        ("dk", rel_err(&grads.dk.data, &c.want.dk)),
-                        ("dv", rel_err(&grads.dv.data, &c.want.dv)),
-                    ];
-                    for (tensor, err) in errors {
-                        assert!(err <= TOLERANCE, "{label}: {tensor} rel err {err:.3e}");
-                    }
                     grads_by_scheme.push((backward, grads));
                     runs += 1;
                     padded += usize::from(!accepts(strategy, seq, ranks));
@@ -345,17 +336,7 @@ fn fused_kernel_across_sub_tiles() {
                         "S={seq} causal={causal} {strategy} N={ranks} {forward} {backward} {kernel} scale={scale}"
                     );
                     let result = run(&c, strategy, ranks, config).unwrap();
-                    let grads = result.grads.unwrap();
-                    for (name, got, want) in [
-                        ("out", &result.out.data, &c.want.out),
-                        ("lse", &result.lse.data, &c.want.lse),
-                        ("dq", &grads.dq.data, &c.want.dq),
-                        ("dk", &grads.dk.data, &c.want.dk),
-                        ("dv", &grads.dv.data, &c.want.dv),
-                    ] {
-                        let err = rel_err(got, want);
-                        assert!(err <= TOLERANCE, "{label}: {name} {err:.3e}");
-                    }
+                    assert_within(&result, &c.want, TOLERANCE, &label);
                 }
             }
         }

@@ -5,9 +5,10 @@
 #![cfg(feature = "wgpu")]
 
 use burn::backend::wgpu::WgpuDevice;
-use burn::backend::{Autodiff, Flex, Wgpu};
-use ringbench_tests::{Case, case_with, rel_err, run_case};
+use burn::backend::{Autodiff, Flex};
+use ringbench_tests::{Case, assert_within, case_with, run_case};
 use strategies::names;
+use workbench::backends::Wgpu;
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 type OnWgpu = Autodiff<Wgpu>;
@@ -50,17 +51,7 @@ fn wgpu_exactness_subset() {
                             let config = generic(causal, forward, backward);
                             let result = run_case::<OnWgpu>(&c, strategy, ranks, config, &device)
                                 .unwrap_or_else(|e| panic!("{label}: {e}"));
-                            let grads = result.grads.expect("d_out was given");
-                            for (tensor, got, want) in [
-                                ("out", &result.out.data, &c.want.out),
-                                ("lse", &result.lse.data, &c.want.lse),
-                                ("dq", &grads.dq.data, &c.want.dq),
-                                ("dk", &grads.dk.data, &c.want.dk),
-                                ("dv", &grads.dv.data, &c.want.dv),
-                            ] {
-                                let err = rel_err(got, want);
-                                assert!(err <= TOLERANCE, "{label}: {tensor} rel err {err:.3e}");
-                            }
+                            assert_within(&result, &c.want, TOLERANCE, &label);
                             runs += 1;
                         }
                     }
@@ -82,9 +73,8 @@ fn wgpu_ring_steps_stay_on_the_device() {
         let config = generic(true, Direction::Cw, backward);
         let on_wgpu = run_case::<OnWgpu>(&c, "zigzag", 4, config, &WgpuDevice::DefaultDevice)
             .expect("wgpu run");
-        let on_flex =
-            run_case::<Autodiff<Flex>>(&c, "zigzag", 4, config, &Default::default())
-                .expect("flex run");
+        let on_flex = run_case::<Autodiff<Flex>>(&c, "zigzag", 4, config, &Default::default())
+            .expect("flex run");
         for (rank, (wgpu, flex)) in on_wgpu.traffic.iter().zip(&on_flex.traffic).enumerate() {
             // Forward and backward: 4 steps each.
             assert_eq!(wgpu.host_device.len(), 8, "{backward} rank {rank}");

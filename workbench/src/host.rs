@@ -77,6 +77,6 @@ impl HostRead for burn::backend::Flex {
 impl HostRead for burn::backend::Cuda {}
 
 #[cfg(feature = "wgpu")]
-impl HostRead for burn::backend::Wgpu {}
+impl HostRead for crate::backends::Wgpu {}
 
 impl<B: Backend, C: CheckpointStrategy> HostRead for Autodiff<B, C> {}

@@ -15,6 +15,7 @@
 
 #![warn(missing_docs)]
 
+pub mod backends;
 pub mod error;
 pub mod host;
 pub mod kernels;

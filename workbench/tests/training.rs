@@ -371,9 +371,9 @@ fn packed_training_equals_separate_rows() {
 #[cfg(feature = "wgpu")]
 #[test]
 fn training_on_wgpu_gives_flex_losses() {
-    use burn::backend::Wgpu;
     use burn::backend::wgpu::WgpuDevice;
     use workbench::Kernel;
+    use workbench::backends::Wgpu;
     let mut options = options(2, BackwardScheme::Kv);
     options.steps = 3;
     options.ring.kernel = Kernel::Generic;

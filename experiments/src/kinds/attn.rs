@@ -6,13 +6,13 @@
 use super::axes::RingAxes;
 use super::documents::Documents;
 use super::experiment::{Card, Experiment, Plan, Point, PointContext};
+use crate::backend::{BackendName, run_attention_on};
 use crate::measure::baseline::{matmul_gflops_of, random};
 use crate::measure::exactness::{Heads, max_rel_error};
 use crate::plot::{Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
 use anyhow::{Result, anyhow};
-use crate::backend::{BackendName, run_attention_on};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;

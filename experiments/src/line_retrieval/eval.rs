@@ -77,10 +77,7 @@ pub fn run_eval(args: &EvalArgs) -> Result<Vec<AccuracyRow>> {
     if let Some(plot) = &args.plot {
         let mut series = vec![crate::plot::Series {
             name: format!("checkpoint {}", args.checkpoint.display()),
-            points: rows
-                .iter()
-                .map(|r| (r.prompt_tokens, r.accuracy))
-                .collect(),
+            points: rows.iter().map(|r| (r.prompt_tokens, r.accuracy)).collect(),
         }];
         if let Some((lines, tokens)) = trained_length(args, &rows) {
             series.push(crate::plot::Series {

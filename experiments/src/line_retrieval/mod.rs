@@ -8,10 +8,10 @@ pub use checkpoint::load_checkpoint;
 pub use eval::{AccuracyRow, EvalArgs, GenArgs, accuracy, run_eval, run_gen};
 pub use spec::{LineTrainSection, ModelSpec, Prompts, RingSpec, TrainSpec, example, load_spec};
 
-use anyhow::{Context, Result, bail};
-use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use crate::backend::{BackendName, OnBackend, on_backend};
+use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use checkpoint::save_checkpoint;
 use datasets::Tokenizer;
@@ -65,7 +65,10 @@ impl OnBackend for TrainOn<'_> {
     }
 }
 
-fn train_with<B: AutodiffBackend + RingBackend>(spec: &TrainSpec, device: &B::Device) -> Result<()> {
+fn train_with<B: AutodiffBackend + RingBackend>(
+    spec: &TrainSpec,
+    device: &B::Device,
+) -> Result<()> {
     let tokenizer = Tokenizer::line_retrieval();
     let config = spec.model.config(tokenizer.vocab_size());
     config.validate()?;

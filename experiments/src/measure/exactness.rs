@@ -1,8 +1,8 @@
 //! A ring run checked against the independent float64 reference (`tests/src/lib.rs`): what the
 //! `attn` kind reports as `max_rel_error` for every point.
 
-use anyhow::{Result, anyhow};
 use crate::backend::{BackendName, run_attention_on};
+use anyhow::{Result, anyhow};
 use std::time::Duration;
 use strategies::Partition;
 use workbench::RingConfig;

@@ -111,3 +111,62 @@ pub fn block_attention_backward<B: Backend>(
         .matmul(q.clone().reshape([b, hk, rows, d]));
     (dq, dk, dv)
 }
+
+#[cfg(all(test, feature = "wgpu"))]
+mod wgpu_tests {
+    use super::*;
+    use crate::backends::Wgpu;
+    use burn::backend::Flex;
+    use burn::tensor::TensorData;
+
+    fn on<B: Backend, const D: usize>(data: &[f32], shape: [usize; D]) -> Tensor<B, D> {
+        Tensor::from_data(TensorData::new(data.to_vec(), shape), &Default::default())
+    }
+
+    fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+        t.into_data().convert::<f32>().into_vec::<f32>().unwrap()
+    }
+
+    /// Two tiles of `[2, 4, 24, 16]` and their merge: outputs and log-sum-exps.
+    fn tiles<B: Backend>(q: &[f32], k: &[f32], v: &[f32]) -> Vec<Vec<f32>> {
+        let shape = [2, 4, 24, 16];
+        let (q, k0, v0) = (
+            on::<B, 4>(q, shape),
+            on::<B, 4>(k, shape),
+            on::<B, 4>(v, shape),
+        );
+        let (k1, v1) = (k0.clone() * 0.5, v0.clone() - 0.25);
+        let a = block_attention(&q, &k0, &v0, None, 0.3);
+        let b = block_attention(&q, &k1, &v1, None, 0.3);
+        let (o, lse) = merge_block(a.clone(), b.clone());
+        vec![
+            values(a.0),
+            values(a.1),
+            values(b.0),
+            values(b.1),
+            values(o),
+            values(lse),
+        ]
+    }
+
+    /// The tile math on unfused wgpu equals Flex's (Burn 0.21's fused `Wgpu` is 0.28 off here).
+    #[test]
+    fn unfused_wgpu_tiles_match_flex() {
+        let data = |seed: usize| -> Vec<f32> {
+            (0..3072)
+                .map(|i| (((i * 37 + seed * 11) % 17) as f32 - 8.0) / 8.0)
+                .collect()
+        };
+        let (q, k, v) = (data(1), data(2), data(3));
+        let flex = tiles::<Flex>(&q, &k, &v);
+        let wgpu = tiles::<Wgpu>(&q, &k, &v);
+        for (i, (a, b)) in flex.iter().zip(&wgpu).enumerate() {
+            let diff = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            assert!(diff < 1e-5, "output {i}: max difference {diff:e}");
+        }
+    }
+}

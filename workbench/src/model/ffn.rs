@@ -74,7 +74,7 @@ impl FfnBackend for burn::backend::Flex {}
 impl FfnBackend for burn::backend::Cuda {}
 
 #[cfg(feature = "wgpu")]
-impl FfnBackend for burn::backend::Wgpu {}
+impl FfnBackend for crate::backends::Wgpu {}
 
 #[derive(Debug)]
 struct SwigluBackward;

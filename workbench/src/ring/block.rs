@@ -171,12 +171,13 @@ impl Block {
         self.flat(device).reshape(shape)
     }
 
-    /// The values as a 1-d tensor of `B` on `device` (no copy when they are one already).
+    /// The values as a 1-d tensor of `B` on `device` (no copy when they are one there already; a
+    /// tensor of another device of `B`, a peer rank's, moves device to device).
     fn flat<B: Backend>(&self, device: &B::Device) -> Tensor<B, 1> {
         if let Values::Device(d) = &self.values
             && let Some(flat) = flat_of::<B>(d.flat.as_ref())
         {
-            return flat;
+            return flat.to_device(device);
         }
         host::place(self.host_values().into_owned(), [self.len()], device)
     }

@@ -55,6 +55,7 @@ pub(crate) fn ring_pass<B: HostRead>(
     for step in 0..world {
         let moved_before = host::moved_bytes();
         let incoming = if step + 1 < world {
+            settle::<B>(device, &held);
             let arriving = ledger.charge(bytes(&held));
             Some((
                 comm.exchange(phase, step, next, prev, held.clone())?,
@@ -64,22 +65,26 @@ pub(crate) fn ring_pass<B: HostRead>(
             None
         };
         let contribution = compute(step, direction.owner(rank, step, world), &held)?;
+        // The step's reads of the held blocks finish before any of them is replaced and dropped.
+        settle::<B>(device, &held);
         if let Some(acc) = accumulator.as_mut() {
+            // The received accumulator stays alive until the sums that read it have run.
+            let mut received = Vec::new();
             if let Some((pending, _arriving)) = incoming_acc.take() {
-                *acc = comm
-                    .wait(pending)?
-                    .into_iter()
-                    .map(Arc::unwrap_or_clone)
-                    .collect();
+                received = comm.wait(pending)?;
+                *acc = received.iter().map(|b| Block::clone(b)).collect();
             }
             for (a, c) in acc.iter_mut().zip(contribution.iter().flatten()) {
                 a.add_assign::<B>(c, device);
             }
             if world > 1 {
-                let outgoing = std::mem::take(acc).into_iter().map(Arc::new).collect();
+                let outgoing: Vec<Arc<Block>> =
+                    std::mem::take(acc).into_iter().map(Arc::new).collect();
+                settle::<B>(device, &outgoing);
                 let arriving = ledger.charge(acc_bytes);
                 incoming_acc = Some((comm.exchange(phase, step, next, prev, outgoing)?, arriving));
             }
+            drop(received);
         }
         if let Some((pending, arriving)) = incoming {
             held = comm.wait(pending)?;
@@ -96,6 +101,17 @@ pub(crate) fn ring_pass<B: HostRead>(
         );
     }
     Ok(accumulator)
+}
+
+/// Executes this thread's queued work on `device` when `blocks` are device tensors: before they leave
+/// for another rank's thread, and before a received block this thread read is dropped. A device
+/// backend queues operations per thread (CubeCL's streams); without this, a tensor could be handed
+/// over before its producing kernels ran, or its buffer reused while a kernel still reads it (seen on
+/// wgpu as wrong dK in one run of several). Host blocks need nothing.
+fn settle<B: HostRead>(device: &B::Device, blocks: &[Arc<Block>]) {
+    if blocks.iter().any(|b| b.is_on_device()) {
+        B::sync(device).expect("the rank's device executes its queued operations");
+    }
 }
 
 /// The process-wide turn of [`RingConfig::lockstep`](crate::RingConfig::lockstep) tile computation.

@@ -46,7 +46,7 @@ impl RingBackend for burn::backend::Flex {}
 impl RingBackend for burn::backend::Cuda {}
 
 #[cfg(feature = "wgpu")]
-impl RingBackend for burn::backend::Wgpu {}
+impl RingBackend for crate::backends::Wgpu {}
 
 #[derive(Debug)]
 struct RingBackward;
