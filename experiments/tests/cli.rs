@@ -238,6 +238,28 @@ max_minutes = 0.0
     );
     let metrics = std::fs::read_to_string(ckpt.join("metrics.csv")).unwrap();
     assert_eq!(metrics.lines().count(), 4, "header and 3 steps: {metrics}");
+
+    // A curriculum stage starts from that checkpoint; a missing one, or one of another shape, is one line.
+    for (init, message) in [
+        (s(&ckpt), None),
+        (
+            s(&dir.join("nowhere")),
+            Some("no such checkpoint directory"),
+        ),
+    ] {
+        let staged = spec.replace(&s(&ckpt), &s(&dir.join("stage2"))).replace(
+            "stop_loss = 0.0",
+            &format!("init = \"{init}\"\nstop_loss = 0.0"),
+        );
+        let staged_path = dir.join("stage2.toml");
+        std::fs::write(&staged_path, &staged).unwrap();
+        let out = ringbench(&["train", "--config", &s(&staged_path)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        match message {
+            None => assert!(out.status.success(), "{stderr}"),
+            Some(m) => assert!(!out.status.success() && stderr.contains(m), "{stderr}"),
+        }
+    }
     assert!(ckpt.join("loss.svg").exists());
 
     let cases = dir.join("cases.jsonl");
@@ -270,7 +292,7 @@ max_minutes = 0.0
     );
     let table = std::fs::read_to_string(&csv).unwrap();
     assert!(
-        table.starts_with("num_lines,cases,correct,accuracy\n2,3,"),
+        table.starts_with("num_lines,cases,correct,accuracy,prompt_tokens\n2,3,"),
         "{table}"
     );
 
