@@ -1,6 +1,7 @@
 //! Kernel dispatch: the same tile operations on the fused CPU kernel or its generic Burn twin.
 //!
-//! The engine hands host blocks to these functions and never asks which kernel runs.
+//! The engine hands blocks (on the host for the fused kernel, on the device for the generic one) to
+//! these functions; which kernel computes a tile is decided here.
 
 pub(crate) mod device_mask;
 pub mod flops;
@@ -9,7 +10,7 @@ pub mod mask;
 pub(crate) mod reference;
 
 use crate::host::HostRead;
-use crate::ring::block::Block;
+use crate::ring::block::{Block, BlockKind};
 use crate::ring::context::Kernel;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use device_mask::DeviceMasks;
@@ -143,39 +144,102 @@ impl<B: HostRead> ForwardTiles<B> {
     }
 }
 
-/// The inputs of one generic backward tile, as blocks on (or, from another process, copied to)
-/// the rank's device: q and dO `[b, h, tq, d]`, lse and δ `[b, h, tq]`, k and v `[b, hk, tk, d]`.
-pub(crate) struct DeviceTile<'a, B: Backend> {
+/// The inputs of one backward tile as blocks (host blocks for the fused kernel; device tensors, or
+/// host blocks from another process, for the generic one): q and dO `[b, h, tq, d]`, lse and δ
+/// `[b, h, tq]`, k and v `[b, hk, tk, d]`.
+pub(crate) struct BackwardBlocks<'a> {
     pub q: &'a Block,
     pub d_out: &'a Block,
     pub lse: &'a Block,
     pub delta: &'a Block,
     pub k: &'a Block,
     pub v: &'a Block,
-    /// The tile's additive mask `[tq, tk]`; `None` when every pair is visible.
-    pub bias: Option<Tensor<B, 2>>,
+    /// The queries' key windows and the keys' global positions.
+    pub win_q: &'a [Window],
+    pub pos_k: &'a [usize],
+    /// (query rank, key rank): whose masks the generic kernel takes.
+    pub ranks: (usize, usize),
+    pub visibility: Visibility,
+    pub dims: TileDims,
     pub scale: f32,
+    /// The fused kernel spreads its units over rayon's pool.
+    pub parallel: bool,
 }
 
-/// One generic tile's gradients `[dq, dk, dv]`, computed on the device.
-pub(crate) fn backward_tile_generic<B: Backend>(
-    tile: DeviceTile<'_, B>,
+/// One backward tile, on the generic kernel when `masks` are given (on `device`), else on the fused
+/// one. The gradients of the side that stays accumulate into `stay` (dK and dV when Q travels, dQ
+/// otherwise); those of the travelling side are returned as fresh blocks for its accumulator.
+pub(crate) fn backward_tile<B: HostRead>(
+    t: &BackwardBlocks,
+    masks: Option<&DeviceMasks<B>>,
     device: &B::Device,
-) -> [Tensor<B, 4>; 3] {
-    let (dq, dk, dv) = block_attention_backward(
-        &tile.q.tensor(device),
-        &tile.k.tensor(device),
-        &tile.v.tensor(device),
-        &tile.d_out.tensor(device),
-        &tile.lse.tensor(device),
-        &tile.delta.tensor(device),
-        tile.bias,
-        tile.scale,
+    stay: &mut [Block],
+    travelling_q: bool,
+) -> Vec<Block> {
+    if let Some(masks) = masks {
+        let bias = matches!(t.visibility, Visibility::Partial { .. })
+            .then(|| masks.bias(t.ranks.0, t.ranks.1));
+        let (dq, dk, dv) = block_attention_backward(
+            &t.q.tensor(device),
+            &t.k.tensor(device),
+            &t.v.tensor(device),
+            &t.d_out.tensor(device),
+            &t.lse.tensor(device),
+            &t.delta.tensor(device),
+            bias,
+            t.scale,
+        );
+        let on_device = Block::on_device::<B, 4>;
+        return if travelling_q {
+            stay[0].add_assign::<B>(&on_device(BlockKind::DK, dk), device);
+            stay[1].add_assign::<B>(&on_device(BlockKind::DV, dv), device);
+            vec![on_device(BlockKind::DQ, dq)]
+        } else {
+            stay[0].add_assign::<B>(&on_device(BlockKind::DQ, dq), device);
+            vec![on_device(BlockKind::DK, dk), on_device(BlockKind::DV, dv)]
+        };
+    }
+    let (q, k, v) = (t.q.host_values(), t.k.host_values(), t.v.host_values());
+    let (d_out, lse, delta) = (
+        t.d_out.host_values(),
+        t.lse.host_values(),
+        t.delta.host_values(),
     );
-    [dq, dk, dv]
-}
-
-/// Adds one fused tile's gradient contributions to `[dq, dk, dv]` (host buffers shaped like q, k, v).
-pub(crate) fn backward_tile_fused(tile: &BackwardTile, [dq, dk, dv]: [&mut [f32]; 3]) {
-    fused::backward(tile, dq, dk, dv)
+    let tile = BackwardTile {
+        dims: t.dims,
+        q: &q,
+        k: &k,
+        v: &v,
+        d_out: &d_out,
+        lse: &lse,
+        delta: &delta,
+        win_q: t.win_q,
+        pos_k: t.pos_k,
+        scale: t.scale,
+        parallel: t.parallel,
+    };
+    // The fused kernel adds into host buffers: those that stay, in place.
+    if travelling_q {
+        let mut dq = Block::zeros(BlockKind::DQ, t.q.shape.clone());
+        let [dk, dv] = stay else {
+            unreachable!("two stay-at-home blocks: dK, dV")
+        };
+        fused::backward(
+            &tile,
+            dq.host_values_mut(),
+            dk.host_values_mut(),
+            dv.host_values_mut(),
+        );
+        vec![dq]
+    } else {
+        let mut dk = Block::zeros(BlockKind::DK, t.k.shape.clone());
+        let mut dv = Block::zeros(BlockKind::DV, t.v.shape.clone());
+        fused::backward(
+            &tile,
+            stay[0].host_values_mut(),
+            dk.host_values_mut(),
+            dv.host_values_mut(),
+        );
+        vec![dk, dv]
+    }
 }

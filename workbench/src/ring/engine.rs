@@ -8,11 +8,9 @@ use crate::error::RingError;
 use crate::host::{self, HostRead};
 use crate::kernels::device_mask::DeviceMasks;
 use crate::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM};
-use crate::kernels::fused::{BackwardTile, TileDims, softmax_delta};
+use crate::kernels::fused::{TileDims, softmax_delta};
 use crate::kernels::mask::Visibility;
-use crate::kernels::{
-    DeviceTile, ForwardTiles, backward_tile_fused, backward_tile_generic, workspace_bytes,
-};
+use crate::kernels::{BackwardBlocks, ForwardTiles, backward_tile, workspace_bytes};
 use crate::ring::block::{Block, BlockKind};
 use crate::ring::context::{BackwardScheme, Direction, Kernel, RingContext, StepEvent};
 use crate::ring::ledger::{Charge, Ledger};
@@ -403,74 +401,27 @@ pub fn backward<B: HostRead>(
                 } else {
                     (q, &d_out, lse, &delta, &held[0], &held[1])
                 };
-                // The gradients of what stays here accumulate in place; those of the cargo go
-                // into fresh blocks that join the travelling accumulator.
-                if let Some(masks) = &masks {
-                    let tile = DeviceTile {
-                        q,
-                        d_out,
-                        lse,
-                        delta,
-                        k,
-                        v,
-                        bias: matches!(visibility, Visibility::Partial { .. })
-                            .then(|| masks.bias(q_rank, k_rank)),
-                        scale,
-                    };
-                    let [dq, dk, dv] = backward_tile_generic(tile, &device);
-                    let on_device = Block::on_device::<B, 4>;
-                    return if travelling_q {
-                        stay[0].add_assign::<B>(&on_device(BlockKind::DK, dk), &device);
-                        stay[1].add_assign::<B>(&on_device(BlockKind::DV, dv), &device);
-                        vec![on_device(BlockKind::DQ, dq)]
-                    } else {
-                        stay[0].add_assign::<B>(&on_device(BlockKind::DQ, dq), &device);
-                        vec![on_device(BlockKind::DK, dk), on_device(BlockKind::DV, dv)]
-                    };
-                }
-                // Shards may differ in length (a strategy that splits documents unevenly).
-                let (qh, kh, vh) = (q.host_values(), k.host_values(), v.host_values());
-                let (doh, lh, dh) = (d_out.host_values(), lse.host_values(), delta.host_values());
-                let tile = BackwardTile {
+                let tile = BackwardBlocks {
+                    q,
+                    d_out,
+                    lse,
+                    delta,
+                    k,
+                    v,
+                    win_q,
+                    pos_k,
+                    ranks: (q_rank, k_rank),
+                    visibility,
+                    // Shards may differ in length (a strategy that splits documents unevenly).
                     dims: TileDims {
                         tq: win_q.len(),
                         tk: pos_k.len(),
                         ..dims
                     },
-                    q: &qh,
-                    k: &kh,
-                    v: &vh,
-                    d_out: &doh,
-                    lse: &lh,
-                    delta: &dh,
-                    win_q,
-                    pos_k,
                     scale,
                     parallel,
                 };
-                if travelling_q {
-                    let mut dq = Block::zeros(BlockKind::DQ, q.shape.clone());
-                    let [dk, dv] = &mut stay[..] else {
-                        unreachable!("two stay-at-home blocks: dK, dV")
-                    };
-                    let grads = [
-                        dq.host_values_mut(),
-                        dk.host_values_mut(),
-                        dv.host_values_mut(),
-                    ];
-                    backward_tile_fused(&tile, grads);
-                    vec![dq]
-                } else {
-                    let mut dk = Block::zeros(BlockKind::DK, k.shape.clone());
-                    let mut dv = Block::zeros(BlockKind::DV, v.shape.clone());
-                    let grads = [
-                        stay[0].host_values_mut(),
-                        dk.host_values_mut(),
-                        dv.host_values_mut(),
-                    ];
-                    backward_tile_fused(&tile, grads);
-                    vec![dk, dv]
-                }
+                backward_tile(&tile, masks.as_ref(), &device, &mut stay, travelling_q)
             });
             ctx.record(StepEvent {
                 phase: Phase::Backward,
