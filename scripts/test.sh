@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n== %s\n' "$*"; }
+# Each step prints the seconds since the start, so a slow step shows in the log (CI's limit is 30 minutes).
+start=$(date +%s)
+step() { printf '\n== [%4d s] %s\n' "$(( $(date +%s) - start ))" "$*"; }
 
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
   step "installing rustfmt and clippy"
@@ -61,5 +63,6 @@ cargo test --workspace --no-fail-fast --features "$test_features" 2>&1 | tee tar
   || status=$?
 # Each test binary prints its own summary; add them up into one closing line. A binary that failed to
 # build or crashed prints no summary: the exit status still fails the run.
+step "done"
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
 exit "$status"
