@@ -47,12 +47,9 @@ step "cargo doc --workspace --no-deps, warnings as errors (broken links, stray H
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 status=0
-# The tests' features; the example is built with the same ones so that the two share one build.
+# The tests' features. The use-it-from-your-own-model example (workbench/examples/own_model.rs) is a
+# test target too (`test = true`): 4 ranks must give the 1-rank losses, built with these features.
 test_features=experiments/mpi,experiments/nccl,experiments/wgpu
-step "the use-it-from-your-own-model example (workbench/examples/own_model.rs): 4 ranks must give the
-1-rank losses"
-cargo run -q -p workbench --example own_model --features mpi,nccl,wgpu || status=$?
-
 step "cargo test --workspace with the mpi, nccl and wgpu features (MPI tests start 4 processes with
 mpirun; the NCCL test checks that a machine without CUDA gets an error, not a panic; the wgpu tests run
 on Mesa's software Vulkan device)"

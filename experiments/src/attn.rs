@@ -7,7 +7,7 @@ use burn::backend::Autodiff;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use workbench::ring::jobs::{AttentionJob, AttentionResult, HostTensor, run_attention_on_devices};
-use workbench::{BackwardScheme, Direction, Kernel, RingBackend, RingConfig};
+use workbench::{BackwardScheme, Direction, Kernel, LayerBackend, RingConfig};
 
 /// `ringbench attn`'s arguments.
 #[derive(Debug, clap::Args)]
@@ -82,7 +82,7 @@ impl OnBackend for AttnOnBackend<'_> {
     /// The results on the process that writes them (rank 0 under MPI).
     type Output = Option<AttentionResult>;
 
-    fn run<I: RingBackend>(self, devices: Vec<I::Device>) -> Result<Self::Output> {
+    fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<Self::Output> {
         let ranked = crate::mpi_rank::as_mpi_rank(self.timeout, |comm| {
             let device = &devices[comm.rank() % devices.len()];
             workbench::ring::jobs::run_attention_on::<Autodiff<I>>(comm, self.job, device)

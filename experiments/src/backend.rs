@@ -5,7 +5,7 @@
 use anyhow::{Result, bail};
 use std::fmt;
 use std::str::FromStr;
-use workbench::RingBackend;
+use workbench::LayerBackend;
 
 /// A backend by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
@@ -81,7 +81,7 @@ pub trait OnBackend {
     /// What the work returns.
     type Output;
     /// Runs on backend `I`; rank r uses `devices[r % devices.len()]`.
-    fn run<I: RingBackend>(self, devices: Vec<I::Device>) -> Result<Self::Output>;
+    fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<Self::Output>;
 }
 
 /// Runs `work` on backend `name` with the devices at `indices` (empty: the default device). A backend
@@ -111,7 +111,7 @@ pub fn run_attention_on(
     struct Attention<'a, 'j>(&'a workbench::ring::jobs::AttentionJob<'j>);
     impl OnBackend for Attention<'_, '_> {
         type Output = workbench::ring::jobs::AttentionResult;
-        fn run<I: RingBackend>(self, devices: Vec<I::Device>) -> Result<Self::Output> {
+        fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<Self::Output> {
             Ok(workbench::ring::jobs::run_attention_on_devices::<
                 burn::backend::Autodiff<I>,
             >(self.0, &devices)?)

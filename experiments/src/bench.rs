@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM, visible_pairs};
 use workbench::ring::jobs::{AttentionJob, run_attention_on_devices};
-use workbench::{BackwardScheme, Direction, Kernel, RingBackend, RingConfig};
+use workbench::{BackwardScheme, Direction, Kernel, LayerBackend, RingBackend, RingConfig};
 
 /// `ringbench bench`'s subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -126,7 +126,7 @@ struct BenchOn<'a>(&'a BenchAttnArgs);
 
 impl OnBackend for BenchOn<'_> {
     type Output = ();
-    fn run<I: RingBackend>(self, devices: Vec<I::Device>) -> Result<()> {
+    fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<()> {
         bench_attn::<I>(self.0, &devices)
     }
 }

@@ -107,8 +107,15 @@ fn losses(model: &TinyAttention<B>, strategy: &str, ranks: usize) -> Result<Vec<
     Ok(trained.map_err(|e| e.to_string())?.losses)
 }
 
+// Under `cargo test` the harness is the entry point.
+#[cfg_attr(test, allow(dead_code))]
 fn main() -> Result<(), String> {
     let strategy = std::env::args().nth(1).unwrap_or_else(|| "zigzag".into());
+    train_on_one_and_four_ranks(&strategy)
+}
+
+/// Trains 8 steps on 1 rank and on 4 ranks of `strategy`; an error if the losses differ.
+fn train_on_one_and_four_ranks(strategy: &str) -> Result<(), String> {
     let device = Default::default();
     B::seed(&device, 7);
     let linear = || LinearConfig::new(DIM, DIM).init(&device);
@@ -116,7 +123,7 @@ fn main() -> Result<(), String> {
     let model = TinyAttention { q, k, v, out };
     // Burn draws weights on first use: draw them now, so that both runs start from the same ones.
     workbench::model::lazy::materialize(&model);
-    let (one, four) = (losses(&model, &strategy, 1)?, losses(&model, &strategy, 4)?);
+    let (one, four) = (losses(&model, strategy, 1)?, losses(&model, strategy, 4)?);
     for (step, (a, b)) in one.iter().zip(&four).enumerate() {
         println!("step {step}: 1 rank {a:.6}   4 ranks ({strategy}) {b:.6}");
         if (a - b).abs() > 1e-4 * a.abs() {
@@ -128,4 +135,11 @@ fn main() -> Result<(), String> {
     }
     println!("4-rank losses equal the 1-rank losses within 1e-4 relative");
     Ok(())
+}
+
+/// `cargo test` runs this example (`test = true` in workbench/Cargo.toml), with the features the
+/// tests are built with.
+#[test]
+fn four_zigzag_ranks_give_the_one_rank_losses() {
+    train_on_one_and_four_ranks("zigzag").unwrap();
 }

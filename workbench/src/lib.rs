@@ -26,5 +26,6 @@ pub mod transport;
 
 pub use error::{RingError, TransportError};
 pub use host::HostRead;
+pub use model::layer::LayerBackend;
 pub use ring::context::{BackwardScheme, Direction, Kernel, RingConfig, RingContext, StepEvent};
 pub use ring::op::{RingBackend, ring_attention};

@@ -4,6 +4,7 @@
 
 use super::experiment::{Card, Experiment, Plan, Point, PointContext};
 use crate::measure::training::{Method, SmallModel, max_context, peak_per_rank};
+use crate::memory_model::table1_layer_bytes;
 use crate::plot::{Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
@@ -53,6 +54,12 @@ struct Row {
     seq_len: Option<usize>,
     peak_mib_per_rank: Option<f64>,
     engine_peak_bytes_per_rank: Option<u64>,
+    /// What one more layer adds to the per-rank peak: the peak with the model's layers minus the
+    /// peak with one layer fewer (the allocator's).
+    layer_mib_measured: Option<f64>,
+    /// The paper's Table 1 for this method and shape, doubled for f32.
+    layer_mib_table1: Option<f64>,
+    layer_measured_over_table1: Option<f64>,
     budget_mib: f64,
     /// Empty: not even the shortest length searched (256) fits.
     max_context_tokens: Option<usize>,
@@ -91,6 +98,7 @@ const CARD: Card = Card {
     key_columns: &["row_type", "method", "ranks", "seq_len"],
     headline_columns: &[
         "engine_peak_bytes_per_rank",
+        "layer_measured_over_table1",
         "max_context_over_one_rank_blockwise",
     ],
 };
@@ -104,6 +112,10 @@ impl Experiment for Memory {
         let parsed: Spec = spec.parse()?;
         let ranks = spec.ranks("sweep", &parsed.sweep.ranks)?;
         let blocks = spec.list("sweep", "block_sizes", &parsed.sweep.block_sizes)?;
+        if parsed.model.layers == 0 {
+            // One layer's bytes are the peak with the model's layers minus the peak with one fewer.
+            return Err(spec.error("model", "layers", "must be at least 1"));
+        }
         let m = &parsed.measure;
         let methods: Vec<Method> = match &m.methods {
             Some(names) => spec.parsed(
@@ -178,6 +190,16 @@ impl Experiment for Memory {
     }
 }
 
+/// The method's name in the paper's Table 1 ([`table1_layer_bytes`]).
+fn table1_method(method: Method) -> &'static str {
+    match method {
+        Method::Vanilla => "vanilla",
+        Method::MemoryEfficient => "memory-efficient",
+        Method::Blockwise => "memory-efficient+ffn",
+        Method::Ring => "ring",
+    }
+}
+
 fn max_context_key(method: Method, ranks: usize) -> Record {
     Record::new([
         ("row_type", "max_context".to_string()),
@@ -225,6 +247,22 @@ impl Plan for MemoryPlan {
                 block,
             } => {
                 let peak = peak_per_rank(&self.small, method, ranks, seq, block)?;
+                let fewer = SmallModel {
+                    layers: self.small.layers - 1,
+                    ..self.small
+                };
+                let layer =
+                    peak.allocator - peak_per_rank(&fewer, method, ranks, seq, block)?.allocator;
+                let m = &self.small;
+                // Table 1's block is a ring rank's share, or a single rank's attention block.
+                let table1 = 2.0
+                    * table1_layer_bytes(
+                        table1_method(method),
+                        seq as f64,
+                        (seq / ranks).min(block) as f64,
+                        m.d_model as f64,
+                        m.heads as f64,
+                    );
                 Row {
                     row_type: "peak",
                     method: method.name(),
@@ -232,6 +270,9 @@ impl Plan for MemoryPlan {
                     seq_len: Some(seq),
                     peak_mib_per_rank: Some(peak.allocator / MIB),
                     engine_peak_bytes_per_rank: Some(peak.engine),
+                    layer_mib_measured: Some(layer / MIB),
+                    layer_mib_table1: Some(table1 / MIB),
+                    layer_measured_over_table1: Some(layer / table1),
                     budget_mib,
                     max_context_tokens: None,
                     max_context_over_one_rank_blockwise: None,
@@ -273,6 +314,9 @@ impl Plan for MemoryPlan {
                     seq_len: None,
                     peak_mib_per_rank: None,
                     engine_peak_bytes_per_rank: None,
+                    layer_mib_measured: None,
+                    layer_mib_table1: None,
+                    layer_measured_over_table1: None,
                     budget_mib,
                     max_context_tokens: best,
                     max_context_over_one_rank_blockwise: best

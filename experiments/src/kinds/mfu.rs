@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 use workbench::Kernel;
+use workbench::model::Checkpoint;
 
 /// The kind.
 pub struct Mfu;
@@ -129,7 +130,7 @@ impl Plan for MfuPlan {
             seq,
             Ffn {
                 chunk: block.min(1024),
-                rematerialize: false,
+                checkpoint: Checkpoint::None,
             },
             Kernel::Fused,
             self.steps + 1,

@@ -11,7 +11,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
-use workbench::RingBackend;
+use workbench::LayerBackend;
 use workbench::model::Llama;
 use workbench::train::{Decoding, greedy};
 
@@ -109,7 +109,7 @@ struct EvalOn<'a>(&'a EvalArgs);
 
 impl OnBackend for EvalOn<'_> {
     type Output = Vec<AccuracyRow>;
-    fn run<I: RingBackend>(self, devices: Vec<I::Device>) -> Result<Vec<AccuracyRow>> {
+    fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<Vec<AccuracyRow>> {
         let args = self.0;
         let (model, _, tokenizer) = load_checkpoint::<I>(&args.checkpoint, &devices[0])?;
         let cases = read_jsonl(&args.cases)?;
@@ -122,7 +122,7 @@ impl OnBackend for EvalOn<'_> {
 
 /// Exact-match accuracy per number of lines of greedy replies to `cases`, decoded `batch` prompts at a
 /// time on `ranks` ranks.
-pub fn accuracy<B: RingBackend>(
+pub fn accuracy<B: LayerBackend>(
     model: &Llama<B>,
     tokenizer: &Tokenizer,
     cases: &[Case],

@@ -20,7 +20,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use workbench::RingBackend;
+use workbench::LayerBackend;
 use workbench::model::lazy::seeded;
 use workbench::model::{Llama, LlamaConfig};
 use workbench::train::{Example, StepLog, TrainOptions, train};
@@ -56,7 +56,7 @@ struct TrainOn<'a>(&'a TrainSpec);
 
 impl OnBackend for TrainOn<'_> {
     type Output = ();
-    fn run<I: RingBackend>(self, devices: Vec<I::Device>) -> Result<()> {
+    fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<()> {
         if self.0.model.checkpointing {
             train_with::<Autodiff<I, BalancedCheckpointing>>(self.0, &devices[0])
         } else {
@@ -65,7 +65,7 @@ impl OnBackend for TrainOn<'_> {
     }
 }
 
-fn train_with<B: AutodiffBackend + RingBackend>(
+fn train_with<B: AutodiffBackend + LayerBackend>(
     spec: &TrainSpec,
     device: &B::Device,
 ) -> Result<()> {
@@ -198,7 +198,7 @@ fn train_with<B: AutodiffBackend + RingBackend>(
 }
 
 /// The weights of the checkpoint in `dir`, which must have the architecture `config` describes
-/// (chunking and rematerialization may differ: they do not change the weights).
+/// (feed-forward chunking and checkpointing may differ: they do not change the weights).
 fn start_from<B: Backend>(
     dir: &Path,
     config: &LlamaConfig,
@@ -208,7 +208,7 @@ fn start_from<B: Backend>(
     let comparable = found
         .clone()
         .with_ffn_chunk(config.ffn_chunk)
-        .with_rematerialize_ffn(config.rematerialize_ffn);
+        .with_checkpoint(config.checkpoint);
     if &comparable != config {
         bail!(
             "train.init = {}: the checkpoint's model ({found:?}) is not the spec's [model] ({config:?})",
@@ -229,7 +229,7 @@ fn run_training<B, F, L>(
     stop: &std::sync::atomic::AtomicBool,
 ) -> Result<Option<workbench::train::Trained<workbench::model::Llama<B>>>>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend + LayerBackend,
     F: Fn(usize) -> Vec<Example> + Sync,
     L: Fn(&StepLog) + Sync,
 {

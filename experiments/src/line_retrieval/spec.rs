@@ -6,7 +6,7 @@ use datasets::tokenizer::{BOS, EOS};
 use datasets::{Case, SplitMix64, Tokenizer, WordSplit, generate};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use workbench::model::LlamaConfig;
+use workbench::model::{Checkpoint, LlamaConfig};
 use workbench::train::Example;
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
@@ -43,10 +43,10 @@ pub struct ModelSpec {
     /// Recompute activations in the backward instead of storing them (Burn's balanced checkpointing).
     #[serde(default)]
     pub checkpointing: bool,
-    /// The feed-forward's backward recomputes each chunk's hidden activations (the Blockwise
-    /// Parallel Transformer's memory saving; [`workbench::model::ffn`]).
+    /// What each layer keeps for its backward: `none`, `ffn` (the feed-forward's hidden activations
+    /// are recomputed: the Blockwise Parallel Transformer) or `block` (only the layer's input).
     #[serde(default)]
-    pub rematerialize_ffn: bool,
+    pub checkpoint: Checkpoint,
 }
 
 /// How the ring runs.
@@ -136,7 +136,7 @@ impl ModelSpec {
             .with_ffn_multiple_of(self.ffn_multiple_of)
             .with_rope_theta(self.rope_theta)
             .with_ffn_chunk(self.ffn_chunk)
-            .with_rematerialize_ffn(self.rematerialize_ffn)
+            .with_checkpoint(self.checkpoint)
     }
 }
 

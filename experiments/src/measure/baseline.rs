@@ -32,7 +32,7 @@ pub fn matmul_gflops_of(name: crate::backend::BackendName, n: usize) -> anyhow::
     struct Matmul(usize);
     impl crate::backend::OnBackend for Matmul {
         type Output = f64;
-        fn run<I: workbench::RingBackend>(self, devices: Vec<I::Device>) -> anyhow::Result<f64> {
+        fn run<I: workbench::LayerBackend>(self, devices: Vec<I::Device>) -> anyhow::Result<f64> {
             Ok(matmul_gflops_on::<I>(self.0, &devices[0]))
         }
     }

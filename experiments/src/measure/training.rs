@@ -7,8 +7,8 @@ use datasets::SplitMix64;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use workbench::kernels::flops::{DENSE_PER_PARAM_TOKEN, MODEL_PER_PAIR_DIM, visible_pairs};
-use workbench::model::LlamaConfig;
 use workbench::model::lazy::seeded;
+use workbench::model::{Checkpoint, LlamaConfig};
 use workbench::train::{Example, TrainOptions, train};
 use workbench::{Kernel, RingConfig};
 
@@ -89,24 +89,24 @@ impl Default for SmallModel {
     }
 }
 
-fn llama(m: &SmallModel, ffn_chunk: usize, rematerialize_ffn: bool) -> LlamaConfig {
+fn llama(m: &SmallModel, ffn_chunk: usize, checkpoint: Checkpoint) -> LlamaConfig {
     LlamaConfig::new(m.vocab)
         .with_d_model(m.d_model)
         .with_layers(m.layers)
         .with_heads(m.heads)
         .with_kv_heads(m.heads)
         .with_ffn_chunk(ffn_chunk)
-        .with_rematerialize_ffn(rematerialize_ffn)
+        .with_checkpoint(checkpoint)
 }
 
-/// How the feed-forward runs: tokens per chunk, and whether its backward recomputes each chunk's
-/// hidden activations ([`workbench::model::ffn`]).
+/// How the layers run: feed-forward tokens per chunk, and what each layer keeps for its backward
+/// ([`workbench::model::Checkpoint`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Ffn {
     /// Tokens per chunk.
     pub chunk: usize,
-    /// Recompute instead of keeping the hidden activations.
-    pub rematerialize: bool,
+    /// What a layer keeps for its backward.
+    pub checkpoint: Checkpoint,
 }
 
 /// What [`train_steps`] measured.
@@ -128,7 +128,7 @@ pub fn train_steps(
     kernel: Kernel,
     steps: usize,
 ) -> Result<Measured> {
-    let config = llama(m, ffn.chunk, ffn.rematerialize);
+    let config = llama(m, ffn.chunk, ffn.checkpoint);
     let device = Default::default();
     let model = seeded::<Train, _>(0, &device, || config.init::<Train>(&device));
     let options = TrainOptions {
@@ -209,11 +209,11 @@ pub fn peak_per_rank(
 ) -> Result<PeakPerRank> {
     let whole = Ffn {
         chunk: seq,
-        rematerialize: false,
+        checkpoint: Checkpoint::None,
     };
     let blockwise = Ffn {
         chunk: block,
-        rematerialize: true,
+        checkpoint: Checkpoint::Ffn,
     };
     let (ranks, ffn, kernel) = match method {
         Method::Vanilla => (1, whole, Kernel::Generic),
@@ -258,7 +258,7 @@ pub fn max_context(
 /// Training FLOPs of one step ([`workbench::kernels::flops`]): 6 · (non-embedding + head
 /// parameters) · tokens for the matmuls, and 12 · d_model · (causal pairs) per layer for attention.
 pub fn model_flops(m: &SmallModel, seq: usize) -> f64 {
-    let config = llama(m, seq, false);
+    let config = llama(m, seq, Checkpoint::None);
     let matmul_params = (config.num_params() - m.vocab * m.d_model) as f64;
     let dense = DENSE_PER_PARAM_TOKEN as f64 * matmul_params * seq as f64;
     let attention =

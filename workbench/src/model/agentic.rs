@@ -8,10 +8,10 @@
 //! and each rank embeds only the rows it owns.
 
 use crate::error::RingError;
+use crate::model::layer::{Checkpoint, DecoderLayer, LayerBackend, Trunk, run_layers};
 use crate::model::lazy::materialize;
-use crate::model::llama::{DecoderLayer, LlamaConfig, Trunk, run_layers};
+use crate::model::llama::LlamaConfig;
 use crate::ring::context::{RingConfig, RingContext};
-use crate::ring::op::RingBackend;
 use crate::train::objective::{Objective, local_rows};
 use crate::transport::run_ranks;
 use burn::config::Config;
@@ -129,7 +129,7 @@ pub struct AgenticTransformer<B: Backend> {
     ffn_chunk: usize,
 }
 
-impl<B: RingBackend> AgenticTransformer<B> {
+impl<B: LayerBackend> AgenticTransformer<B> {
     /// Predicted actions `[b, t, act_dim]` in `(-1, 1)` for this rank's feature rows `[b, t, F]`.
     pub fn forward(
         &self,
@@ -142,7 +142,7 @@ impl<B: RingBackend> AgenticTransformer<B> {
             kv_heads: self.kv_heads,
             rope_theta: self.rope_theta,
             ffn_chunk: self.ffn_chunk,
-            rematerialize_ffn: false,
+            checkpoint: Checkpoint::None,
         };
         let x = run_layers(
             &self.blocks,
@@ -178,7 +178,7 @@ pub struct ChainBatch {
 /// Mean squared error of the predicted actions at the weighted tokens (the AT's action loss).
 pub struct ActionPrediction;
 
-impl<B: AutodiffBackend + RingBackend> Objective<B> for ActionPrediction {
+impl<B: AutodiffBackend + LayerBackend> Objective<B> for ActionPrediction {
     type Model = AgenticTransformer<B>;
     type Batch = ChainBatch;
 
@@ -217,7 +217,7 @@ impl<B: AutodiffBackend + RingBackend> Objective<B> for ActionPrediction {
 
 /// The action predicted at position `at` of one chain given as feature rows `[len, F]` (positions
 /// after `at` do not influence it: attention is causal). Runs on one rank.
-pub fn predict_action<B: RingBackend>(
+pub fn predict_action<B: LayerBackend>(
     model: &AgenticTransformer<B>,
     features: &[f32],
     feature_dim: usize,

@@ -76,6 +76,44 @@ impl FfnBackend for burn::backend::Cuda {}
 #[cfg(feature = "wgpu")]
 impl FfnBackend for crate::backends::Wgpu {}
 
+/// The blockwise SwiGLU's backward: `(dx, dW1, dW3, dW2)` of `dy` at input `x: [b, t, d]`, each
+/// chunk's hidden activations recomputed, used and dropped.
+pub(crate) fn swiglu_backward<B: Backend>(
+    x: Tensor<B, 3>,
+    w1: Tensor<B, 2>,
+    w3: Tensor<B, 2>,
+    w2: Tensor<B, 2>,
+    dy: Tensor<B, 3>,
+    chunk: usize,
+) -> (Tensor<B, 3>, Tensor<B, 2>, Tensor<B, 2>, Tensor<B, 2>) {
+    let [b, t, d] = x.dims();
+    let mut dx = Vec::new();
+    let (mut dw1, mut dw3, mut dw2) = (
+        Tensor::zeros(w1.dims(), &w1.device()),
+        Tensor::zeros(w3.dims(), &w3.device()),
+        Tensor::zeros(w2.dims(), &w2.device()),
+    );
+    for (s, e) in chunks(t, chunk) {
+        // Recompute the chunk's hidden activations, use them, drop them.
+        let (c, dyc) = (rows(&x, s, e), rows(&dy, s, e));
+        let a = c.clone().matmul(w1.clone());
+        let g = c.clone().matmul(w3.clone());
+        let sig = sigmoid(a.clone());
+        let act = a.clone() * sig.clone();
+        let m = act.clone() * g.clone();
+        dw2 = dw2 + m.transpose().matmul(dyc.clone());
+        let dm = dyc.matmul(w2.clone().transpose());
+        let d_silu = sig.clone() * (a * (sig.neg() + 1.0) + 1.0);
+        let da = dm.clone() * g * d_silu;
+        let dg = dm * act;
+        dw1 = dw1 + c.clone().transpose().matmul(da.clone());
+        dw3 = dw3 + c.transpose().matmul(dg.clone());
+        let dxc = da.matmul(w1.clone().transpose()) + dg.matmul(w3.clone().transpose());
+        dx.push(dxc.reshape([b, e - s, d]));
+    }
+    (Tensor::cat(dx, 1), dw1, dw3, dw2)
+}
+
 #[derive(Debug)]
 struct SwigluBackward;
 
@@ -100,36 +138,11 @@ impl<B: FfnBackend> Backward<B, 4> for SwigluBackward {
             w2,
             chunk,
         } = ops.state;
-        let x = wrap::<B, 3>(x);
-        let (w1, w3, w2) = (wrap::<B, 2>(w1), wrap::<B, 2>(w3), wrap::<B, 2>(w2));
-        let [b, t, d] = x.dims();
-        let mut dx = Vec::new();
-        let (mut dw1, mut dw3, mut dw2) = (
-            Tensor::zeros(w1.dims(), &w1.device()),
-            Tensor::zeros(w3.dims(), &w3.device()),
-            Tensor::zeros(w2.dims(), &w2.device()),
-        );
-        for (s, e) in chunks(t, chunk) {
-            // Recompute the chunk's hidden activations, use them, drop them.
-            let (c, dyc) = (rows(&x, s, e), rows(&dy, s, e));
-            let a = c.clone().matmul(w1.clone());
-            let g = c.clone().matmul(w3.clone());
-            let sig = sigmoid(a.clone());
-            let act = a.clone() * sig.clone();
-            let m = act.clone() * g.clone();
-            dw2 = dw2 + m.transpose().matmul(dyc.clone());
-            let dm = dyc.matmul(w2.clone().transpose());
-            let d_silu = sig.clone() * (a * (sig.neg() + 1.0) + 1.0);
-            let da = dm.clone() * g * d_silu;
-            let dg = dm * act;
-            dw1 = dw1 + c.clone().transpose().matmul(da.clone());
-            dw3 = dw3 + c.transpose().matmul(dg.clone());
-            let dxc = da.matmul(w1.clone().transpose()) + dg.matmul(w3.clone().transpose());
-            dx.push(dxc.reshape([b, e - s, d]));
-        }
+        let (dx, dw1, dw3, dw2) =
+            swiglu_backward(wrap::<B, 3>(x), wrap(w1), wrap(w3), wrap(w2), dy, chunk);
         let [px, p1, p3, p2] = ops.parents;
         let pairs = [
-            (px, unwrap(Tensor::cat(dx, 1))),
+            (px, unwrap(dx)),
             (p1, unwrap(dw1)),
             (p3, unwrap(dw3)),
             (p2, unwrap(dw2)),

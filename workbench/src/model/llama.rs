@@ -1,19 +1,18 @@
 //! A LLaMA-style decoder whose attention is ring attention: RMSNorm, RoPE on global positions,
-//! grouped-query attention, SwiGLU feed-forward computed in sequence chunks (the paper's blockwise FFN).
+//! grouped-query attention, SwiGLU feed-forward computed in sequence chunks (the paper's blockwise FFN);
+//! the layers' math is [`crate::model::layer`]'s.
 //!
 //! One instance runs on every rank over that rank's shard; positions come from the partition, so
 //! striped and zig-zag shards get the right rotations and causal masks.
 
 use crate::error::RingError;
-use crate::model::ffn::blockwise_swiglu;
+use crate::model::layer::{Checkpoint, DecoderLayer, LayerBackend, Trunk, run_layers};
 use crate::model::lazy::materialize;
 use crate::ring::context::RingContext;
-use crate::ring::op::{RingBackend, ring_attention};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
-use burn::tensor::activation::silu;
-use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
+use burn::tensor::{Int, Tensor, backend::Backend};
 use std::sync::Arc;
 
 #[derive(Config, Debug, PartialEq)]
@@ -42,10 +41,10 @@ pub struct LlamaConfig {
     /// Tokens per feed-forward chunk (blockwise FFN).
     #[config(default = 256)]
     pub ffn_chunk: usize,
-    /// The feed-forward's backward recomputes each chunk's hidden activations instead of keeping
-    /// them ([`crate::model::ffn`]): the Blockwise Parallel Transformer's memory saving.
-    #[config(default = false)]
-    pub rematerialize_ffn: bool,
+    /// What each layer keeps for its backward: everything (`none`), all but the feed-forward's
+    /// hidden activations (`ffn`: the Blockwise Parallel Transformer), or only its input (`block`).
+    #[config(default = "Checkpoint::None")]
+    pub checkpoint: Checkpoint,
 }
 
 impl LlamaConfig {
@@ -121,25 +120,11 @@ impl LlamaConfig {
             kv_heads: self.kv_heads,
             rope_theta: self.rope_theta,
             ffn_chunk: self.ffn_chunk,
-            rematerialize_ffn: self.rematerialize_ffn,
+            checkpoint: self.checkpoint,
         };
         materialize(&model);
         model
     }
-}
-
-#[derive(Module, Debug)]
-/// One decoder layer: RMSNorm, grouped-query ring attention, RMSNorm, SwiGLU feed-forward.
-pub struct DecoderLayer<B: Backend> {
-    attn_norm: RmsNorm<B>,
-    wq: Linear<B>,
-    wk: Linear<B>,
-    wv: Linear<B>,
-    wo: Linear<B>,
-    ffn_norm: RmsNorm<B>,
-    w1: Linear<B>,
-    w3: Linear<B>,
-    w2: Linear<B>,
 }
 
 #[derive(Module, Debug)]
@@ -153,104 +138,10 @@ pub struct Llama<B: Backend> {
     kv_heads: usize,
     rope_theta: f64,
     ffn_chunk: usize,
-    rematerialize_ffn: bool,
+    checkpoint: Checkpoint,
 }
 
-/// cos and sin of RoPE angles for each token's global position: `[1, 1, t, head_dim / 2]` each.
-fn rope_tables<B: Backend>(
-    positions: &[usize],
-    head_dim: usize,
-    theta: f64,
-    device: &B::Device,
-) -> (Tensor<B, 4>, Tensor<B, 4>) {
-    let half = head_dim / 2;
-    let angles: Vec<f64> = positions
-        .iter()
-        .flat_map(|&p| {
-            (0..half).map(move |i| p as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64))
-        })
-        .collect();
-    let table = |f: fn(f64) -> f64| {
-        let data: Vec<f32> = angles.iter().map(|&a| f(a) as f32).collect();
-        Tensor::from_data(TensorData::new(data, [1, 1, positions.len(), half]), device)
-    };
-    (table(f64::cos), table(f64::sin))
-}
-
-/// Rotates pairs `(x[i], x[i + d/2])` of `[b, h, t, d]` by the tables' angles.
-fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
-    let [b, h, t, d] = x.dims();
-    let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..d / 2]);
-    let x2 = x.slice([0..b, 0..h, 0..t, d / 2..d]);
-    Tensor::cat(
-        vec![
-            x1.clone() * cos.clone() - x2.clone() * sin.clone(),
-            x1 * sin.clone() + x2 * cos.clone(),
-        ],
-        3,
-    )
-}
-
-/// The trunk's hyper-parameters that `forward` needs (plain fields of the modules built on it).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Trunk {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub rope_theta: f64,
-    pub ffn_chunk: usize,
-    pub rematerialize_ffn: bool,
-}
-
-/// Runs the decoder blocks over this rank's hidden states `x: [b, t, d]` at global `positions`.
-pub(crate) fn run_layers<B: RingBackend>(
-    blocks: &[DecoderLayer<B>],
-    mut x: Tensor<B, 3>,
-    positions: &[usize],
-    trunk: Trunk,
-    ctx: &Arc<RingContext>,
-) -> Result<Tensor<B, 3>, RingError> {
-    let [b, t, d] = x.dims();
-    let hd = d / trunk.heads;
-    let (cos, sin) = rope_tables::<B>(positions, hd, trunk.rope_theta, &x.device());
-    for block in blocks {
-        let h = block.attn_norm.forward(x.clone());
-        // [b, t, heads · hd] → [b, heads, t, hd]
-        let split = |y: Tensor<B, 3>, heads: usize| y.reshape([b, t, heads, hd]).swap_dims(1, 2);
-        let q = rope(split(block.wq.forward(h.clone()), trunk.heads), &cos, &sin);
-        let k = rope(
-            split(block.wk.forward(h.clone()), trunk.kv_heads),
-            &cos,
-            &sin,
-        );
-        let v = split(block.wv.forward(h), trunk.kv_heads);
-        let (attn, _) = ring_attention(q, k, v, ctx)?;
-        x = x + block.wo.forward(attn.swap_dims(1, 2).reshape([b, t, d]));
-        let h = block.ffn_norm.forward(x.clone());
-        let chunk = trunk.ffn_chunk.max(1);
-        if trunk.rematerialize_ffn {
-            let (w1, w3, w2) = (
-                block.w1.weight.val(),
-                block.w3.weight.val(),
-                block.w2.weight.val(),
-            );
-            x = x + blockwise_swiglu(h, w1, w3, w2, chunk);
-            continue;
-        }
-        let chunks = (0..t)
-            .step_by(chunk)
-            .map(|s| {
-                let c = h.clone().slice([0..b, s..(s + chunk).min(t), 0..d]);
-                block
-                    .w2
-                    .forward(silu(block.w1.forward(c.clone())) * block.w3.forward(c))
-            })
-            .collect();
-        x = x + Tensor::cat(chunks, 1);
-    }
-    Ok(x)
-}
-
-impl<B: RingBackend> Llama<B> {
+impl<B: LayerBackend> Llama<B> {
     /// Logits `[b, t, vocab]` for this rank's tokens `[b, t]` at global `positions`.
     pub fn forward(
         &self,
@@ -263,7 +154,7 @@ impl<B: RingBackend> Llama<B> {
             kv_heads: self.kv_heads,
             rope_theta: self.rope_theta,
             ffn_chunk: self.ffn_chunk,
-            rematerialize_ffn: self.rematerialize_ffn,
+            checkpoint: self.checkpoint,
         };
         let x = run_layers(
             &self.blocks,

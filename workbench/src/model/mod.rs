@@ -3,7 +3,9 @@
 
 pub mod agentic;
 pub mod ffn;
+pub mod layer;
 pub mod lazy;
 pub mod llama;
 
+pub use layer::{Checkpoint, LayerBackend};
 pub use llama::{Llama, LlamaConfig};

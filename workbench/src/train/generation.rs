@@ -3,8 +3,8 @@
 use super::objective::local;
 use crate::error::RingError;
 use crate::model::Llama;
+use crate::model::layer::LayerBackend;
 use crate::ring::context::{RingConfig, RingContext};
-use crate::ring::op::RingBackend;
 use crate::transport::run_ranks;
 use burn::tensor::{Int, Tensor, TensorData};
 use std::sync::Arc;
@@ -31,7 +31,7 @@ pub struct Decoding<'a> {
 /// Greedy continuation of each prompt (up to `max_new` tokens, stopping at `stop`), on `ranks` ranks.
 ///
 /// Each step runs the full sequence through the ring (no KV cache): evaluation, not serving.
-pub fn greedy<B: RingBackend>(
+pub fn greedy<B: LayerBackend>(
     model: &Llama<B>,
     prompts: &[Vec<u32>],
     decoding: &Decoding,

@@ -4,8 +4,8 @@
 use super::error::TrainError;
 use crate::error::RingError;
 use crate::model::Llama;
+use crate::model::layer::LayerBackend;
 use crate::ring::context::RingContext;
-use crate::ring::op::RingBackend;
 use burn::module::AutodiffModule;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::AutodiffBackend;
@@ -29,7 +29,7 @@ pub struct Example {
 /// What SPMD training optimizes: the model, the batch one step sees (the same on every rank), and
 /// this rank's share of the global loss. Next-token prediction and the Agentic Transformer are two
 /// objectives of the one training loop below.
-pub trait Objective<B: AutodiffBackend + RingBackend>: Sync {
+pub trait Objective<B: AutodiffBackend + LayerBackend>: Sync {
     /// The model trained.
     type Model: AutodiffModule<B> + Sync;
     /// What one step sees.
@@ -54,7 +54,7 @@ pub trait Objective<B: AutodiffBackend + RingBackend>: Sync {
 /// Next-token cross-entropy on token sequences (the language-model objective).
 pub(crate) struct NextToken;
 
-impl<B: AutodiffBackend + RingBackend> Objective<B> for NextToken {
+impl<B: AutodiffBackend + LayerBackend> Objective<B> for NextToken {
     type Model = Llama<B>;
     type Batch = Batch;
 
@@ -197,7 +197,7 @@ pub(crate) fn local_rows<T: Copy>(
 }
 
 /// Masked next-token cross-entropy of this rank's tokens, divided by the global weight.
-fn local_loss<B: RingBackend>(
+fn local_loss<B: LayerBackend>(
     model: &Llama<B>,
     batch: &Batch,
     layout: &Layout,

@@ -6,9 +6,9 @@ use super::replicas::{Unflatten, checksum, clip_global_norm};
 use super::step::{StepGradient, step_gradient};
 use crate::error::{RingError, all_or_root_cause};
 use crate::model::Llama;
+use crate::model::layer::LayerBackend;
 use crate::model::lazy::materialize;
 use crate::ring::context::{RingConfig, RingContext, Sequence};
-use crate::ring::op::RingBackend;
 use crate::transport::{Comm, run_ranks};
 use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
@@ -119,7 +119,7 @@ pub fn train<B, F, L>(
     stop: &AtomicBool,
 ) -> Result<Trained<Llama<B>>, TrainError>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend + LayerBackend,
     F: Fn(usize) -> Vec<Example> + Sync,
     L: Fn(&StepLog) + Sync,
 {
@@ -140,7 +140,7 @@ pub fn train_objective<B, O, F, L>(
     stop: &AtomicBool,
 ) -> Result<Trained<O::Model>, TrainError>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend + LayerBackend,
     O: Objective<B>,
     F: Fn(usize) -> O::Batch + Sync,
     L: Fn(&StepLog) + Sync,
@@ -167,7 +167,7 @@ fn train_ranks<B, O, F, L>(
     stop: &AtomicBool,
 ) -> Result<Trained<O::Model>, TrainError>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend + LayerBackend,
     O: Objective<B>,
     F: Fn(usize) -> Result<O::Batch, TrainError> + Sync,
     L: Fn(&StepLog) + Sync,
@@ -200,7 +200,7 @@ pub fn train_on<B, F, L>(
     stop: &AtomicBool,
 ) -> Result<Option<Trained<Llama<B>>>, TrainError>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend + LayerBackend,
     F: Fn(usize) -> Vec<Example>,
     L: Fn(&StepLog),
 {
@@ -231,7 +231,7 @@ fn train_rank<B, O, F, L>(
     stop: &AtomicBool,
 ) -> Result<Option<Trained<O::Model>>, TrainError>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend + LayerBackend,
     O: Objective<B>,
     F: Fn(usize) -> Result<O::Batch, TrainError>,
     L: Fn(&StepLog),

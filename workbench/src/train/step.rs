@@ -5,9 +5,9 @@ use super::objective::{Example, NextToken, Objective, assemble};
 use super::replicas::Flatten;
 use crate::error::all_or_root_cause;
 use crate::model::Llama;
+use crate::model::layer::LayerBackend;
 use crate::model::lazy::materialize;
 use crate::ring::context::{RingConfig, RingContext};
-use crate::ring::op::RingBackend;
 use crate::transport::run_ranks;
 use burn::module::Module;
 use burn::optim::GradientsParams;
@@ -40,7 +40,7 @@ pub(crate) fn step_gradient<B, O>(
     stop_requested: bool,
 ) -> Result<StepGradient, TrainError>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend + LayerBackend,
     O: Objective<B>,
 {
     let rank = ctx.rank();
@@ -100,7 +100,7 @@ pub fn global_gradient<B>(
     timeout: Duration,
 ) -> Result<(f64, Vec<f32>), TrainError>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend + LayerBackend,
 {
     strategies::check_ranks(ranks)?;
     materialize(model);

@@ -1,0 +1,535 @@
+//! One decoder layer's math (RMSNorm, grouped-query ring attention with RoPE, SwiGLU feed-forward in
+//! chunks), what its backward keeps ([`Checkpoint`]), and the checkpointed layer: an op whose state
+//! is the layer's input and whose backward recomputes the layer and differentiates it by hand.
+//!
+//! The checkpointed backward, for `x2 = x + attn(norm₁(x))·Wo` and `y = x2 + ffn(norm₂(x2))`, given
+//! dy: the feed-forward's backward ([`crate::model::ffn::swiglu_backward`]) gives dh₂ and dW1, dW3,
+//! dW2; RMSNorm's gives dx2 += ∂norm₂ and dγ₂; `dWo = aᵀ·dx2`, `da = dx2·Woᵀ`; the ring backward
+//! ([`crate::ring::engine::backward`]) gives dq, dk, dv, rotated back by RoPE's inverse (the same
+//! rotation with −sin); `dWq = h₁ᵀ·dq` (and k, v), `dh₁ = dq·Wqᵀ + dk·Wkᵀ + dv·Wvᵀ`; RMSNorm's
+//! backward of dh₁ is added to dx2. RMSNorm `y = γ ∘ x·r` with `r = (mean(x²) + ε)^(−1/2)` has
+//! `dγ = Σ dy ∘ x·r` and `dx = r·g − r³·x·mean(g ∘ x)` for `g = dy ∘ γ`.
+
+use crate::error::RingError;
+use crate::model::ffn::{blockwise_swiglu, swiglu_backward};
+use crate::ring::context::RingContext;
+use crate::ring::engine::{self, Saved};
+use crate::ring::op::RingBackend;
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::module::Module;
+use burn::nn::{Linear, RmsNorm};
+use burn::tensor::activation::silu;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+fn wrap<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(primitive))
+}
+
+fn unwrap<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
+    tensor.into_primitive().tensor()
+}
+
+/// What a decoder layer keeps for its backward (`checkpoint` in the model config).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Checkpoint {
+    /// Every activation autodiff needs, the feed-forward's `[t, ffn]` hidden activations included.
+    #[default]
+    None,
+    /// The feed-forward's backward recomputes each chunk's hidden activations
+    /// ([`crate::model::ffn`]): the Blockwise Parallel Transformer's saving.
+    Ffn,
+    /// The layer keeps only its input; its backward recomputes the whole layer, ring attention
+    /// included (per-layer activation checkpointing).
+    Block,
+}
+
+impl std::fmt::Display for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Checkpoint::None => "none",
+            Checkpoint::Ffn => "ffn",
+            Checkpoint::Block => "block",
+        })
+    }
+}
+
+#[derive(Module, Debug)]
+/// One decoder layer: RMSNorm, grouped-query ring attention, RMSNorm, SwiGLU feed-forward.
+pub struct DecoderLayer<B: Backend> {
+    pub(crate) attn_norm: RmsNorm<B>,
+    pub(crate) wq: Linear<B>,
+    pub(crate) wk: Linear<B>,
+    pub(crate) wv: Linear<B>,
+    pub(crate) wo: Linear<B>,
+    pub(crate) ffn_norm: RmsNorm<B>,
+    pub(crate) w1: Linear<B>,
+    pub(crate) w3: Linear<B>,
+    pub(crate) w2: Linear<B>,
+}
+
+/// A layer's parameters as tensors, in the order of [`DecoderLayer`]'s fields; linear weights are
+/// `[in, out]` as Burn's `Linear` holds them.
+#[derive(Debug, Clone)]
+struct Weights<B: Backend> {
+    attn_norm: Tensor<B, 1>,
+    wq: Tensor<B, 2>,
+    wk: Tensor<B, 2>,
+    wv: Tensor<B, 2>,
+    wo: Tensor<B, 2>,
+    ffn_norm: Tensor<B, 1>,
+    w1: Tensor<B, 2>,
+    w3: Tensor<B, 2>,
+    w2: Tensor<B, 2>,
+    /// The two norms' ε.
+    epsilons: [f64; 2],
+}
+
+/// The primitives of a layer's parameters, in [`DecoderLayer`]'s field order.
+pub type WeightPrimitives<B> = [FloatTensor<B>; 9];
+
+impl<B: Backend> Weights<B> {
+    fn of(layer: &DecoderLayer<B>) -> Self {
+        Weights {
+            attn_norm: layer.attn_norm.gamma.val(),
+            wq: layer.wq.weight.val(),
+            wk: layer.wk.weight.val(),
+            wv: layer.wv.weight.val(),
+            wo: layer.wo.weight.val(),
+            ffn_norm: layer.ffn_norm.gamma.val(),
+            w1: layer.w1.weight.val(),
+            w3: layer.w3.weight.val(),
+            w2: layer.w2.weight.val(),
+            epsilons: [layer.attn_norm.epsilon, layer.ffn_norm.epsilon],
+        }
+    }
+
+    fn zeros_like(&self) -> Self {
+        Weights {
+            attn_norm: self.attn_norm.zeros_like(),
+            wq: self.wq.zeros_like(),
+            wk: self.wk.zeros_like(),
+            wv: self.wv.zeros_like(),
+            wo: self.wo.zeros_like(),
+            ffn_norm: self.ffn_norm.zeros_like(),
+            w1: self.w1.zeros_like(),
+            w3: self.w3.zeros_like(),
+            w2: self.w2.zeros_like(),
+            epsilons: self.epsilons,
+        }
+    }
+
+    fn into_primitives(self) -> WeightPrimitives<B> {
+        [
+            unwrap(self.attn_norm),
+            unwrap(self.wq),
+            unwrap(self.wk),
+            unwrap(self.wv),
+            unwrap(self.wo),
+            unwrap(self.ffn_norm),
+            unwrap(self.w1),
+            unwrap(self.w3),
+            unwrap(self.w2),
+        ]
+    }
+
+    fn from_primitives(p: WeightPrimitives<B>, epsilons: [f64; 2]) -> Self {
+        let [attn_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2] = p;
+        Weights {
+            attn_norm: wrap(attn_norm),
+            wq: wrap(wq),
+            wk: wrap(wk),
+            wv: wrap(wv),
+            wo: wrap(wo),
+            ffn_norm: wrap(ffn_norm),
+            w1: wrap(w1),
+            w3: wrap(w3),
+            w2: wrap(w2),
+            epsilons,
+        }
+    }
+}
+
+/// The trunk's hyper-parameters that a layer needs (plain fields of the modules built on it).
+#[derive(Debug, Clone, Copy)]
+pub struct Trunk {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// Tokens per feed-forward chunk.
+    pub ffn_chunk: usize,
+    /// What the layer keeps for its backward.
+    pub checkpoint: Checkpoint,
+}
+
+/// cos and sin of RoPE angles for each token's global position: `[1, 1, t, head_dim / 2]` each.
+#[derive(Debug, Clone)]
+struct Rope<B: Backend> {
+    cos: Tensor<B, 4>,
+    sin: Tensor<B, 4>,
+}
+
+impl<B: Backend> Rope<B> {
+    fn new(positions: &[usize], head_dim: usize, theta: f64, device: &B::Device) -> Self {
+        let half = head_dim / 2;
+        let angles: Vec<f64> = positions
+            .iter()
+            .flat_map(|&p| {
+                (0..half).map(move |i| p as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64))
+            })
+            .collect();
+        let table = |f: fn(f64) -> f64| {
+            let data: Vec<f32> = angles.iter().map(|&a| f(a) as f32).collect();
+            Tensor::from_data(TensorData::new(data, [1, 1, positions.len(), half]), device)
+        };
+        Rope {
+            cos: table(f64::cos),
+            sin: table(f64::sin),
+        }
+    }
+
+    /// Rotates pairs `(x[i], x[i + d/2])` of `[b, h, t, d]` by the angles (`inverse`: by minus them).
+    fn rotate(&self, x: Tensor<B, 4>, inverse: bool) -> Tensor<B, 4> {
+        let [b, h, t, d] = x.dims();
+        let sin = if inverse {
+            self.sin.clone().neg()
+        } else {
+            self.sin.clone()
+        };
+        let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..d / 2]);
+        let x2 = x.slice([0..b, 0..h, 0..t, d / 2..d]);
+        Tensor::cat(
+            vec![
+                x1.clone() * self.cos.clone() - x2.clone() * sin.clone(),
+                x1 * sin + x2 * self.cos.clone(),
+            ],
+            3,
+        )
+    }
+}
+
+/// `γ ∘ x / sqrt(mean(x²) + ε)` over the last dimension (Burn's `RmsNorm`), and `1 / sqrt(…)`.
+fn rms_norm<B: Backend>(
+    x: Tensor<B, 3>,
+    gamma: &Tensor<B, 1>,
+    eps: f64,
+) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    let r = (x.clone().square().mean_dim(2) + eps).sqrt().recip();
+    (x * r.clone() * gamma.clone().unsqueeze(), r)
+}
+
+/// RMSNorm's backward: `(dx, dγ)` of `dy` at input `x` with `r` from [`rms_norm`].
+fn rms_norm_backward<B: Backend>(
+    x: Tensor<B, 3>,
+    r: Tensor<B, 3>,
+    gamma: &Tensor<B, 1>,
+    dy: Tensor<B, 3>,
+) -> (Tensor<B, 3>, Tensor<B, 1>) {
+    let d = gamma.dims()[0];
+    let d_gamma = (dy.clone() * x.clone() * r.clone())
+        .reshape([-1, d as i32])
+        .sum_dim(0)
+        .reshape([d]);
+    let g = dy * gamma.clone().unsqueeze();
+    let mean_gx = (g.clone() * x.clone()).mean_dim(2);
+    let dx = g * r.clone() - x * r.clone() * r.clone() * r * mean_gx;
+    (dx, d_gamma)
+}
+
+/// `[b, t, n]` as `[b · t, n]`.
+fn flat<B: Backend>(x: Tensor<B, 3>) -> Tensor<B, 2> {
+    let [b, t, n] = x.dims();
+    x.reshape([b * t, n])
+}
+
+/// `x: [b, t, n] · w: [n, m]`.
+fn project<B: Backend>(x: Tensor<B, 3>, w: &Tensor<B, 2>) -> Tensor<B, 3> {
+    let [b, t, _] = x.dims();
+    flat(x).matmul(w.clone()).reshape([b, t, w.dims()[1]])
+}
+
+/// A layer's forward and what its hand-written backward reads.
+struct Forward<B: Backend> {
+    /// The layer's output.
+    y: Tensor<B, 3>,
+    /// First norm's output and its `r`.
+    h1: Tensor<B, 3>,
+    r1: Tensor<B, 3>,
+    /// Attention output `[b, heads, t, hd]` and what the ring backward needs.
+    out: Tensor<B, 4>,
+    saved: Saved,
+    /// The residual after attention, the second norm's output and its `r`.
+    x2: Tensor<B, 3>,
+    h2: Tensor<B, 3>,
+    r2: Tensor<B, 3>,
+}
+
+fn forward<B: RingBackend>(
+    w: &Weights<B>,
+    x: Tensor<B, 3>,
+    rope: &Rope<B>,
+    trunk: Trunk,
+    ctx: &Arc<RingContext>,
+) -> Result<Forward<B>, RingError> {
+    let [b, t, d] = x.dims();
+    let hd = d / trunk.heads;
+    let (h1, r1) = rms_norm(x.clone(), &w.attn_norm, w.epsilons[0]);
+    // [b, t, heads · hd] → [b, heads, t, hd]
+    let split = |y: Tensor<B, 3>, heads: usize| y.reshape([b, t, heads, hd]).swap_dims(1, 2);
+    let q = rope.rotate(split(project(h1.clone(), &w.wq), trunk.heads), false);
+    let k = rope.rotate(split(project(h1.clone(), &w.wk), trunk.kv_heads), false);
+    let v = split(project(h1.clone(), &w.wv), trunk.kv_heads);
+    let (out, _, saved) = B::ring_forward(unwrap(q), unwrap(k), unwrap(v), ctx)?;
+    let out: Tensor<B, 4> = wrap(out);
+    let x2 = x + project(out.clone().swap_dims(1, 2).reshape([b, t, d]), &w.wo);
+    let (h2, r2) = rms_norm(x2.clone(), &w.ffn_norm, w.epsilons[1]);
+    let chunk = trunk.ffn_chunk.max(1);
+    let ffn = match trunk.checkpoint {
+        Checkpoint::None => {
+            let chunks = (0..t)
+                .step_by(chunk)
+                .map(|s| {
+                    let c = h2.clone().slice([0..b, s..(s + chunk).min(t), 0..d]);
+                    project(silu(project(c.clone(), &w.w1)) * project(c, &w.w3), &w.w2)
+                })
+                .collect();
+            Tensor::cat(chunks, 1)
+        }
+        Checkpoint::Ffn | Checkpoint::Block => {
+            blockwise_swiglu(h2.clone(), w.w1.clone(), w.w3.clone(), w.w2.clone(), chunk)
+        }
+    };
+    Ok(Forward {
+        y: x2.clone() + ffn,
+        h1,
+        r1,
+        out,
+        saved,
+        x2,
+        h2,
+        r2,
+    })
+}
+
+/// The gradients of a layer's input and parameters for `dy`, recomputing its forward.
+fn backward<B: RingBackend>(
+    w: &Weights<B>,
+    x: Tensor<B, 3>,
+    rope: &Rope<B>,
+    trunk: Trunk,
+    ctx: &Arc<RingContext>,
+    dy: Tensor<B, 3>,
+) -> Result<(Tensor<B, 3>, Weights<B>), RingError> {
+    let [b, t, d] = x.dims();
+    let hd = d / trunk.heads;
+    let f = forward(w, x.clone(), rope, trunk, ctx)?;
+    // y = x2 + ffn(norm₂(x2))
+    let (dh2, dw1, dw3, dw2) = swiglu_backward(
+        f.h2,
+        w.w1.clone(),
+        w.w3.clone(),
+        w.w2.clone(),
+        dy.clone(),
+        trunk.ffn_chunk.max(1),
+    );
+    let (dx2_norm, d_ffn_norm) = rms_norm_backward(f.x2, f.r2, &w.ffn_norm, dh2);
+    let dx2 = dy + dx2_norm;
+    // x2 = x + a·Wo with a the attention output as [b, t, d]
+    let a = f.out.clone().swap_dims(1, 2).reshape([b, t, d]);
+    let dwo = flat(a).transpose().matmul(flat(dx2.clone()));
+    let da = project(dx2.clone(), &w.wo.clone().transpose());
+    let d_out = da.reshape([b, t, trunk.heads, hd]).swap_dims(1, 2);
+    let (dq, dk, dv) = engine::backward(ctx, &f.saved, f.out, d_out)?;
+    // [b, heads, t, hd] → [b, t, heads · hd], RoPE undone on q and k
+    let merge = |g: Tensor<B, 4>| {
+        let heads = g.dims()[1];
+        g.swap_dims(1, 2).reshape([b, t, heads * hd])
+    };
+    let (dq, dk, dv) = (
+        merge(rope.rotate(dq, true)),
+        merge(rope.rotate(dk, true)),
+        merge(dv),
+    );
+    let h1 = flat(f.h1.clone());
+    let dwq = h1.clone().transpose().matmul(flat(dq.clone()));
+    let dwk = h1.clone().transpose().matmul(flat(dk.clone()));
+    let dwv = h1.transpose().matmul(flat(dv.clone()));
+    let dh1 = project(dq, &w.wq.clone().transpose())
+        + project(dk, &w.wk.clone().transpose())
+        + project(dv, &w.wv.clone().transpose());
+    let (dx_norm, d_attn_norm) = rms_norm_backward(x, f.r1, &w.attn_norm, dh1);
+    Ok((
+        dx2 + dx_norm,
+        Weights {
+            attn_norm: d_attn_norm,
+            wq: dwq,
+            wk: dwk,
+            wv: dwv,
+            wo: dwo,
+            ffn_norm: d_ffn_norm,
+            w1: dw1,
+            w3: dw3,
+            w2: dw2,
+            epsilons: w.epsilons,
+        },
+    ))
+}
+
+/// Backends that run a decoder layer. The default method runs its forward; the autodiff backend
+/// overrides it to register the checkpointed backward, whose state is the layer's input.
+pub trait LayerBackend: RingBackend {
+    /// The layer's output for `x: [b, t, d]`; `cos`, `sin` are the RoPE tables `[1, 1, t, hd / 2]`.
+    fn checkpointed_layer(
+        x: FloatTensor<Self>,
+        weights: WeightPrimitives<Self>,
+        epsilons: [f64; 2],
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        trunk: Trunk,
+        ctx: &Arc<RingContext>,
+    ) -> Result<FloatTensor<Self>, RingError> {
+        let rope = Rope::<Self> {
+            cos: wrap(cos),
+            sin: wrap(sin),
+        };
+        let w = Weights::from_primitives(weights, epsilons);
+        Ok(unwrap(forward(&w, wrap(x), &rope, trunk, ctx)?.y))
+    }
+}
+
+impl LayerBackend for burn::backend::Flex {}
+
+#[cfg(feature = "cuda")]
+impl LayerBackend for burn::backend::Cuda {}
+
+#[cfg(feature = "wgpu")]
+impl LayerBackend for crate::backends::Wgpu {}
+
+#[derive(Debug)]
+struct LayerBackward;
+
+#[derive(Debug, Clone)]
+struct LayerState<B: Backend> {
+    x: FloatTensor<B>,
+    weights: WeightPrimitives<B>,
+    epsilons: [f64; 2],
+    rope: Rope<B>,
+    trunk: Trunk,
+    ctx: Arc<RingContext>,
+}
+
+impl<B: LayerBackend> Backward<B, 10> for LayerBackward {
+    type State = LayerState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 10>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = wrap::<B, 3>(grads.consume::<B>(&ops.node));
+        let LayerState {
+            x,
+            weights,
+            epsilons,
+            rope,
+            trunk,
+            ctx,
+        } = ops.state;
+        let w = Weights::from_primitives(weights, epsilons);
+        let x = wrap::<B, 3>(x);
+        let (dx, dw) = backward(&w, x.clone(), &rope, trunk, &ctx, dy).unwrap_or_else(|error| {
+            ctx.set_backward_error(error);
+            (x.zeros_like(), w.zeros_like())
+        });
+        let mut grads_in = vec![unwrap(dx)];
+        grads_in.extend(dw.into_primitives());
+        for (parent, grad) in ops.parents.into_iter().zip(grads_in) {
+            if let Some(node) = parent {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: LayerBackend, C: CheckpointStrategy> LayerBackend for Autodiff<B, C> {
+    fn checkpointed_layer(
+        x: FloatTensor<Self>,
+        weights: WeightPrimitives<Self>,
+        epsilons: [f64; 2],
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        trunk: Trunk,
+        ctx: &Arc<RingContext>,
+    ) -> Result<FloatTensor<Self>, RingError> {
+        let [wa, wq, wk, wv, wo, wf, w1, w3, w2] = weights;
+        let nodes = [
+            x.node, wa.node, wq.node, wk.node, wv.node, wo.node, wf.node, w1.node, w3.node, w2.node,
+        ];
+        let inner: WeightPrimitives<B> = [
+            wa.primitive,
+            wq.primitive,
+            wk.primitive,
+            wv.primitive,
+            wo.primitive,
+            wf.primitive,
+            w1.primitive,
+            w3.primitive,
+            w2.primitive,
+        ];
+        let rope = Rope::<B> {
+            cos: wrap(cos.primitive),
+            sin: wrap(sin.primitive),
+        };
+        let w = Weights::from_primitives(inner.clone(), epsilons);
+        // The forward's intermediates (the ring's saved blocks among them) are dropped here.
+        let y = unwrap(forward(&w, wrap(x.primitive.clone()), &rope, trunk, ctx)?.y);
+        match LayerBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => Ok(prep.finish(
+                LayerState {
+                    x: x.primitive,
+                    weights: inner,
+                    epsilons,
+                    rope,
+                    trunk,
+                    ctx: ctx.clone(),
+                },
+                y,
+            )),
+            OpsKind::UnTracked(prep) => Ok(prep.finish(y)),
+        }
+    }
+}
+
+/// Runs the decoder layers over this rank's hidden states `x: [b, t, d]` at global `positions`.
+pub(crate) fn run_layers<B: LayerBackend>(
+    layers: &[DecoderLayer<B>],
+    mut x: Tensor<B, 3>,
+    positions: &[usize],
+    trunk: Trunk,
+    ctx: &Arc<RingContext>,
+) -> Result<Tensor<B, 3>, RingError> {
+    let d = x.dims()[2];
+    let rope = Rope::<B>::new(positions, d / trunk.heads, trunk.rope_theta, &x.device());
+    for layer in layers {
+        let w = Weights::of(layer);
+        x = match trunk.checkpoint {
+            Checkpoint::Block => wrap(B::checkpointed_layer(
+                unwrap(x),
+                w.clone().into_primitives(),
+                w.epsilons,
+                unwrap(rope.cos.clone()),
+                unwrap(rope.sin.clone()),
+                trunk,
+                ctx,
+            )?),
+            Checkpoint::None | Checkpoint::Ffn => forward(&w, x, &rope, trunk, ctx)?.y,
+        };
+    }
+    Ok(x)
+}
