@@ -3,9 +3,9 @@
 //! is the layer's input and whose backward recomputes the layer and differentiates it by hand.
 //!
 //! The checkpointed backward, for `x2 = x + attn(norm₁(x))·Wo` and `y = x2 + ffn(norm₂(x2))`, given
-//! dy: the feed-forward's backward ([`crate::model::ffn::swiglu_backward`]) gives dh₂ and dW1, dW3,
+//! dy: the feed-forward's backward (`model::ffn::swiglu_backward`) gives dh₂ and dW1, dW3,
 //! dW2; RMSNorm's gives dx2 += ∂norm₂ and dγ₂; `dWo = aᵀ·dx2`, `da = dx2·Woᵀ`; the ring backward
-//! ([`crate::ring::engine::backward`]) gives dq, dk, dv, rotated back by RoPE's inverse (the same
+//! (`ring::engine::backward`) gives dq, dk, dv, rotated back by RoPE's inverse (the same
 //! rotation with −sin); `dWq = h₁ᵀ·dq` (and k, v), `dh₁ = dq·Wqᵀ + dk·Wkᵀ + dv·Wvᵀ`; RMSNorm's
 //! backward of dh₁ is added to dx2. RMSNorm `y = γ ∘ x·r` with `r = (mean(x²) + ε)^(−1/2)` has
 //! `dγ = Σ dy ∘ x·r` and `dx = r·g − r³·x·mean(g ∘ x)` for `g = dy ∘ γ`.
