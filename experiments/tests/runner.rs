@@ -147,6 +147,14 @@ fn malformed_specs_name_the_key_and_line() {
             ":5: sweep.kv_heads: is empty",
         ),
         (
+            "kind = \"memory\"\n[sweep]\nranks = [1]\nblock_sizes = [256]\ncheckpoints = [\"ffn\", \"layer\"]\n[measure]\nbudget_mib = 4.0\nmax_seq = 256\n",
+            ":5: sweep.checkpoints: unknown checkpoint 'layer'; known: none, ffn, block",
+        ),
+        (
+            "kind = \"memory\"\n[sweep]\nranks = [1]\nblock_sizes = [256]\ncheckpoints = [\"none\"]\n[measure]\nbudget_mib = 4.0\nmax_seq = 256\n",
+            ":5: sweep.checkpoints: the blockwise methods rematerialize: ffn or block, not none",
+        ),
+        (
             "kind = \"train\"\n[sweep]\nranks = [1]\n[task]\nname = \"chess\"\nmin_lines = 1\nnum_lines = 2\n[model]\nd_model = 32\nlayers = 1\nheads = 2\nkv_heads = 1\nffn_multiple_of = 16\nrope_theta = 10000.0\nffn_chunk = 64\n[train]\nsteps = 1\nbatch = 1\nlr = 1e-3\n",
             ":5: task.name: unknown task 'chess'",
         ),
@@ -444,6 +452,48 @@ fn per_rank_peak_falls_from_vanilla_to_blockwise_to_ring() {
             "per-rank peaks not falling by 20% each: {order:?}"
         );
     }
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+#[test]
+fn block_checkpointed_layers_keep_their_input() {
+    // With `checkpoint = "block"` a layer keeps only its input until the backward: s·h f32 values,
+    // the paper's Table 1 figure for blockwise attention + feed-forward (2·s·h bf16 bytes, doubled
+    // for f32). With `ffn` it keeps every activation but the feed-forward's hidden ones (measured:
+    // 11× more at d_model 128, S = 2048).
+    let root = temp("checkpoint");
+    let dir = run_binary(
+        &root,
+        "checkpoint",
+        "kind = \"memory\"\n[sweep]\nranks = [1]\nblock_sizes = [1024]\ncheckpoints = [\"ffn\", \"block\"]\n[measure]\nbudget_mib = 4.0\nmax_seq = 256\nmethods = [\"blockwise-attn+ffn\"]\n[model]\nd_model = 64\nlayers = 2\nheads = 2\nvocab = 64\n",
+    );
+    let (kind, checkpoint) = (column(&dir, "row_type"), column(&dir, "checkpoint"));
+    let all = rows(&dir);
+    let get = |c: &str, name: &str| -> f64 {
+        let row = all
+            .iter()
+            .find(|r| &r[kind] == "peak" && &r[checkpoint] == c)
+            .unwrap_or_else(|| panic!("no peak row with checkpoint {c}"));
+        row[column(&dir, name)].parse().unwrap()
+    };
+    let ratio = get("block", "layer_kept_over_table1");
+    assert!(
+        (0.75..=1.25).contains(&ratio),
+        "a block-checkpointed layer keeps {ratio:.3}x Table 1's 2·s·h"
+    );
+    let (kept_block, kept_ffn) = (get("block", "layer_kept_mib"), get("ffn", "layer_kept_mib"));
+    assert!(
+        kept_ffn > 4.0 * kept_block,
+        "kept per layer: ffn {kept_ffn} MiB, block {kept_block} MiB"
+    );
+    let (peak_block, peak_ffn) = (
+        get("block", "peak_mib_per_rank"),
+        get("ffn", "peak_mib_per_rank"),
+    );
+    assert!(
+        peak_block < peak_ffn,
+        "per-rank peak: block {peak_block} MiB, ffn {peak_ffn} MiB"
+    );
     std::fs::remove_dir_all(root).unwrap();
 }
 

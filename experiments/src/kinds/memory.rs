@@ -1,9 +1,12 @@
 //! Kind `memory`: per-rank peak memory of a training step of a small LLaMA by method (vanilla,
-//! memory-efficient, blockwise attention + FFN, ring), and the longest context under a budget (the
-//! paper's Table 3, measured on this machine).
+//! memory-efficient, blockwise attention + FFN, ring) and what the blockwise layers rematerialize,
+//! one layer's bytes beside the paper's Table 1, and the longest context under a budget (the paper's
+//! Table 3, measured on this machine).
 
 use super::experiment::{Card, Experiment, Plan, Point, PointContext};
-use crate::measure::training::{Method, SmallModel, max_context, peak_per_rank};
+use crate::measure::training::{
+    Method, SmallModel, Variant, layer_params, max_context, peak_per_rank,
+};
 use crate::memory_model::table1_layer_bytes;
 use crate::plot::{Series, line_chart};
 use crate::results::{Record, Table};
@@ -13,6 +16,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
+use workbench::model::Checkpoint;
 
 /// The kind.
 pub struct Memory;
@@ -32,6 +36,9 @@ struct Sweep {
     ranks: Option<Vec<usize>>,
     /// Tokens per rank; the first also caps the single-rank methods' blocks in the context search.
     block_sizes: Option<Vec<usize>>,
+    /// What the blockwise methods' layers keep: `ffn` (the feed-forward's hidden activations are
+    /// recomputed) and/or `block` (only each layer's input); default `["ffn"]`.
+    checkpoints: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -49,17 +56,28 @@ struct Measure {
 struct Row {
     row_type: &'static str,
     method: &'static str,
+    /// What each layer keeps for its backward (`none` for vanilla and memory-efficient).
+    checkpoint: &'static str,
     ranks: usize,
     /// Empty on max_context rows.
     seq_len: Option<usize>,
     peak_mib_per_rank: Option<f64>,
     engine_peak_bytes_per_rank: Option<u64>,
-    /// What one more layer adds to the per-rank peak: the peak with the model's layers minus the
-    /// peak with one layer fewer (the allocator's).
-    layer_mib_measured: Option<f64>,
-    /// The paper's Table 1 for this method and shape, doubled for f32.
-    layer_mib_table1: Option<f64>,
-    layer_measured_over_table1: Option<f64>,
+    /// What one more layer keeps until the backward: the per-rank peak with the model's layers
+    /// minus the peak with one layer fewer.
+    layer_kept_mib: Option<f64>,
+    /// One layer's bytes at the step's peak (what it keeps and its transient working set): the
+    /// per-rank peak of the model with one layer minus that with none.
+    layer_peak_mib: Option<f64>,
+    /// The paper's Table 1 (largest activation of one layer) for this method and shape, doubled
+    /// for f32.
+    table1_mib: Option<f64>,
+    layer_kept_over_table1: Option<f64>,
+    layer_peak_over_table1: Option<f64>,
+    /// One f32 copy of a layer's parameters. Its gradient, the gradient's flat copy for the
+    /// all-reduce and AdamW's two moments are each this size, and a peak difference includes those
+    /// the peak holds.
+    layer_params_mib: Option<f64>,
     budget_mib: f64,
     /// Empty: not even the shortest length searched (256) fits.
     max_context_tokens: Option<usize>,
@@ -69,13 +87,13 @@ struct Row {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Task {
     Peak {
-        method: Method,
+        variant: Variant,
         ranks: usize,
         seq: usize,
         block: usize,
     },
     MaxContext {
-        method: Method,
+        variant: Variant,
         ranks: usize,
     },
 }
@@ -86,6 +104,9 @@ struct MemoryPlan {
     budget: f64,
     max_seq: usize,
     block_cap: usize,
+    /// The first checkpoint of the sweep: the single-rank blockwise baseline of vanilla and
+    /// memory-efficient maximum contexts.
+    baseline_remat: Checkpoint,
     warmed_up: bool,
 }
 
@@ -94,11 +115,11 @@ const SEARCH_START: usize = 256;
 const CARD: Card = Card {
     name: "memory",
     about: "measured: per-rank peak memory of a training step by method, and maximum context under a budget",
-    sweep_keys: &["ranks", "block_sizes"],
-    key_columns: &["row_type", "method", "ranks", "seq_len"],
+    sweep_keys: &["ranks", "block_sizes", "checkpoints"],
+    key_columns: &["row_type", "method", "checkpoint", "ranks", "seq_len"],
     headline_columns: &[
         "engine_peak_bytes_per_rank",
-        "layer_measured_over_table1",
+        "layer_kept_over_table1",
         "max_context_over_one_rank_blockwise",
     ],
 };
@@ -116,6 +137,35 @@ impl Experiment for Memory {
             // One layer's bytes are the peak with the model's layers minus the peak with one fewer.
             return Err(spec.error("model", "layers", "must be at least 1"));
         }
+        let remats: Vec<Checkpoint> = match &parsed.sweep.checkpoints {
+            Some(names) => spec.parsed(
+                "sweep",
+                "checkpoints",
+                spec.list("sweep", "checkpoints", &Some(names.clone()))?,
+            )?,
+            None => vec![Checkpoint::Ffn],
+        };
+        if remats.contains(&Checkpoint::None) {
+            return Err(spec.error(
+                "sweep",
+                "checkpoints",
+                "the blockwise methods rematerialize: ffn or block, not none (vanilla and \
+                 memory-efficient keep every activation)",
+            ));
+        }
+        // Vanilla and memory-efficient keep every activation: one variant each.
+        let variants = |method: Method| -> Vec<Variant> {
+            match method {
+                Method::Vanilla | Method::MemoryEfficient => vec![Variant {
+                    method,
+                    remat: Checkpoint::None,
+                }],
+                Method::Blockwise | Method::Ring => remats
+                    .iter()
+                    .map(|&remat| Variant { method, remat })
+                    .collect(),
+            }
+        };
         let m = &parsed.measure;
         let methods: Vec<Method> = match &m.methods {
             Some(names) => spec.parsed(
@@ -127,11 +177,11 @@ impl Experiment for Memory {
         };
         let mut tasks = Vec::new();
         for &c in blocks {
-            for &method in &methods {
+            for variant in methods.iter().flat_map(|&m| variants(m)) {
                 for &n in ranks {
-                    let ranks_used = if method == Method::Ring { n } else { 1 };
+                    let ranks_used = if variant.method == Method::Ring { n } else { 1 };
                     let task = Task::Peak {
-                        method,
+                        variant,
                         ranks: ranks_used,
                         seq: n * c,
                         block: c,
@@ -146,14 +196,14 @@ impl Experiment for Memory {
         // One-rank blockwise first: every maximum context is compared with it.
         let mut order = methods.clone();
         order.sort_by_key(|m| *m != Method::Blockwise);
-        for method in order {
-            let counts: Vec<usize> = if method == Method::Ring {
+        for variant in order.into_iter().flat_map(variants) {
+            let counts: Vec<usize> = if variant.method == Method::Ring {
                 ranks.to_vec()
             } else {
                 vec![1]
             };
             for n in counts {
-                tasks.push(Task::MaxContext { method, ranks: n });
+                tasks.push(Task::MaxContext { variant, ranks: n });
             }
         }
         Ok(Box::new(MemoryPlan {
@@ -162,6 +212,7 @@ impl Experiment for Memory {
             budget: m.budget_mib * MIB,
             max_seq: m.max_seq,
             block_cap: blocks[0],
+            baseline_remat: remats[0],
             warmed_up: false,
         }))
     }
@@ -175,8 +226,12 @@ impl Experiment for Memory {
         {
             let method = row.get("method").unwrap_or("");
             let ranks = if method == "ring" { "S/c" } else { "1" };
+            let kept = match row.get("checkpoint") {
+                Some(c) if c != "none" => format!(", checkpoint {c}"),
+                _ => String::new(),
+            };
             series
-                .entry(format!("{method} (N = {ranks})"))
+                .entry(format!("{method} (N = {ranks}{kept})"))
                 .or_default()
                 .push((row.num("seq_len"), row.num("peak_mib_per_rank")));
         }
@@ -200,10 +255,11 @@ fn table1_method(method: Method) -> &'static str {
     }
 }
 
-fn max_context_key(method: Method, ranks: usize) -> Record {
+fn max_context_key(variant: Variant, ranks: usize) -> Record {
     Record::new([
         ("row_type", "max_context".to_string()),
-        ("method", method.name().to_string()),
+        ("method", variant.method.name().to_string()),
+        ("checkpoint", variant.checkpoint().to_string()),
         ("ranks", ranks.to_string()),
     ])
 }
@@ -214,24 +270,34 @@ impl Plan for MemoryPlan {
             .iter()
             .map(|t| match *t {
                 Task::Peak {
-                    method, ranks, seq, ..
+                    variant,
+                    ranks,
+                    seq,
+                    ..
                 } => Point::single(Record::new([
                     ("row_type", "peak".to_string()),
-                    ("method", method.name().to_string()),
+                    ("method", variant.method.name().to_string()),
+                    ("checkpoint", variant.checkpoint().to_string()),
                     ("ranks", ranks.to_string()),
                     ("seq_len", seq.to_string()),
                 ])),
-                Task::MaxContext { method, ranks } => Point::single(max_context_key(method, ranks)),
+                Task::MaxContext { variant, ranks } => {
+                    Point::single(max_context_key(variant, ranks))
+                }
             })
             .collect()
     }
 
     fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
+        let blockwise = |remat| Variant {
+            method: Method::Blockwise,
+            remat,
+        };
         if !self.warmed_up {
             // The first step of a process allocates once-only state (thread pools, caches).
             peak_per_rank(
                 &self.small,
-                Method::Blockwise,
+                blockwise(self.baseline_remat),
                 1,
                 self.block_cap,
                 self.block_cap,
@@ -241,23 +307,31 @@ impl Plan for MemoryPlan {
         let budget_mib = self.budget / MIB;
         let row = match self.tasks[index] {
             Task::Peak {
-                method,
+                variant,
                 ranks,
                 seq,
                 block,
             } => {
-                let peak = peak_per_rank(&self.small, method, ranks, seq, block)?;
-                let fewer = SmallModel {
-                    layers: self.small.layers - 1,
-                    ..self.small
-                };
-                let layer =
-                    peak.allocator - peak_per_rank(&fewer, method, ranks, seq, block)?.allocator;
                 let m = &self.small;
+                // Per-rank peaks of the same step with `layers` decoder layers; the model's own
+                // count is measured once.
+                let mut peaks = BTreeMap::new();
+                let mut peak_with = |layers: usize| -> Result<_> {
+                    if let Some(&p) = peaks.get(&layers) {
+                        return Ok(p);
+                    }
+                    let model = SmallModel { layers, ..*m };
+                    let p = peak_per_rank(&model, variant, ranks, seq, block)?;
+                    peaks.insert(layers, p);
+                    Ok(p)
+                };
+                let peak = peak_with(m.layers)?;
+                let kept = peak.allocator - peak_with(m.layers - 1)?.allocator;
+                let one_layer = peak_with(1)?.allocator - peak_with(0)?.allocator;
                 // Table 1's block is a ring rank's share, or a single rank's attention block.
                 let table1 = 2.0
                     * table1_layer_bytes(
-                        table1_method(method),
+                        table1_method(variant.method),
                         seq as f64,
                         (seq / ranks).min(block) as f64,
                         m.d_model as f64,
@@ -265,58 +339,71 @@ impl Plan for MemoryPlan {
                     );
                 Row {
                     row_type: "peak",
-                    method: method.name(),
+                    method: variant.method.name(),
+                    checkpoint: variant.checkpoint().name(),
                     ranks,
                     seq_len: Some(seq),
                     peak_mib_per_rank: Some(peak.allocator / MIB),
                     engine_peak_bytes_per_rank: Some(peak.engine),
-                    layer_mib_measured: Some(layer / MIB),
-                    layer_mib_table1: Some(table1 / MIB),
-                    layer_measured_over_table1: Some(layer / table1),
+                    layer_kept_mib: Some(kept / MIB),
+                    layer_peak_mib: Some(one_layer / MIB),
+                    table1_mib: Some(table1 / MIB),
+                    layer_kept_over_table1: Some(kept / table1),
+                    layer_peak_over_table1: Some(one_layer / table1),
+                    layer_params_mib: Some((4 * layer_params(m)) as f64 / MIB),
                     budget_mib,
                     max_context_tokens: None,
                     max_context_over_one_rank_blockwise: None,
                 }
             }
-            Task::MaxContext { method, ranks } => {
-                let search = |method: Method, ranks: usize, cap: usize| {
+            Task::MaxContext { variant, ranks } => {
+                // Every method's feed-forward chunks are at most the first block size (a ring
+                // rank's attention block is its S / N tokens whatever the cap).
+                let search = |variant: Variant, ranks: usize| {
                     max_context(
                         &self.small,
-                        method,
+                        variant,
                         ranks,
-                        cap,
+                        self.block_cap,
                         self.budget,
                         SEARCH_START,
                         self.max_seq,
                     )
                 };
-                let cap = if method == Method::Ring {
-                    usize::MAX
-                } else {
-                    self.block_cap
-                };
-                context
-                    .bar
-                    .set_message(format!("max context {} N={ranks}", method.name()));
-                let best = search(method, ranks, cap)?;
-                let baseline = if method == Method::Blockwise {
+                context.bar.set_message(format!(
+                    "max context {} ({}) N={ranks}",
+                    variant.method.name(),
+                    variant.checkpoint()
+                ));
+                let best = search(variant, ranks)?;
+                // Blockwise variants compare with one rank of the same checkpoint; vanilla and
+                // memory-efficient with the sweep's first.
+                let base = blockwise(match variant.method {
+                    Method::Blockwise | Method::Ring => variant.remat,
+                    Method::Vanilla | Method::MemoryEfficient => self.baseline_remat,
+                });
+                let baseline = if variant == base {
                     best
                 } else {
-                    match context.table.find(&max_context_key(Method::Blockwise, 1)) {
+                    match context.table.find(&max_context_key(base, 1)) {
                         Some(row) => row.get("max_context_tokens").and_then(|v| v.parse().ok()),
-                        None => search(Method::Blockwise, 1, self.block_cap)?,
+                        None => search(base, 1)?,
                     }
                 };
                 Row {
                     row_type: "max_context",
-                    method: method.name(),
+                    method: variant.method.name(),
+                    checkpoint: variant.checkpoint().name(),
                     ranks,
                     seq_len: None,
                     peak_mib_per_rank: None,
                     engine_peak_bytes_per_rank: None,
-                    layer_mib_measured: None,
-                    layer_mib_table1: None,
-                    layer_measured_over_table1: None,
+                    layer_kept_mib: None,
+                    layer_peak_mib: None,
+                    table1_mib: None,
+                    layer_kept_over_table1: None,
+                    layer_peak_over_table1: None,
+                    layer_params_mib: None,
                     budget_mib,
                     max_context_tokens: best,
                     max_context_over_one_rank_blockwise: best

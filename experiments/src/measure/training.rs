@@ -22,10 +22,10 @@ pub enum Method {
     Vanilla,
     /// One rank, the fused blockwise kernel, the feed-forward on the whole sequence at once.
     MemoryEfficient,
-    /// One rank, blockwise attention and blockwise feed-forward (chunks of the block size) whose
-    /// backward recomputes each chunk's hidden activations: the Blockwise Parallel Transformer.
+    /// One rank, blockwise attention and blockwise feed-forward (chunks of the block size),
+    /// rematerialized as [`Variant::remat`] says: the Blockwise Parallel Transformer.
     Blockwise,
-    /// N ranks, ring attention, the rematerialized blockwise feed-forward.
+    /// N ranks, ring attention, the blockwise feed-forward rematerialized as for `Blockwise`.
     Ring,
 }
 
@@ -199,10 +199,30 @@ pub struct PeakPerRank {
     pub engine: u64,
 }
 
-/// Per-rank peak bytes of one training step of `method`.
+/// A method and what its layers keep for the backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Variant {
+    /// The method.
+    pub method: Method,
+    /// What the blockwise methods' layers keep (`ffn`: the rematerialized feed-forward, `block`:
+    /// only each layer's input); vanilla and memory-efficient keep every activation whatever it says.
+    pub remat: Checkpoint,
+}
+
+impl Variant {
+    /// What the layers of this variant keep: `none` for vanilla and memory-efficient.
+    pub fn checkpoint(self) -> Checkpoint {
+        match self.method {
+            Method::Vanilla | Method::MemoryEfficient => Checkpoint::None,
+            Method::Blockwise | Method::Ring => self.remat,
+        }
+    }
+}
+
+/// Per-rank peak bytes of one training step of `variant`.
 pub fn peak_per_rank(
     m: &SmallModel,
-    method: Method,
+    variant: Variant,
     ranks: usize,
     seq: usize,
     block: usize,
@@ -213,9 +233,9 @@ pub fn peak_per_rank(
     };
     let blockwise = Ffn {
         chunk: block,
-        checkpoint: Checkpoint::Ffn,
+        checkpoint: variant.checkpoint(),
     };
-    let (ranks, ffn, kernel) = match method {
+    let (ranks, ffn, kernel) = match variant.method {
         Method::Vanilla => (1, whole, Kernel::Generic),
         Method::MemoryEfficient => (1, whole, Kernel::Fused),
         Method::Blockwise => (1, blockwise, Kernel::Fused),
@@ -235,7 +255,7 @@ pub fn peak_per_rank(
 /// stops at `cap`.
 pub fn max_context(
     m: &SmallModel,
-    method: Method,
+    variant: Variant,
     ranks: usize,
     block_cap: usize,
     budget: f64,
@@ -246,13 +266,19 @@ pub fn max_context(
     let mut seq = start;
     while seq <= cap {
         let block = (seq / ranks).min(block_cap);
-        if peak_per_rank(m, method, ranks, seq, block)?.allocator > budget {
+        if peak_per_rank(m, variant, ranks, seq, block)?.allocator > budget {
             break;
         }
         best = Some(seq);
         seq *= 2;
     }
     Ok(best)
+}
+
+/// Float parameters of one decoder layer of `m`.
+pub fn layer_params(m: &SmallModel) -> usize {
+    let with = |layers| llama(&SmallModel { layers, ..*m }, 1, Checkpoint::None).num_params();
+    with(1) - with(0)
 }
 
 /// Training FLOPs of one step ([`workbench::kernels::flops`]): 6 · (non-embedding + head

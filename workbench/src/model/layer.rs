@@ -51,13 +51,37 @@ pub enum Checkpoint {
     Block,
 }
 
-impl std::fmt::Display for Checkpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl Checkpoint {
+    /// Every choice, least recomputation first.
+    pub const ALL: [Checkpoint; 3] = [Checkpoint::None, Checkpoint::Ffn, Checkpoint::Block];
+
+    /// Its name in configs and tables.
+    pub fn name(self) -> &'static str {
+        match self {
             Checkpoint::None => "none",
             Checkpoint::Ffn => "ffn",
             Checkpoint::Block => "block",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Checkpoint {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        Checkpoint::ALL
+            .into_iter()
+            .find(|c| c.name() == name)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Checkpoint::ALL.iter().map(|c| c.name()).collect();
+                format!("unknown checkpoint '{name}'; known: {}", known.join(", "))
+            })
     }
 }
 
