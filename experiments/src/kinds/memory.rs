@@ -34,7 +34,8 @@ struct Spec {
 #[serde(deny_unknown_fields)]
 struct Sweep {
     ranks: Option<Vec<usize>>,
-    /// Tokens per rank; the first also caps the single-rank methods' blocks in the context search.
+    /// Tokens per rank; the first also caps every method's feed-forward chunks in the context
+    /// search.
     block_sizes: Option<Vec<usize>>,
     /// What the blockwise methods' layers keep: `ffn` (the feed-forward's hidden activations are
     /// recomputed) and/or `block` (only each layer's input); default `["ffn"]`.
