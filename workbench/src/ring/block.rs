@@ -202,6 +202,17 @@ impl Block {
         (self.len() * std::mem::size_of::<f32>()) as u64
     }
 
+    /// A copy in this rank's own memory of `device`: a device block's values added to fresh zeros
+    /// there (queued on this thread: the caller settles before dropping `self`), a host block cloned.
+    pub fn local_copy<B: HostRead>(&self, device: &B::Device) -> Block {
+        if !self.is_on_device() {
+            return self.clone();
+        }
+        let mut copy = Self::zeros_on::<B>(self.kind, self.shape.clone(), device);
+        copy.add_assign::<B>(self, device);
+        copy
+    }
+
     /// Elementwise `self += other` (shapes were fixed when the accumulator was created): on the device
     /// when `self` is a device block, on the host when it is a host block.
     pub fn add_assign<B: HostRead>(&mut self, other: &Block, device: &B::Device) {

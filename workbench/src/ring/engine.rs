@@ -93,12 +93,19 @@ pub(crate) fn ring_pass<B: HostRead>(
         comm.record_host_device(phase, step, host::moved_bytes() - moved_before);
     }
     if let Some((pending, _arriving)) = incoming_acc {
-        accumulator = Some(
-            comm.wait(pending)?
-                .into_iter()
-                .map(Arc::unwrap_or_clone)
-                .collect(),
-        );
+        // The accumulator comes home in a peer's device memory. Its pool may hand that buffer out
+        // again as soon as this rank drops it, while kernels this thread queued still read it
+        // (CubeCL aligns streams for a buffer's writers, not for its readers after a free): seen on
+        // wgpu as a wrong dQ (q scheme) or dK/dV (kv) in one gradient of two to five. So it is
+        // copied into this rank's memory, and the copy has run before the peer's buffer goes.
+        let received = comm.wait(pending)?;
+        accumulator = Some(if received.iter().any(|b| b.is_on_device()) {
+            let home = received.iter().map(|b| b.local_copy::<B>(device)).collect();
+            settle::<B>(device, &received);
+            home
+        } else {
+            received.into_iter().map(Arc::unwrap_or_clone).collect()
+        });
     }
     Ok(accumulator)
 }
