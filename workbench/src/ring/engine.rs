@@ -93,11 +93,11 @@ pub(crate) fn ring_pass<B: HostRead>(
         comm.record_host_device(phase, step, host::moved_bytes() - moved_before);
     }
     if let Some((pending, _arriving)) = incoming_acc {
-        // The accumulator comes home in a peer's device memory. Its pool may hand that buffer out
-        // again as soon as this rank drops it, while kernels this thread queued still read it
-        // (CubeCL aligns streams for a buffer's writers, not for its readers after a free): seen on
-        // wgpu as a wrong dQ (q scheme) or dK/dV (kv) in one gradient of two to five. So it is
-        // copied into this rank's memory, and the copy has run before the peer's buffer goes.
+        // The accumulator comes home in a peer's device memory. Used as it is, it would be dropped
+        // later, while kernels this thread queued may still read it, and return to the peer's pool
+        // to be written again: seen on wgpu as a wrong dQ (q scheme) or dK/dV (kv) in one gradient
+        // of two to five. So it is copied into this rank's memory, and the copy has run before the
+        // peer's buffer is dropped.
         let received = comm.wait(pending)?;
         accumulator = Some(if received.iter().any(|b| b.is_on_device()) {
             let home = received.iter().map(|b| b.local_copy::<B>(device)).collect();
