@@ -21,7 +21,9 @@ command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v mpirun >/dev/null 2>&1 && pkg-config --exists ompi 2>/dev/null || missing+=(libopenmpi-dev openmpi-bin)
 command -v clang >/dev/null 2>&1 && ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || missing+=(clang libclang-dev)
 ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || missing+=(mesa-vulkan-drivers)
-ldconfig -p | grep -q 'libvulkan.so.1 ' || missing+=(libvulkan1)
+# grep reads all of ldconfig's list: with -q it would stop early, and under pipefail ldconfig's
+# SIGPIPE made the check fail at random (a run reinstalled libvulkan1).
+ldconfig -p | grep 'libvulkan.so.1 ' >/dev/null || missing+=(libvulkan1)
 if [ ${#missing[@]} -gt 0 ]; then
   step "installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
