@@ -14,11 +14,13 @@ pub struct Counting;
 static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
 
 /// Counts `size` bytes allocated at `ptr` (nothing when the allocation failed) and passes `ptr` on.
 fn counted(ptr: *mut u8, size: usize) -> *mut u8 {
     if !ptr.is_null() {
         ALLOCATED.fetch_add(size, Relaxed);
+        LARGEST.fetch_max(size, Relaxed);
         let live = LIVE.fetch_add(size, Relaxed) + size;
         PEAK.fetch_max(live, Relaxed);
     }
@@ -57,6 +59,8 @@ pub struct AllocStats {
     pub allocated: usize,
     /// Highest live bytes above the live bytes at reset.
     pub peak_above_start: usize,
+    /// The largest single allocation.
+    pub largest: usize,
 }
 
 static BASE: AtomicUsize = AtomicUsize::new(0);
@@ -67,6 +71,7 @@ pub fn reset() {
     BASE.store(live, Relaxed);
     PEAK.store(live, Relaxed);
     ALLOCATED.store(0, Relaxed);
+    LARGEST.store(0, Relaxed);
 }
 
 /// Bytes allocated and the peak since the last [`reset`].
@@ -74,6 +79,7 @@ pub fn stats() -> AllocStats {
     AllocStats {
         allocated: ALLOCATED.load(Relaxed),
         peak_above_start: PEAK.load(Relaxed).saturating_sub(BASE.load(Relaxed)),
+        largest: LARGEST.load(Relaxed),
     }
 }
 

@@ -145,20 +145,29 @@ pub fn bytes_per_device(m: &LlamaSize, devices: usize, method: &str, s: f64) -> 
     let states = 16.0 * m.params() / n;
     let checkpoints = m.layers as f64 * tokens * h * 4.0;
     // The paper's Table 1 counts bfloat16 bytes; full precision doubles them.
-    let layer_peak = 2.0 * table1_layer_bytes(method, s, s / n, h, m.heads as f64);
+    let layer_peak = 2.0 * table1_layer_bytes(method, s, s / n, h, m.heads as f64, 4.0 * h);
     let logits = tokens * m.vocab as f64 * 4.0;
     states + checkpoints + layer_peak + logits
 }
 
 /// The paper's Table 1: the largest activation of one layer, in bfloat16 bytes (batch 1), for a
-/// sequence of `s` tokens, blocks of `c` tokens (a ring device's share), width `hidden` and `heads`
-/// heads: vanilla `max(2·heads·s², 8·s·hidden)` (the score matrix or the feed-forward's 4·hidden
-/// activations), memory-efficient attention `8·s·hidden`, memory-efficient attention and
-/// feed-forward (BPT) `2·s·hidden`, Ring Attention `6·c·hidden`. `method` is one of [`METHODS`].
-pub fn table1_layer_bytes(method: &str, s: f64, c: f64, hidden: f64, heads: f64) -> f64 {
+/// sequence of `s` tokens, blocks of `c` tokens (a ring device's share), width `hidden`, `heads`
+/// heads and a feed-forward `ffn_hidden` wide: vanilla `max(2·heads·s², 2·s·ffn_hidden)` (the score
+/// matrix or the feed-forward's hidden activation), memory-efficient attention `2·s·ffn_hidden`,
+/// memory-efficient attention and feed-forward (BPT) `2·s·hidden`, Ring Attention `6·c·hidden`.
+/// The paper's Transformer has `ffn_hidden = 4·hidden`, which makes its `8·s·hidden`. `method` is
+/// one of [`METHODS`].
+pub fn table1_layer_bytes(
+    method: &str,
+    s: f64,
+    c: f64,
+    hidden: f64,
+    heads: f64,
+    ffn_hidden: f64,
+) -> f64 {
     match method {
-        "vanilla" => (2.0 * heads * s * s).max(8.0 * s * hidden),
-        "memory-efficient" => 8.0 * s * hidden,
+        "vanilla" => (2.0 * heads * s * s).max(2.0 * s * ffn_hidden),
+        "memory-efficient" => 2.0 * s * ffn_hidden,
         "memory-efficient+ffn" => 2.0 * s * hidden,
         _ => 6.0 * c * hidden,
     }

@@ -4,6 +4,7 @@
 //! Table 3, measured on this machine).
 
 use super::experiment::{Card, Experiment, Plan, Point, PointContext};
+use crate::measure::layer::layer_forward;
 use crate::measure::training::{
     Method, SmallModel, Variant, layer_params, max_context, peak_per_rank,
 };
@@ -67,14 +68,16 @@ struct Row {
     /// What one more layer keeps until the backward: the per-rank peak with the model's layers
     /// minus the peak with one layer fewer.
     layer_kept_mib: Option<f64>,
-    /// One layer's bytes at the step's peak (what it keeps and its transient working set): the
-    /// per-rank peak of the model with one layer minus that with none.
-    layer_peak_mib: Option<f64>,
-    /// The paper's Table 1 (largest activation of one layer) for this method and shape, doubled
-    /// for f32.
+    /// One layer's forward alone, without autodiff (nothing kept for a backward), after a first
+    /// call on the same threads: peak live bytes above its start, its output included.
+    layer_forward_mib: Option<f64>,
+    /// The largest single allocation of that forward: the layer's largest activation.
+    layer_largest_mib: Option<f64>,
+    /// The paper's Table 1 (largest activation of one layer) for this method and shape (this
+    /// model's feed-forward width), doubled for f32.
     table1_mib: Option<f64>,
+    layer_largest_over_table1: Option<f64>,
     layer_kept_over_table1: Option<f64>,
-    layer_peak_over_table1: Option<f64>,
     /// One f32 copy of a layer's parameters. Its gradient, the gradient's flat copy for the
     /// all-reduce and AdamW's two moments are each this size, and a peak difference includes those
     /// the peak holds.
@@ -120,7 +123,7 @@ const CARD: Card = Card {
     key_columns: &["row_type", "method", "checkpoint", "ranks", "seq_len"],
     headline_columns: &[
         "engine_peak_bytes_per_rank",
-        "layer_kept_over_table1",
+        "layer_largest_over_table1",
         "max_context_over_one_rank_blockwise",
     ],
 };
@@ -314,21 +317,13 @@ impl Plan for MemoryPlan {
                 block,
             } => {
                 let m = &self.small;
-                // Per-rank peaks of the same step with `layers` decoder layers; the model's own
-                // count is measured once.
-                let mut peaks = BTreeMap::new();
-                let mut peak_with = |layers: usize| -> Result<_> {
-                    if let Some(&p) = peaks.get(&layers) {
-                        return Ok(p);
-                    }
-                    let model = SmallModel { layers, ..*m };
-                    let p = peak_per_rank(&model, variant, ranks, seq, block)?;
-                    peaks.insert(layers, p);
-                    Ok(p)
+                // What one more layer keeps: the peak of the model minus that with a layer fewer.
+                let peak_with = |layers: usize| {
+                    peak_per_rank(&SmallModel { layers, ..*m }, variant, ranks, seq, block)
                 };
                 let peak = peak_with(m.layers)?;
                 let kept = peak.allocator - peak_with(m.layers - 1)?.allocator;
-                let one_layer = peak_with(1)?.allocator - peak_with(0)?.allocator;
+                let forward = layer_forward(m, variant, ranks, seq, block)?;
                 // Table 1's block is a ring rank's share, or a single rank's attention block.
                 let table1 = 2.0
                     * table1_layer_bytes(
@@ -337,6 +332,7 @@ impl Plan for MemoryPlan {
                         (seq / ranks).min(block) as f64,
                         m.d_model as f64,
                         m.heads as f64,
+                        m.ffn_hidden() as f64,
                     );
                 Row {
                     row_type: "peak",
@@ -347,10 +343,11 @@ impl Plan for MemoryPlan {
                     peak_mib_per_rank: Some(peak.allocator / MIB),
                     engine_peak_bytes_per_rank: Some(peak.engine),
                     layer_kept_mib: Some(kept / MIB),
-                    layer_peak_mib: Some(one_layer / MIB),
+                    layer_forward_mib: Some(forward.peak / MIB),
+                    layer_largest_mib: Some(forward.largest as f64 / MIB),
                     table1_mib: Some(table1 / MIB),
+                    layer_largest_over_table1: Some(forward.largest as f64 / table1),
                     layer_kept_over_table1: Some(kept / table1),
-                    layer_peak_over_table1: Some(one_layer / table1),
                     layer_params_mib: Some((4 * layer_params(m)) as f64 / MIB),
                     budget_mib,
                     max_context_tokens: None,
@@ -400,10 +397,11 @@ impl Plan for MemoryPlan {
                     peak_mib_per_rank: None,
                     engine_peak_bytes_per_rank: None,
                     layer_kept_mib: None,
-                    layer_peak_mib: None,
+                    layer_forward_mib: None,
+                    layer_largest_mib: None,
                     table1_mib: None,
+                    layer_largest_over_table1: None,
                     layer_kept_over_table1: None,
-                    layer_peak_over_table1: None,
                     layer_params_mib: None,
                     budget_mib,
                     max_context_tokens: best,

@@ -1,7 +1,8 @@
 //! Measurement on this machine, shared by the measured kinds and `bench`: baselines, timed ring
-//! passes, the float64 check, training steps of a small model.
+//! passes, the float64 check, training steps of a small model and one layer's forward alone.
 
 pub mod baseline;
 pub mod exactness;
+pub mod layer;
 pub mod ring;
 pub mod training;

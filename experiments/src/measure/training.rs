@@ -89,14 +89,34 @@ impl Default for SmallModel {
     }
 }
 
-fn llama(m: &SmallModel, ffn_chunk: usize, checkpoint: Checkpoint) -> LlamaConfig {
+impl SmallModel {
+    /// The SwiGLU feed-forward's hidden width.
+    pub fn ffn_hidden(&self) -> usize {
+        LlamaConfig::new(self.vocab)
+            .with_d_model(self.d_model)
+            .ffn_hidden()
+    }
+}
+
+/// The model config of `m` with the feed-forward run as `ffn` says.
+pub(super) fn llama(m: &SmallModel, ffn: Ffn) -> LlamaConfig {
     LlamaConfig::new(m.vocab)
         .with_d_model(m.d_model)
         .with_layers(m.layers)
         .with_heads(m.heads)
         .with_kv_heads(m.heads)
-        .with_ffn_chunk(ffn_chunk)
-        .with_checkpoint(checkpoint)
+        .with_ffn_chunk(ffn.chunk)
+        .with_checkpoint(ffn.checkpoint)
+}
+
+/// Zig-zag where it splits `seq` over `ranks`, else contiguous.
+pub(super) fn partition_for(seq: usize, ranks: usize) -> &'static dyn strategies::Partition {
+    let zigzag = strategies::by_name("zigzag").expect("zigzag is built in");
+    if zigzag.validate(seq, ranks).is_ok() {
+        zigzag
+    } else {
+        &strategies::Contiguous
+    }
 }
 
 /// How the layers run: feed-forward tokens per chunk, and what each layer keeps for its backward
@@ -128,7 +148,7 @@ pub fn train_steps(
     kernel: Kernel,
     steps: usize,
 ) -> Result<Measured> {
-    let config = llama(m, ffn.chunk, ffn.checkpoint);
+    let config = llama(m, ffn);
     let device = Default::default();
     let model = seeded::<Train, _>(0, &device, || config.init::<Train>(&device));
     let options = TrainOptions {
@@ -148,12 +168,7 @@ pub fn train_steps(
         timeout: TIMEOUT,
         pack: false,
     };
-    let partition = strategies::by_name("zigzag")?;
-    let partition = if partition.validate(seq, ranks).is_ok() {
-        partition
-    } else {
-        &strategies::Contiguous
-    };
+    let partition = partition_for(seq, ranks);
     let peak = AtomicUsize::new(0);
     let engine_peak = AtomicU64::new(0);
     let times = std::sync::Mutex::new(Vec::new());
@@ -219,6 +234,50 @@ impl Variant {
     }
 }
 
+/// How a variant runs a sequence: on how many ranks, its feed-forward, its attention kernel.
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    /// Ranks (1 for the single-device methods).
+    pub ranks: usize,
+    /// Feed-forward chunks and what a layer keeps.
+    pub ffn: Ffn,
+    /// The attention kernel.
+    pub kernel: Kernel,
+}
+
+impl Run {
+    /// The ring configuration of this run (causal).
+    pub fn ring(&self) -> RingConfig {
+        RingConfig {
+            kernel: self.kernel,
+            causal: true,
+            ..Default::default()
+        }
+    }
+}
+
+impl Variant {
+    /// How this variant runs `seq` tokens given `ranks` (used by ring only) and `block` (the
+    /// blockwise methods' feed-forward chunk).
+    pub fn run(self, ranks: usize, seq: usize, block: usize) -> Run {
+        let whole = Ffn {
+            chunk: seq,
+            checkpoint: Checkpoint::None,
+        };
+        let blockwise = Ffn {
+            chunk: block,
+            checkpoint: self.checkpoint(),
+        };
+        let (ranks, ffn, kernel) = match self.method {
+            Method::Vanilla => (1, whole, Kernel::Generic),
+            Method::MemoryEfficient => (1, whole, Kernel::Fused),
+            Method::Blockwise => (1, blockwise, Kernel::Fused),
+            Method::Ring => (ranks, blockwise, Kernel::Fused),
+        };
+        Run { ranks, ffn, kernel }
+    }
+}
+
 /// Per-rank peak bytes of one training step of `variant`.
 pub fn peak_per_rank(
     m: &SmallModel,
@@ -227,20 +286,7 @@ pub fn peak_per_rank(
     seq: usize,
     block: usize,
 ) -> Result<PeakPerRank> {
-    let whole = Ffn {
-        chunk: seq,
-        checkpoint: Checkpoint::None,
-    };
-    let blockwise = Ffn {
-        chunk: block,
-        checkpoint: variant.checkpoint(),
-    };
-    let (ranks, ffn, kernel) = match variant.method {
-        Method::Vanilla => (1, whole, Kernel::Generic),
-        Method::MemoryEfficient => (1, whole, Kernel::Fused),
-        Method::Blockwise => (1, blockwise, Kernel::Fused),
-        Method::Ring => (ranks, blockwise, Kernel::Fused),
-    };
+    let Run { ranks, ffn, kernel } = variant.run(ranks, seq, block);
     // The smaller of two runs: a fresh rank thread sometimes allocates once-only buffers (e.g. a
     // matmul packing workspace) inside the measured step.
     let first = train_steps(m, ranks, seq, ffn, kernel, 1)?;
@@ -277,14 +323,24 @@ pub fn max_context(
 
 /// Float parameters of one decoder layer of `m`.
 pub fn layer_params(m: &SmallModel) -> usize {
-    let with = |layers| llama(&SmallModel { layers, ..*m }, 1, Checkpoint::None).num_params();
+    let ffn = Ffn {
+        chunk: 1,
+        checkpoint: Checkpoint::None,
+    };
+    let with = |layers| llama(&SmallModel { layers, ..*m }, ffn).num_params();
     with(1) - with(0)
 }
 
 /// Training FLOPs of one step ([`workbench::kernels::flops`]): 6 · (non-embedding + head
 /// parameters) · tokens for the matmuls, and 12 · d_model · (causal pairs) per layer for attention.
 pub fn model_flops(m: &SmallModel, seq: usize) -> f64 {
-    let config = llama(m, seq, Checkpoint::None);
+    let config = llama(
+        m,
+        Ffn {
+            chunk: seq,
+            checkpoint: Checkpoint::None,
+        },
+    );
     let matmul_params = (config.num_params() - m.vocab * m.d_model) as f64;
     let dense = DENSE_PER_PARAM_TOKEN as f64 * matmul_params * seq as f64;
     let attention =

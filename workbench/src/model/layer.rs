@@ -530,6 +530,20 @@ impl<B: LayerBackend, C: CheckpointStrategy> LayerBackend for Autodiff<B, C> {
     }
 }
 
+impl<B: LayerBackend> DecoderLayer<B> {
+    /// This layer's output for this rank's hidden states `x: [b, t, d]` at global `positions`, as
+    /// the model runs it (alone, so that one layer can be measured).
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        positions: &[usize],
+        trunk: Trunk,
+        ctx: &Arc<RingContext>,
+    ) -> Result<Tensor<B, 3>, RingError> {
+        run_layers(std::slice::from_ref(self), x, positions, trunk, ctx)
+    }
+}
+
 /// Runs the decoder layers over this rank's hidden states `x: [b, t, d]` at global `positions`.
 pub(crate) fn run_layers<B: LayerBackend>(
     layers: &[DecoderLayer<B>],

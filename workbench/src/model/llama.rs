@@ -59,6 +59,17 @@ impl LlamaConfig {
         raw.div_ceil(self.ffn_multiple_of) * self.ffn_multiple_of
     }
 
+    /// What a decoder layer needs of these sizes.
+    pub fn trunk(&self) -> Trunk {
+        Trunk {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            rope_theta: self.rope_theta,
+            ffn_chunk: self.ffn_chunk,
+            checkpoint: self.checkpoint,
+        }
+    }
+
     /// Number of float parameters.
     pub fn num_params(&self) -> usize {
         let (d, hd, f) = (self.d_model, self.head_dim(), self.ffn_hidden());
