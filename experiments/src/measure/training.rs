@@ -232,6 +232,26 @@ impl Variant {
             Method::Blockwise | Method::Ring => self.remat,
         }
     }
+
+    /// How this variant runs `seq` tokens given `ranks` (used by ring only) and `block` (the
+    /// blockwise methods' feed-forward chunk).
+    pub fn run(self, ranks: usize, seq: usize, block: usize) -> Run {
+        let whole = Ffn {
+            chunk: seq,
+            checkpoint: Checkpoint::None,
+        };
+        let blockwise = Ffn {
+            chunk: block,
+            checkpoint: self.checkpoint(),
+        };
+        let (ranks, ffn, kernel) = match self.method {
+            Method::Vanilla => (1, whole, Kernel::Generic),
+            Method::MemoryEfficient => (1, whole, Kernel::Fused),
+            Method::Blockwise => (1, blockwise, Kernel::Fused),
+            Method::Ring => (ranks, blockwise, Kernel::Fused),
+        };
+        Run { ranks, ffn, kernel }
+    }
 }
 
 /// How a variant runs a sequence: on how many ranks, its feed-forward, its attention kernel.
@@ -253,28 +273,6 @@ impl Run {
             causal: true,
             ..Default::default()
         }
-    }
-}
-
-impl Variant {
-    /// How this variant runs `seq` tokens given `ranks` (used by ring only) and `block` (the
-    /// blockwise methods' feed-forward chunk).
-    pub fn run(self, ranks: usize, seq: usize, block: usize) -> Run {
-        let whole = Ffn {
-            chunk: seq,
-            checkpoint: Checkpoint::None,
-        };
-        let blockwise = Ffn {
-            chunk: block,
-            checkpoint: self.checkpoint(),
-        };
-        let (ranks, ffn, kernel) = match self.method {
-            Method::Vanilla => (1, whole, Kernel::Generic),
-            Method::MemoryEfficient => (1, whole, Kernel::Fused),
-            Method::Blockwise => (1, blockwise, Kernel::Fused),
-            Method::Ring => (ranks, blockwise, Kernel::Fused),
-        };
-        Run { ranks, ffn, kernel }
     }
 }
 
