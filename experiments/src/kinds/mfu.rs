@@ -12,7 +12,6 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 use workbench::Kernel;
-use workbench::model::Checkpoint;
 
 /// The kind.
 pub struct Mfu;
@@ -128,10 +127,7 @@ impl Plan for MfuPlan {
             &self.model,
             ranks,
             seq,
-            Ffn {
-                chunk: block.min(1024),
-                checkpoint: Checkpoint::None,
-            },
+            Ffn::kept(block.min(1024)),
             Kernel::Fused,
             self.steps + 1,
         )?

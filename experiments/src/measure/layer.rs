@@ -28,24 +28,9 @@ pub struct LayerForward {
 
 /// One forward of a single decoder layer of `m` run as `variant` runs it, on `ranks` ranks of
 /// `seq / ranks` tokens (one rank for the single-device methods), feed-forward chunks of `block`.
-/// The smaller of two runs, as for the training-step peaks (a fresh thread may allocate once-only
-/// buffers).
+/// The smaller of two measurements, as for the training-step peaks (a fresh thread may allocate
+/// once-only buffers).
 pub fn layer_forward(
-    m: &SmallModel,
-    variant: Variant,
-    ranks: usize,
-    seq: usize,
-    block: usize,
-) -> Result<LayerForward> {
-    let first = layer_forward_once(m, variant, ranks, seq, block)?;
-    let second = layer_forward_once(m, variant, ranks, seq, block)?;
-    Ok(LayerForward {
-        peak: first.peak.min(second.peak),
-        largest: first.largest.min(second.largest),
-    })
-}
-
-fn layer_forward_once(
     m: &SmallModel,
     variant: Variant,
     ranks: usize,
@@ -61,32 +46,39 @@ fn layer_forward_once(
     let trunk = config.trunk();
     let layout = Arc::new(partition_for(seq, run.ranks).layout(seq, run.ranks)?);
     let ring = run.ring();
-    let results = run_ranks(run.ranks, TIMEOUT, |comm| -> Result<_, RingError> {
-        let ctx = Arc::new(RingContext::new(comm, layout.clone(), ring)?);
-        let positions = ctx.positions(ctx.rank()).to_vec();
-        let x = Tensor::<Flex, 3>::random(
-            [1, positions.len(), m.d_model],
-            Distribution::Normal(0.0, 1.0),
-            &device,
-        );
-        // A first forward on the same threads leaves behind what persists between calls (the
-        // matmul library's thread-local packing buffers), which is not the layer's.
-        drop(layer.forward(x.clone(), &positions, trunk, &ctx)?);
-        // Every rank's input exists before the window opens, and every output before it closes.
-        ctx.with_comm(|c| c.barrier())?;
-        if ctx.rank() == 0 {
-            crate::alloc::reset();
-        }
-        ctx.with_comm(|c| c.barrier())?;
-        let y = layer.forward(x, &positions, trunk, &ctx)?;
-        ctx.with_comm(|c| c.barrier())?;
-        let stats = crate::alloc::stats();
-        drop(y);
-        Ok(stats)
-    });
-    let stats = all_or_root_cause(results, RingError::echo_level)?;
+    let measure = || -> Result<LayerForward> {
+        let results = run_ranks(run.ranks, TIMEOUT, |comm| -> Result<_, RingError> {
+            let ctx = Arc::new(RingContext::new(comm, layout.clone(), ring)?);
+            let positions = ctx.positions(ctx.rank()).to_vec();
+            let x = Tensor::<Flex, 3>::random(
+                [1, positions.len(), m.d_model],
+                Distribution::Normal(0.0, 1.0),
+                &device,
+            );
+            // A first forward on the same threads leaves behind what persists between calls (the
+            // matmul library's thread-local packing buffers), which is not the layer's.
+            drop(layer.forward(x.clone(), &positions, trunk, &ctx)?);
+            // Every rank's input exists before the window opens, and every output before it closes.
+            ctx.with_comm(|c| c.barrier())?;
+            if ctx.rank() == 0 {
+                crate::alloc::reset();
+            }
+            ctx.with_comm(|c| c.barrier())?;
+            let y = layer.forward(x, &positions, trunk, &ctx)?;
+            ctx.with_comm(|c| c.barrier())?;
+            let stats = crate::alloc::stats();
+            drop(y);
+            Ok(stats)
+        });
+        let stats = all_or_root_cause(results, RingError::echo_level)?;
+        Ok(LayerForward {
+            peak: stats[0].peak_above_start as f64 / run.ranks as f64,
+            largest: stats[0].largest,
+        })
+    };
+    let (first, second) = (measure()?, measure()?);
     Ok(LayerForward {
-        peak: stats[0].peak_above_start as f64 / run.ranks as f64,
-        largest: stats[0].largest,
+        peak: first.peak.min(second.peak),
+        largest: first.largest.min(second.largest),
     })
 }

@@ -129,6 +129,16 @@ pub struct Ffn {
     pub checkpoint: Checkpoint,
 }
 
+impl Ffn {
+    /// Chunks of `chunk` tokens, every activation kept for the backward.
+    pub fn kept(chunk: usize) -> Self {
+        Ffn {
+            chunk,
+            checkpoint: Checkpoint::None,
+        }
+    }
+}
+
 /// What [`train_steps`] measured.
 pub struct Measured {
     /// Process peak bytes above the start, in the first step (the counting allocator's).
@@ -236,10 +246,7 @@ impl Variant {
     /// How this variant runs `seq` tokens given `ranks` (used by ring only) and `block` (the
     /// blockwise methods' feed-forward chunk).
     pub fn run(self, ranks: usize, seq: usize, block: usize) -> Run {
-        let whole = Ffn {
-            chunk: seq,
-            checkpoint: Checkpoint::None,
-        };
+        let whole = Ffn::kept(seq);
         let blockwise = Ffn {
             chunk: block,
             checkpoint: self.checkpoint(),
@@ -321,24 +328,14 @@ pub fn max_context(
 
 /// Float parameters of one decoder layer of `m`.
 pub fn layer_params(m: &SmallModel) -> usize {
-    let ffn = Ffn {
-        chunk: 1,
-        checkpoint: Checkpoint::None,
-    };
-    let with = |layers| llama(&SmallModel { layers, ..*m }, ffn).num_params();
+    let with = |layers| llama(&SmallModel { layers, ..*m }, Ffn::kept(1)).num_params();
     with(1) - with(0)
 }
 
 /// Training FLOPs of one step ([`workbench::kernels::flops`]): 6 · (non-embedding + head
 /// parameters) · tokens for the matmuls, and 12 · d_model · (causal pairs) per layer for attention.
 pub fn model_flops(m: &SmallModel, seq: usize) -> f64 {
-    let config = llama(
-        m,
-        Ffn {
-            chunk: seq,
-            checkpoint: Checkpoint::None,
-        },
-    );
+    let config = llama(m, Ffn::kept(seq));
     let matmul_params = (config.num_params() - m.vocab * m.d_model) as f64;
     let dense = DENSE_PER_PARAM_TOKEN as f64 * matmul_params * seq as f64;
     let attention =
