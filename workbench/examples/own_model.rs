@@ -117,12 +117,15 @@ fn main() -> Result<(), String> {
 /// Trains 8 steps on 1 rank and on 4 ranks of `strategy`; an error if the losses differ.
 fn train_on_one_and_four_ranks(strategy: &str) -> Result<(), String> {
     let device = Default::default();
-    B::seed(&device, 7);
-    let linear = || LinearConfig::new(DIM, DIM).init(&device);
-    let (q, k, v, out) = (linear(), linear(), linear(), linear());
-    let model = TinyAttention { q, k, v, out };
-    // Burn draws weights on first use: draw them now, so that both runs start from the same ones.
-    workbench::model::lazy::materialize(&model);
+    // Burn's generator is shared by every thread: seed and draw under one lock. Burn draws weights on
+    // first use: draw them now, so that both runs start from the same ones.
+    let model = workbench::model::lazy::seeded::<B, _>(7, &device, || {
+        let linear = || LinearConfig::new(DIM, DIM).init(&device);
+        let (q, k, v, out) = (linear(), linear(), linear(), linear());
+        let model = TinyAttention { q, k, v, out };
+        workbench::model::lazy::materialize(&model);
+        model
+    });
     let (one, four) = (losses(&model, strategy, 1)?, losses(&model, strategy, 4)?);
     for (step, (a, b)) in one.iter().zip(&four).enumerate() {
         println!("step {step}: 1 rank {a:.6}   4 ranks ({strategy}) {b:.6}");

@@ -2,7 +2,7 @@
 
 use burn::backend::Flex;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, Tensor};
+use burn::tensor::{Tensor, TensorData};
 use std::time::Instant;
 use workbench::ring::jobs::HostTensor;
 
@@ -14,8 +14,15 @@ pub fn matmul_gflops(n: usize) -> f64 {
 /// Best-of-5 GFLOP/s of a square f32 `n³` matmul on backend `B`'s `device` (the result is read back,
 /// so a device backend's queue has finished it).
 pub fn matmul_gflops_on<B: Backend>(n: usize, device: &B::Device) -> f64 {
-    let a = Tensor::<B, 2>::random([n, n], Distribution::Default, device);
-    let b = Tensor::<B, 2>::random([n, n], Distribution::Default, device);
+    // Host-drawn: Burn's generator is shared by every thread, and a draw from it here would move the
+    // weights of a seeded initialization running at the same time (`workbench::model::lazy::seeded`).
+    let matrix = |seed| {
+        Tensor::<B, 2>::from_data(
+            TensorData::new(random(vec![n, n], seed).data, [n, n]),
+            device,
+        )
+    };
+    let (a, b) = (matrix(1), matrix(2));
     let _ = a.clone().matmul(b.clone()).into_data();
     let best = (0..5)
         .map(|_| {

@@ -50,11 +50,15 @@ pub fn layer_forward(
         let results = run_ranks(run.ranks, TIMEOUT, |comm| -> Result<_, RingError> {
             let ctx = Arc::new(RingContext::new(comm, layout.clone(), ring)?);
             let positions = ctx.positions(ctx.rank()).to_vec();
-            let x = Tensor::<Flex, 3>::random(
-                [1, positions.len(), m.d_model],
-                Distribution::Normal(0.0, 1.0),
-                &device,
-            );
+            // Seeded, like every draw from Burn's process-wide generator: an unseeded draw here would
+            // move a concurrent seeded initialization's weights.
+            let x = seeded::<Flex, _>(ctx.rank() as u64, &device, || {
+                Tensor::<Flex, 3>::random(
+                    [1, positions.len(), m.d_model],
+                    Distribution::Normal(0.0, 1.0),
+                    &device,
+                )
+            });
             // A first forward on the same threads leaves behind what persists between calls (the
             // matmul library's thread-local packing buffers), which is not the layer's.
             drop(layer.forward(x.clone(), &positions, trunk, &ctx)?);

@@ -20,7 +20,9 @@ pub fn materialize<B: Backend, M: Module<B>>(module: &M) {
 /// What `draw` returns, drawn from `seed` alone. Burn's generator is global to the backend: two
 /// threads that seed and draw at once would interleave their draws, so every seeded draw made through
 /// here holds one process-wide lock. `draw` must draw every weight it needs before it returns
-/// ([`materialize`]; the models' `init` functions do).
+/// ([`materialize`]; the models' `init` functions do). The lock only helps if nothing draws beside
+/// it: every draw from Burn's generator in this workspace goes through here, and inputs that need no
+/// seed are drawn on the host.
 pub fn seeded<B: Backend, T>(seed: u64, device: &B::Device, draw: impl FnOnce() -> T) -> T {
     static DRAW: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = DRAW.lock().unwrap_or_else(|e| e.into_inner());
