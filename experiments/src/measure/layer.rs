@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use workbench::RingContext;
 use workbench::error::{RingError, all_or_root_cause};
-use workbench::model::lazy::seeded;
+use workbench::model::lazy::{materialize, seeded};
 use workbench::transport::run_ranks;
 
 const TIMEOUT: Duration = Duration::from_secs(3600);
@@ -40,9 +40,13 @@ pub fn layer_forward(
     let run = variant.run(ranks, seq, block);
     let config = llama(&SmallModel { layers: 1, ..*m }, run.ffn);
     let device = Default::default();
-    let layer = seeded::<Flex, _>(0, &device, || config.init_blocks::<Flex>(&device))
-        .pop()
-        .expect("one layer");
+    let layer = seeded::<Flex, _>(0, &device, || {
+        let blocks = config.init_blocks::<Flex>(&device);
+        materialize(&blocks);
+        blocks
+    })
+    .pop()
+    .expect("one layer");
     let trunk = config.trunk();
     let layout = Arc::new(partition_for(seq, run.ranks).layout(seq, run.ranks)?);
     let ring = run.ring();

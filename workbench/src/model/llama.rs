@@ -94,7 +94,11 @@ impl LlamaConfig {
         Ok(())
     }
 
-    /// The decoder blocks (attention + SwiGLU), shared by every model built on this trunk.
+    /// The decoder blocks (attention + SwiGLU), shared by every model built on this trunk. Their
+    /// weights are not drawn yet (Burn draws on first use), so that a model's `init` draws all of its
+    /// weights in field order; a caller that uses the blocks alone draws them under
+    /// [`seeded`](crate::model::lazy::seeded) with [`materialize`], or its first forward would draw
+    /// them outside the lock.
     pub fn init_blocks<B: Backend>(&self, device: &B::Device) -> Vec<DecoderLayer<B>> {
         let linear = |i, o| LinearConfig::new(i, o).with_bias(false).init(device);
         let hd = self.head_dim();
