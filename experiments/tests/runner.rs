@@ -577,9 +577,10 @@ fn attn_sweep_over_packed_documents_is_exact() {
 #[test]
 fn measurements_beside_a_seeded_initialization_leave_its_weights_alone() {
     // Burn's generator is one per process, and a sweep's kinds (and these tests) run side by side:
-    // the matmul baseline and the layer measurement drew from it unseeded, which moved the weights
-    // of a train point being initialized at the same time (CI: one of 12 runs started from other
-    // weights, max_rel_loss_diff 0.106). Every draw now holds `seeded`'s lock or is drawn on the host.
+    // the matmul baseline and the layer measurement drew from it outside `seeded`'s lock (the layer's
+    // weights on first use), which moved the weights of a train point being initialized at the same
+    // time (CI: one of 12 runs started from other weights, max_rel_loss_diff 0.106). Every draw now
+    // holds `seeded`'s lock or is drawn on the host.
     use burn::backend::Flex;
     use experiments::measure::{baseline, layer, training};
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -601,8 +602,16 @@ fn measurements_beside_a_seeded_initialization_leave_its_weights_alone() {
         method: training::Method::Ring,
         remat: Checkpoint::Ffn,
     };
+    /// Stops the measuring thread when dropped, also when an initialization panics.
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Relaxed);
+        }
+    }
     let done = AtomicBool::new(false);
     let (first, rest) = std::thread::scope(|s| {
+        let _stop = Stop(&done);
         s.spawn(|| {
             while !done.load(Relaxed) {
                 baseline::matmul_gflops(8);
@@ -611,7 +620,6 @@ fn measurements_beside_a_seeded_initialization_leave_its_weights_alone() {
         });
         let first = weights();
         let rest: Vec<_> = (0..30).map(|_| weights()).collect();
-        done.store(true, Relaxed);
         (first, rest)
     });
     for (i, w) in rest.iter().enumerate() {
