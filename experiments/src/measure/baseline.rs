@@ -2,7 +2,6 @@
 
 use burn::backend::Flex;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
 use std::time::Instant;
 use workbench::ring::jobs::HostTensor;
 
@@ -16,12 +15,8 @@ pub fn matmul_gflops(n: usize) -> f64 {
 pub fn matmul_gflops_on<B: Backend>(n: usize, device: &B::Device) -> f64 {
     // Host-drawn: Burn's generator is shared by every thread, and a draw from it here would move the
     // weights of a seeded initialization running at the same time (`workbench::model::lazy::seeded`).
-    let matrix = |seed| {
-        Tensor::<B, 2>::from_data(
-            TensorData::new(random(vec![n, n], seed).data, [n, n]),
-            device,
-        )
-    };
+    let matrix =
+        |seed| workbench::host::place::<B, 2>(random(vec![n, n], seed).data, [n, n], device);
     let (a, b) = (matrix(1), matrix(2));
     let _ = a.clone().matmul(b.clone()).into_data();
     let best = (0..5)
