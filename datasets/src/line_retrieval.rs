@@ -25,12 +25,12 @@ pub const MAX_NUMBER: u64 = 50000;
 #[derive(Debug, Error)]
 pub enum DatasetError {
     /// The file could not be read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
         /// What the OS said.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A line is not a case.
     #[error("{path}:{line}: {message}")]
@@ -141,9 +141,9 @@ pub fn generate(
 /// Reads LongChat test cases: one JSON object per line with `prompt`, `expected_number` and
 /// `num_lines` (other fields are ignored). Blank lines are skipped.
 pub fn read_jsonl(path: &Path) -> Result<Vec<Case>, DatasetError> {
-    let text = std::fs::read_to_string(path).map_err(|source| DatasetError::Io {
+    let text = std::fs::read_to_string(path).map_err(|cause| DatasetError::Io {
         path: path.to_owned(),
-        source,
+        cause,
     })?;
     let cases: Vec<Case> = text
         .lines()

@@ -6,7 +6,9 @@ use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use workbench::ring::jobs::{AttentionJob, AttentionResult, HostTensor, run_attention_on_devices};
+use workbench::ring::jobs::{
+    AttentionJob, AttentionResult, Fault, HostTensor, run_attention_on_devices,
+};
 use workbench::{BackwardScheme, Direction, Kernel, LayerBackend, RingConfig};
 
 /// `ringbench attn`'s arguments.
@@ -28,20 +30,20 @@ pub struct AttnArgs {
     #[arg(long, default_value_t = 1)]
     pub ranks: usize,
     /// Partition strategy by name.
-    #[arg(long, default_value = "zigzag")]
+    #[arg(long, visible_alias = "strategies", default_value = "zigzag")]
     pub strategy: String,
     /// Mask keys after each query (causal attention).
     #[arg(long)]
     pub causal: bool,
-    /// Forward ring direction: cw (to rank+1) or ccw (to rank−1).
-    #[arg(long, default_value = "cw")]
-    pub fwd_dir: Direction,
-    /// Backward scheme: kv, kv-reverse or q.
-    #[arg(long, default_value = "kv")]
-    pub bwd: BackwardScheme,
+    /// Forward ring direction: cw (to rank+1) or ccw (to rank−1). Specs call it `forward`.
+    #[arg(long, visible_alias = "fwd-dir", default_value = "cw")]
+    pub forward: Direction,
+    /// Backward scheme: kv, kv-reverse or q. Specs call it `backward`.
+    #[arg(long, visible_alias = "bwd", default_value = "kv")]
+    pub backward: BackwardScheme,
     /// Tile kernel: fused (fast CPU path, on host blocks) or generic (Burn tensor ops on the
     /// backend's device; what runs on wgpu and cuda).
-    #[arg(long, default_value = "fused")]
+    #[arg(long, visible_alias = "kernels", default_value = "fused")]
     pub kernel: Kernel,
     /// Backend: flex (CPU), wgpu or cuda (each compiled in by its feature).
     #[arg(long, default_value = "flex")]
@@ -195,14 +197,17 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
         strategy: strategies::by_name(&args.strategy)?,
         config: RingConfig {
             causal: args.causal,
-            forward: args.fwd_dir,
-            backward: args.bwd,
+            forward: args.forward,
+            backward: args.backward,
             kernel: args.kernel,
             scale: None,
             lockstep: false,
         },
         timeout: Duration::from_secs_f64(args.timeout),
-        fault: args.fail_rank.zip(args.fail_step),
+        fault: args
+            .fail_rank
+            .zip(args.fail_step)
+            .map(|(rank, step)| Fault::fail(rank, step)),
         link: None,
         doc_lens: &doc_lens,
     };
@@ -237,8 +242,17 @@ fn write_outputs(args: &AttnArgs, result: &AttentionResult) -> Result<()> {
     // Under MPI or NCCL only this process's rank is counted.
     let bytes: u64 = result.traffic.iter().map(|t| t.total_bytes()).sum();
     let host_device: u64 = result.traffic.iter().map(|t| t.host_device_bytes()).sum();
+    let seq = result.out.shape[1];
+    let padded = if result.padded_len == seq {
+        String::new()
+    } else {
+        format!(
+            "; {} cannot split {seq} tokens over {} ranks: padded to {} (padding masked, its rows dropped)",
+            args.strategy, args.ranks, result.padded_len
+        )
+    };
     println!(
-        "wrote {} to {} ({} ranks, {} on {}; their ring steps moved {} bytes between host and device; this process ran {} of them, which sent {} bytes)",
+        "wrote {} to {} ({} ranks, {} on {}{padded}; their ring steps moved {} bytes between host and device; this process ran {} of them, which sent {} bytes)",
         written.join(", "),
         args.out.display(),
         args.ranks,

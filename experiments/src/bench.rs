@@ -6,6 +6,7 @@
 
 use crate::backend::{BackendName, OnBackend, on_backend, parse_devices};
 use crate::measure::baseline::{matmul_gflops_on, random};
+use crate::measure::timing::fastest_after_warm_up;
 use crate::results::{Record, Table};
 use crate::units::MIB;
 use anyhow::{Context, Result};
@@ -35,10 +36,10 @@ pub struct BenchAttnArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
     pub ranks: Vec<usize>,
     /// Strategies to run; all registered ones by default.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, visible_alias = "strategy", value_delimiter = ',')]
     pub strategies: Vec<String>,
     /// Kernels to time: fused, generic (default: both on flex; generic, the device path, elsewhere).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, visible_alias = "kernel", value_delimiter = ',')]
     pub kernels: Vec<Kernel>,
     /// Backend: flex (CPU), wgpu or cuda.
     #[arg(long, default_value = "flex")]
@@ -58,7 +59,7 @@ pub struct BenchAttnArgs {
     /// Sequences per batch.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
-    /// Timed repetitions per row; the fastest is reported.
+    /// Timed repetitions per row, after one untimed warm-up run; the fastest is reported.
     #[arg(long, default_value_t = 1)]
     pub repeats: usize,
     /// Also write bench_attn.csv and bench_attn.md here.
@@ -204,28 +205,24 @@ fn bench_attn<I: RingBackend>(args: &BenchAttnArgs, devices: &[I::Device]) -> Re
                 link: None,
                 doc_lens: &[],
             };
-            let mut best = Measured {
-                seconds: f64::INFINITY,
-                allocated: 0,
-                peak: 0,
-            };
-            for _ in 0..args.repeats.max(1) {
-                crate::alloc::reset();
-                let start = Instant::now();
-                let result = run_attention_on_devices::<Autodiff<I>>(&job, devices)?;
-                let seconds = start.elapsed().as_secs_f64();
-                let most = result.traffic.iter().flat_map(|t| &t.host_device);
-                host_device_bytes_per_step = most.map(|r| r.bytes).max().unwrap_or(0);
-                let stats = crate::alloc::stats();
-                if seconds < best.seconds {
-                    best = Measured {
+            fastest_after_warm_up(
+                args.repeats,
+                || {
+                    crate::alloc::reset();
+                    let start = Instant::now();
+                    let result = run_attention_on_devices::<Autodiff<I>>(&job, devices)?;
+                    let seconds = start.elapsed().as_secs_f64();
+                    let most = result.traffic.iter().flat_map(|t| &t.host_device);
+                    host_device_bytes_per_step = most.map(|r| r.bytes).max().unwrap_or(0);
+                    let stats = crate::alloc::stats();
+                    Ok(Measured {
                         seconds,
                         allocated: stats.allocated,
                         peak: stats.peak_above_start,
-                    };
-                }
-            }
-            Ok(best)
+                    })
+                },
+                |m| m.seconds,
+            )
         };
         let fwd = time(false)?;
         let fwd_bwd = time(true)?;

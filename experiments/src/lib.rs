@@ -7,6 +7,8 @@ pub mod alloc;
 pub mod attn;
 pub mod backend;
 pub mod bench;
+pub mod comparison;
+pub mod dir_lock;
 pub mod exorl;
 pub mod hardware;
 pub mod kinds;

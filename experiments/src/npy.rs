@@ -11,12 +11,12 @@ use workbench::ring::jobs::HostTensor;
 #[derive(Debug, Error)]
 pub enum NpyError {
     /// The file could not be opened or read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A dtype other than float32 or float64.
     #[error("{path}: dtype {dtype} is not supported; expected float32 or float64")]
@@ -29,9 +29,9 @@ pub enum NpyError {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> NpyError + '_ {
-    move |source| NpyError::Io {
+    move |cause| NpyError::Io {
         path: path.to_owned(),
-        source,
+        cause,
     }
 }
 

@@ -1,11 +1,13 @@
 //! `ringbench reproduce quick|full`: every table computed afresh into a run directory, then compared
-//! with the committed reference in `results/`, key figures side by side (`comparison.md`).
+//! with the committed reference in `results/` (`comparison.md`: one line per table, then what moved);
+//! `--check` fails when a deterministic column moved.
 
+use crate::comparison::{TableComparison, compare};
 use crate::kinds;
-use crate::results::{Record, Table, significant};
-use crate::runner;
+use crate::results::{Table, write_whole};
+use crate::runner::{self, RunOptions};
 use crate::spec::SpecText;
-use anyhow::Result;
+use anyhow::{Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -36,6 +38,13 @@ pub struct ReproduceArgs {
     /// With --into: recompute its tables' rows.
     #[arg(long)]
     pub force: bool,
+    /// Exit with status 1 when a deterministic column differs from the reference (naming the
+    /// table, row and column).
+    #[arg(long)]
+    pub check: bool,
+    /// Only these tables (names as in `results/`, comma-separated; default: every one).
+    #[arg(long, value_delimiter = ',')]
+    pub tables: Option<Vec<String>>,
 }
 
 /// (quick spec, full spec) per table, under `experiments/`.
@@ -76,6 +85,28 @@ fn run_dir() -> PathBuf {
     ))
 }
 
+/// The spec names of the tables to run: every one of `size`, or those `only` names.
+fn chosen(size: Size, only: Option<&[String]>) -> Result<Vec<&'static str>> {
+    let names: Vec<&'static str> = TABLES
+        .iter()
+        .map(|&(quick, full)| if size == Size::Quick { quick } else { full })
+        .collect();
+    let Some(only) = only else {
+        return Ok(names);
+    };
+    only.iter()
+        .map(|want| {
+            names.iter().copied().find(|n| n == want).ok_or_else(|| {
+                anyhow!(
+                    "--tables: no table '{want}' in reproduce {}; known: {}",
+                    if size == Size::Quick { "quick" } else { "full" },
+                    names.join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
 /// `ringbench reproduce`.
 pub fn run(args: &ReproduceArgs) -> Result<()> {
     let out = match (&args.into, &args.out) {
@@ -85,104 +116,103 @@ pub fn run(args: &ReproduceArgs) -> Result<()> {
     };
     let fresh = args.into.is_none();
     if fresh && finished(&out) {
-        anyhow::bail!(
+        bail!(
             "{} already holds a finished run; choose another --out",
             out.display()
         );
     }
+    let names = chosen(args.size, args.tables.as_deref())?;
     // The reference is read before anything is written (with --into it may be the same directory).
     let mut sections = Vec::new();
-    for (quick, full) in TABLES {
-        let name = if args.size == Size::Quick {
-            quick
-        } else {
-            full
-        };
+    for name in names {
         let spec = PathBuf::from(format!("experiments/{name}.toml"));
         let reference = Table::read(&args.reference.join(name).join("results.csv"))?;
         sections.push((name, spec, reference));
     }
     let start = Instant::now();
-    let mut comparison = format!(
-        "# ringbench reproduce {}: this run against {}\n\n",
-        if args.size == Size::Quick {
-            "quick"
-        } else {
-            "full"
-        },
-        args.reference.display()
-    );
-    for (name, spec, reference) in &sections {
+    let mut comparisons = Vec::new();
+    for (i, (name, spec, reference)) in sections.iter().enumerate() {
         let table_start = Instant::now();
-        let summary = runner::run(spec, &out, args.force && !fresh)?;
+        let summary = runner::run_with(
+            spec,
+            &out,
+            &RunOptions {
+                force: args.force && !fresh,
+                quiet: true,
+            },
+        )?;
         let kind = kinds::by_name(&SpecText::load(spec)?.kind).map_err(anyhow::Error::msg)?;
         let ours = Table::read(&summary.dir.join("results.csv"))?;
-        comparison += &format!(
-            "## {name} ({}; {:.0} s, {} points computed)\n\n{}\n",
-            kind.card().name,
-            table_start.elapsed().as_secs_f64(),
+        let found = compare(kind, name, reference, &ours);
+        println!(
+            "[{}/{}] {name}: {} points computed, {} kept, {:.1} s: {}",
+            i + 1,
+            sections.len(),
             summary.computed,
-            compare(
-                reference,
-                &ours,
-                kind.card().key_columns,
-                kind.card().headline_columns
-            )
+            summary.kept,
+            table_start.elapsed().as_secs_f64(),
+            match (found.has_reference, found.held()) {
+                (false, _) => "no committed reference",
+                (true, true) => "held",
+                (true, false) => "MOVED",
+            }
         );
+        comparisons.push(found);
     }
-    comparison += &format!(
-        "Total: {:.1} minutes. Ratios are this run over the reference; measured tables differ by \
-         machine and load, simulated and analytic ones should be 1.\n",
+    let size = if args.size == Size::Quick {
+        "quick"
+    } else {
+        "full"
+    };
+    let mut md = format!(
+        "# ringbench reproduce {size}: this run against {}\n\n\
+         Deterministic columns (simulated, counted, errors under their bound) must hold; measured ones \
+         (seconds, rates, allocator bytes) are ratios of this run to the reference, read against \
+         their column's median ratio (another machine or load moves a whole column). Each kind's \
+         columns and checks: `results/README.md`.\n\n",
+        args.reference.display()
+    );
+    for c in &comparisons {
+        md += &c.summary();
+        md += "\n";
+    }
+    let details: String = comparisons.iter().map(TableComparison::details).collect();
+    if !details.is_empty() {
+        md += "\n## What moved\n\n";
+        md += &details;
+    }
+    md += &format!(
+        "\nTotal: {:.1} minutes.\n",
         start.elapsed().as_secs_f64() / 60.0
     );
-    std::fs::write(out.join("comparison.md"), &comparison)?;
-    println!("{comparison}");
+    write_whole(&out.join("comparison.md"), md.as_bytes())?;
     println!("wrote {}", out.join("comparison.md").display());
-    Ok(())
-}
-
-/// The headline columns of every row present in both tables, with their ratio, as Markdown.
-pub fn compare(reference: &Table, ours: &Table, keys: &[&str], headline: &[&str]) -> String {
-    if reference.rows.is_empty() {
-        return "No committed reference for this table.\n".into();
-    }
-    let mut rows = Vec::new();
-    for row in &ours.rows {
-        let id = row.id(keys);
-        let Some(theirs) = reference.rows.iter().find(|r| r.id(keys) == id) else {
-            continue;
-        };
-        for &column in headline {
-            let (a, b) = (theirs.num(column), row.num(column));
-            if a.is_nan() && b.is_nan() {
-                continue;
-            }
-            let shown = |x: f64| {
-                if x.is_nan() {
-                    "-".to_owned()
-                } else {
-                    significant(x, 4)
-                }
-            };
-            let ratio = if a != 0.0 && a.is_finite() && b.is_finite() {
-                significant(b / a, 3)
-            } else {
-                "-".into()
-            };
-            rows.push(Record::new([
-                ("row", id.clone()),
-                ("column", column.to_owned()),
-                ("reference", shown(a)),
-                ("this run", shown(b)),
-                ("ratio", ratio),
-            ]));
+    let moved: Vec<String> = comparisons
+        .iter()
+        .flat_map(|c| {
+            c.moved.iter().map(move |m| {
+                format!(
+                    "{}: row {}: column {}: reference {} -> this run {} ({})",
+                    c.name, m.row, m.column, m.reference, m.run, m.how
+                )
+            })
+        })
+        .collect();
+    if args.check && !moved.is_empty() {
+        for line in moved.iter().take(20) {
+            eprintln!("{line}");
         }
+        if moved.len() > 20 {
+            eprintln!("... and {} more", moved.len() - 20);
+        }
+        bail!(
+            "reproduce --check: {} deterministic cell(s) differ from {} (listed above and in {})",
+            moved.len(),
+            args.reference.display(),
+            out.join("comparison.md").display()
+        );
     }
-    if rows.is_empty() {
-        return "No row of this run is in the committed reference (different sweep points).\n"
-            .into();
-    }
-    Table::of(rows).markdown()
+    Ok(())
 }
 
 /// Whether `dir` holds a finished reproduce run.

@@ -1,5 +1,6 @@
 //! Results tables: typed rows become ordered (column, value) records; a table is resumed from its
-//! results.csv and written as CSV and Markdown by the one writer every command uses.
+//! results.csv and written as CSV and Markdown by the one writer every command uses, each file
+//! whole or not at all (written beside its place, then renamed over it).
 
 use anyhow::{Context, Result, anyhow};
 use serde::Serialize;
@@ -58,9 +59,10 @@ impl Record {
             .unwrap_or(f64::NAN)
     }
 
-    /// Whether every cell of `key` is in this row with the same value.
+    /// Whether every cell of `key` has the same value in this row, a column the row lacks reading
+    /// as empty (as a sweep axis that was absent: a table written before a column was added).
     pub fn matches(&self, key: &Record) -> bool {
-        key.0.iter().all(|(c, v)| self.get(c) == Some(v.as_str()))
+        key.0.iter().all(|(c, v)| self.get(c).unwrap_or("") == v)
     }
 
     /// The cells of `columns`, in that order, as `c=v,c=v` (a row's identity).
@@ -152,17 +154,17 @@ impl Table {
         })
     }
 
-    /// Writes the table as CSV (a row lacking a column has an empty cell there).
+    /// Writes the table as CSV (a row lacking a column has an empty cell there), whole or not at
+    /// all: a run killed while it writes leaves the previous file.
     pub fn write_csv(&self, path: &Path) -> Result<()> {
         let columns = self.columns();
-        let mut w =
-            csv::Writer::from_path(path).with_context(|| format!("writing {}", path.display()))?;
+        let mut w = csv::Writer::from_writer(Vec::new());
         w.write_record(&columns)?;
         for row in self.cells(&columns) {
             w.write_record(row)?;
         }
-        w.flush()?;
-        Ok(())
+        let bytes = w.into_inner().map_err(|e| anyhow!("{e}"))?;
+        write_whole(path, &bytes)
     }
 
     /// The table in Markdown, numbers shown to four significant digits.
@@ -180,9 +182,32 @@ impl Table {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         self.write_csv(&dir.join(format!("{name}.csv")))?;
         let md = format!("# {title}\n\n{about}\n\n{}", self.markdown());
-        std::fs::write(dir.join(format!("{name}.md")), &md)?;
+        write_whole(&dir.join(format!("{name}.md")), md.as_bytes())?;
         Ok(md)
     }
+}
+
+/// Writes `bytes` to `path` whole or not at all: into a temporary file beside it, flushed to disk,
+/// then renamed over it (a rename within a directory replaces the file in one step).
+pub fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| anyhow!("{}: not a file path", path.display()))?;
+    let temporary = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written = (|| -> std::io::Result<()> {
+        let mut file = std::fs::File::create(&temporary)?;
+        std::io::Write::write_all(&mut file, bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written.with_context(|| format!("writing {}", path.display()))
 }
 
 /// A cell as shown in Markdown: empty is `-`; a fractional number has four significant digits.

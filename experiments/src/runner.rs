@@ -1,9 +1,12 @@
 //! `ringbench run SPEC.toml`: a kind's sweep computed point by point into
 //! `RESULTS/NAME/{results.csv, results.md, spec.toml, *.svg}`; points already in results.csv are
-//! kept (resume), so a rerun computes nothing and changes no byte of it.
+//! kept (resume), so a rerun computes nothing and changes no byte of it. Each row carries the hash
+//! of the spec's settings and the ringbench version that computed it: rows of another spec's
+//! settings are recomputed. One run at a time writes a directory (its lock file).
 
-use crate::kinds::{self, PointContext};
-use crate::results::Table;
+use crate::dir_lock::DirLock;
+use crate::kinds::{self, Experiment, Point, PointContext};
+use crate::results::{Record, Table, write_whole};
 use crate::spec::SpecText;
 use anyhow::{Context, Result, anyhow};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -24,6 +27,15 @@ pub struct RunArgs {
     /// List the experiment kinds and their sweep keys, and exit.
     #[arg(long)]
     pub kinds: bool,
+}
+
+/// How a run goes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// Recompute every point, discarding the rows of an earlier run.
+    pub force: bool,
+    /// Print nothing (a caller that reports the run its own way): no per-point lines, no table.
+    pub quiet: bool,
 }
 
 /// What a run did.
@@ -47,8 +59,86 @@ pub fn run_command(args: &RunArgs) -> Result<()> {
     run(spec, &args.results, args.force).map(|_| ())
 }
 
-/// Runs the spec at `path` into `results/NAME`.
+/// The column naming the hash of the spec's settings a row was computed under
+/// ([`SpecText::settings_hash`]).
+pub const SPEC_HASH: &str = "spec_hash";
+/// The column naming the ringbench version that computed a row.
+pub const VERSION: &str = "ringbench_version";
+
+/// What every row of a run carries besides its kind's columns.
+struct Stamp {
+    spec_hash: String,
+    version: &'static str,
+    /// The settings hash of the spec copy beside the table (`spec.toml`), if there is one: what a
+    /// row written before rows carried their hash was computed under.
+    legacy_hash: Option<String>,
+}
+
+impl Stamp {
+    fn of(spec: &SpecText, dir: &Path) -> Stamp {
+        let copy = dir.join("spec.toml");
+        Stamp {
+            spec_hash: spec.settings_hash(),
+            version: env!("CARGO_PKG_VERSION"),
+            legacy_hash: SpecText::load(&copy).ok().map(|s| s.settings_hash()),
+        }
+    }
+
+    /// Whether `row` was computed under this spec's settings.
+    fn stamped(&self, row: &Record) -> bool {
+        let hash = match row.get(SPEC_HASH) {
+            Some(hash) if !hash.is_empty() => Some(hash),
+            _ => self.legacy_hash.as_deref(),
+        };
+        hash == Some(self.spec_hash.as_str())
+    }
+
+    fn put_on(&self, row: &mut Record) {
+        row.0.retain(|(c, _)| c != SPEC_HASH && c != VERSION);
+        row.0.push((SPEC_HASH.into(), self.spec_hash.clone()));
+        row.0.push((VERSION.into(), self.version.into()));
+    }
+}
+
+/// An error unless every point's key (and the keys of the rows it makes) uses only the kind's key
+/// columns: the one identity resume, `reproduce`'s comparison and baselines all match rows by (a key
+/// column a key leaves out reads as empty, an axis the sweep does not have).
+fn check_keys(kind: &dyn Experiment, points: &[Point]) -> Result<()> {
+    let card = kind.card();
+    for key in points
+        .iter()
+        .flat_map(|p| std::iter::once(&p.key).chain(&p.rows))
+    {
+        if let Some((column, _)) = key
+            .0
+            .iter()
+            .find(|(c, _)| !card.key_columns.contains(&c.as_str()))
+        {
+            return Err(anyhow!(
+                "kind {}: its points are keyed by '{column}', which is not among its key columns {:?}",
+                card.name,
+                card.key_columns
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs the spec at `path` into `results/NAME`, printing progress, the table and a summary line.
 pub fn run(path: &Path, results: &Path, force: bool) -> Result<RunSummary> {
+    run_with(
+        path,
+        results,
+        &RunOptions {
+            force,
+            quiet: false,
+        },
+    )
+}
+
+/// Runs the spec at `path` into `results/NAME` as `options` say.
+pub fn run_with(path: &Path, results: &Path, options: &RunOptions) -> Result<RunSummary> {
+    let force = options.force;
     let spec = SpecText::load(path)?;
     let kind = kinds::by_name(&spec.kind).map_err(|e| spec.error("", "kind", &e))?;
     let mut plan = kind.plan(&spec)?;
@@ -58,12 +148,26 @@ pub fn run(path: &Path, results: &Path, force: bool) -> Result<RunSummary> {
         .ok_or_else(|| anyhow!("{}: no file name", path.display()))?;
     let dir = results.join(name);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let _lock = DirLock::take(&dir)?;
     let csv_path = dir.join("results.csv");
+    let stamp = Stamp::of(&spec, &dir);
     let mut table = if force {
         Table::default()
     } else {
         Table::read(&csv_path)?
     };
+    let stale = table.rows.iter().filter(|r| !stamp.stamped(r)).count();
+    if stale > 0 {
+        // Said even when quiet: rows are being thrown away.
+        eprintln!(
+            "{}: {stale} of {} rows were computed under other settings (their {SPEC_HASH} is not \
+             this spec's {}): recomputing them",
+            dir.display(),
+            table.rows.len(),
+            stamp.spec_hash,
+        );
+        table.rows.retain(|r| stamp.stamped(r));
+    }
     if force {
         // A kind's side files (training curves) belong to the rows being discarded.
         for side in kind.side_files() {
@@ -71,6 +175,7 @@ pub fn run(path: &Path, results: &Path, force: bool) -> Result<RunSummary> {
         }
     }
     let points = plan.points();
+    check_keys(kind, &points)?;
     let todo: Vec<usize> = (0..points.len())
         .filter(|&i| !table.has_all(&points[i].rows))
         .collect();
@@ -80,7 +185,7 @@ pub fn run(path: &Path, results: &Path, force: bool) -> Result<RunSummary> {
     );
     for &i in &todo {
         bar.set_message(points[i].label.clone());
-        let rows = plan.compute(
+        let mut rows = plan.compute(
             i,
             &PointContext {
                 table: &table,
@@ -88,16 +193,19 @@ pub fn run(path: &Path, results: &Path, force: bool) -> Result<RunSummary> {
                 bar: &bar,
             },
         )?;
+        for row in &mut rows {
+            stamp.put_on(row);
+        }
         table.replace(&points[i].key, rows);
-        // Written after every point: a run that stops resumes from here.
+        // Written whole after every point: a run that stops, even killed mid-write, resumes here.
         table.write_csv(&csv_path)?;
         bar.inc(1);
-        if bar.is_hidden() {
+        if bar.is_hidden() && !options.quiet {
             println!("[{}/{}] {}", bar.position(), todo.len(), points[i].label);
         }
     }
     bar.finish_and_clear();
-    if !csv_path.exists() {
+    if stale > 0 || !csv_path.exists() {
         table.write_csv(&csv_path)?;
     }
     let about = if spec.description.is_empty() {
@@ -110,18 +218,20 @@ pub fn run(path: &Path, results: &Path, force: bool) -> Result<RunSummary> {
         path.display(),
         table.markdown()
     );
-    std::fs::write(dir.join("results.md"), &md)?;
-    std::fs::write(dir.join("spec.toml"), &spec.text)?;
+    write_whole(&dir.join("results.md"), md.as_bytes())?;
+    write_whole(&dir.join("spec.toml"), spec.text.as_bytes())?;
     if !table.rows.is_empty() {
         kind.figure(&table, &dir)?;
     }
-    println!("{md}");
     let kept = points.len() - todo.len();
-    println!(
-        "{}: {} points computed, {kept} kept from an earlier run",
-        dir.display(),
-        todo.len()
-    );
+    if !options.quiet {
+        println!("{md}");
+        println!(
+            "{}: {} points computed, {kept} kept from an earlier run",
+            dir.display(),
+            todo.len()
+        );
+    }
     Ok(RunSummary {
         dir,
         computed: todo.len(),

@@ -60,6 +60,23 @@ impl SpecText {
         Ok(spec)
     }
 
+    /// A hash of what the spec sets besides its sweep lists (its kind and every other section:
+    /// shapes, measurement settings, model), 16 hex digits. Rows computed under another hash were
+    /// computed by another spec: a grown sweep keeps its rows, a changed setting recomputes them.
+    /// Comments, the description and the order of keys do not count.
+    pub fn settings_hash(&self) -> String {
+        let mut table: toml::Table = toml::from_str(&self.text).unwrap_or_default();
+        table.remove("sweep");
+        table.remove("description");
+        let mut canonical = String::new();
+        canonical_toml(&toml::Value::Table(table), &mut canonical);
+        // FNV-1a (64 bits): stable across Rust versions and machines, unlike `DefaultHasher`.
+        let hash = canonical.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        format!("{hash:016x}")
+    }
+
     /// The spec as `T`, read without its top-level `kind` and `description` (every kind's spec
     /// has them; `T` declares only its own sections). A TOML error becomes one line:
     /// `path:line: section.key: message`.
@@ -248,9 +265,52 @@ impl SpecText {
     }
 }
 
+/// `value` written with every table's keys sorted, whatever order the parser kept.
+fn canonical_toml(value: &toml::Value, out: &mut String) {
+    match value {
+        toml::Value::Table(table) => {
+            let mut keys: Vec<&String> = table.keys().collect();
+            keys.sort();
+            out.push('{');
+            for key in keys {
+                out.push_str(&format!("{key:?}="));
+                canonical_toml(&table[key], out);
+                out.push(',');
+            }
+            out.push('}');
+        }
+        toml::Value::Array(items) => {
+            out.push('[');
+            for item in items {
+                canonical_toml(item, out);
+                out.push(',');
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_settings_hash_ignores_the_sweep_comments_and_key_order() {
+        let base = spec("kind = \"x\"\n[sweep]\nranks = [1]\n[a]\nn = 1\nm = 2\n").settings_hash();
+        let same = spec(
+            "# a comment\nkind = \"x\"\ndescription = \"d\"\n[a]\nm = 2\nn = 1\n[sweep]\nranks = [1, 2]\n",
+        );
+        assert_eq!(same.settings_hash(), base);
+        assert_eq!(base.len(), 16);
+        for other in [
+            "kind = \"x\"\n[sweep]\nranks = [1]\n[a]\nn = 1\nm = 3\n",
+            "kind = \"y\"\n[sweep]\nranks = [1]\n[a]\nn = 1\nm = 2\n",
+            "kind = \"x\"\n[sweep]\nranks = [1]\n[a]\nn = 1\n",
+        ] {
+            assert_ne!(spec(other).settings_hash(), base, "{other}");
+        }
+    }
 
     fn spec(text: &str) -> SpecText {
         SpecText::from_text(Path::new("s.toml"), text.into()).unwrap()

@@ -1,12 +1,36 @@
 //! Shared helpers of the cross-crate test table: seeded inputs and an independent float64 reference.
 //!
 //! The reference builds the full score matrix and softmax in f64, one (batch, head) at a time, with no
-//! blocking, no log-sum-exp merging and no shared code with the engine.
+//! blocking, no log-sum-exp merging and no shared code with the engine. Comparisons with it go through
+//! [`compare`], the workspace's one NaN-aware comparison.
+
+pub mod compare;
+
+pub use compare::{Deviation, deviation, rel_err, worst};
 
 use burn::tensor::backend::AutodiffBackend;
 use std::time::Duration;
+use workbench::ring::context::StepEvent;
 use workbench::ring::jobs::{AttentionJob, AttentionResult, HostTensor, run_attention};
+use workbench::transport::Phase;
 use workbench::{RingBackend, RingConfig, RingError};
+
+/// float32's unit roundoff, 2⁻²⁴.
+pub const F32_UNIT_ROUNDOFF: f64 = 5.960_464_477_539_063e-8;
+
+/// How far f32 ring attention (out, lse, dq, dk, dv) may lie from the float64 reference, relative to
+/// each tensor's largest magnitude: 1e-5.
+///
+/// A sum of n float32 terms is off by at most n·u of the sum of their magnitudes (u =
+/// [`F32_UNIT_ROUNDOFF`]; Higham's γₙ). The longest chains of one value here: a score sums
+/// head_dim = 16 products; the softmax's row sums, p·V, and dK/dV's sums over queries run over at most
+/// 128 keys or queries in one chain (the fused kernel's sub-tile; the generic kernel's tiles hold at
+/// most 96 here), then merge one partial per sub-tile and ring step (at most 8 + 8); dQ repeats the
+/// score's 16 and the keys' 128. exp and log add a few u each. So ≈ (16 + 128 + 16 + 8)·u ≈ 1.0e-5 of
+/// the terms' magnitudes, which for these inputs (uniform in [−2, 2]; p ≥ 0 summing to 1) is the
+/// order of each tensor's largest value; the gradients' terms ds = p·(dp − δ) partly cancel, which
+/// uniform inputs keep mild. Measured errors are ~20× below it.
+pub const F32_ATTENTION: f64 = 1e-5;
 
 /// Sequences per batch of every case.
 pub const BATCH: usize = 2;
@@ -66,18 +90,9 @@ pub fn case_with(
     }
 }
 
-/// Runs `c` with its gradient on `ranks` in-process ranks of `strategy`, all on `device`.
-pub fn run_case<B>(
-    c: &Case,
-    strategy: &str,
-    ranks: usize,
-    config: RingConfig,
-    device: &B::Device,
-) -> Result<AttentionResult, RingError>
-where
-    B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
-{
-    let job = AttentionJob {
+/// The job of `c` with its gradient on `ranks` in-process ranks of `strategy`.
+pub fn job<'a>(c: &'a Case, strategy: &str, ranks: usize, config: RingConfig) -> AttentionJob<'a> {
+    AttentionJob {
         q: &c.q,
         k: &c.k,
         v: &c.v,
@@ -89,24 +104,63 @@ where
         fault: None,
         link: None,
         doc_lens: &c.doc_lens,
+    }
+}
+
+/// Runs `c` with its gradient on `ranks` in-process ranks of `strategy`, all on `device`.
+pub fn run_case<B>(
+    c: &Case,
+    strategy: &str,
+    ranks: usize,
+    config: RingConfig,
+    device: &B::Device,
+) -> Result<AttentionResult, RingError>
+where
+    B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
+{
+    run_attention::<B>(&job(c, strategy, ranks, config), device)
+}
+
+/// Whether the engine reports a whole forward and backward pass on each of `ranks` ranks: every rank
+/// recorded one tile event (computed or skipped) per ring step of each phase.
+pub fn ran_whole_passes(result: &AttentionResult, ranks: usize) -> bool {
+    let steps = |events: &[StepEvent], phase: Phase| -> Vec<usize> {
+        events
+            .iter()
+            .filter(|e| e.phase == phase)
+            .map(|e| e.step)
+            .collect()
     };
-    run_attention::<B>(&job, device)
+    let all: Vec<usize> = (0..ranks).collect();
+    result.events.len() == ranks
+        && result
+            .events
+            .iter()
+            .all(|e| steps(e, Phase::Forward) == all && steps(e, Phase::Backward) == all)
 }
 
 /// Asserts that out, lse, dq, dk and dv of `result` each lie within `tolerance` of the reference,
-/// relative to the reference tensor's largest magnitude.
+/// relative to the reference tensor's largest magnitude (a NaN or infinity anywhere fails).
 pub fn assert_within(result: &AttentionResult, want: &Reference, tolerance: f64, label: &str) {
-    let grads = result.grads.as_ref().expect("d_out was given");
-    for (name, got, want) in [
-        ("out", &result.out.data, &want.out),
-        ("lse", &result.lse.data, &want.lse),
-        ("dq", &grads.dq.data, &want.dq),
-        ("dk", &grads.dk.data, &want.dk),
-        ("dv", &grads.dv.data, &want.dv),
-    ] {
-        let err = rel_err(got, want);
-        assert!(err <= tolerance, "{label}: {name} rel err {err:.3e}");
+    for (name, d) in deviations(result, want) {
+        assert!(d.within(tolerance), "{label}: {name} {d}");
     }
+}
+
+/// out, lse, dq, dk and dv of `result` against the reference (out and lse alone without gradients).
+pub fn deviations(result: &AttentionResult, want: &Reference) -> Vec<(&'static str, Deviation)> {
+    let mut found = vec![
+        ("out", deviation(&result.out.data, &want.out)),
+        ("lse", deviation(&result.lse.data, &want.lse)),
+    ];
+    if let Some(grads) = &result.grads {
+        found.extend([
+            ("dq", deviation(&grads.dq.data, &want.dq)),
+            ("dk", deviation(&grads.dk.data, &want.dk)),
+            ("dv", deviation(&grads.dv.data, &want.dv)),
+        ]);
+    }
+    found
 }
 
 /// Seeded test inputs, uniform in [−1, 1) (the project's one generator, `datasets::SplitMix64`).
@@ -233,24 +287,4 @@ pub fn reference_packed(
         }
     }
     r
-}
-
-/// max |got − want| / max |want|: the error relative to the tensor's scale.
-pub fn rel_err(got: &[f32], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len(), "length mismatch");
-    let scale = want
-        .iter()
-        .fold(0.0f64, |m, x| m.max(x.abs()))
-        .max(f64::MIN_POSITIVE);
-    let err = got
-        .iter()
-        .zip(want)
-        .fold(0.0f64, |m, (g, w)| m.max((f64::from(*g) - w).abs()));
-    err / scale
-}
-
-/// max |a − b| / max |b| between two f32 results.
-pub fn rel_diff(a: &[f32], b: &[f32]) -> f64 {
-    let b64: Vec<f64> = b.iter().map(|&x| f64::from(x)).collect();
-    rel_err(a, &b64)
 }

@@ -2,19 +2,25 @@
 //! causal × {MHA, GQA} × kernel (fused, generic twin) against the float64 reference, plus scheme agreement and traffic accounting.
 
 use burn::backend::{Autodiff, Flex};
-use ringbench_tests::{BATCH, Case, HEAD_DIM, assert_within, case_with, rel_diff, run_case};
+use ringbench_tests::{
+    BATCH, Case, F32_ATTENTION, F32_UNIT_ROUNDOFF, HEAD_DIM, assert_within, case_with, deviations,
+    job, ran_whole_passes, rel_err, run_case,
+};
 use strategies::{by_name, names};
 use workbench::ring::block::BlockKind;
-use workbench::ring::jobs::AttentionResult;
+use workbench::ring::jobs::{AttentionResult, Fault, FaultKind, run_attention};
 use workbench::transport::Phase;
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig, RingError};
 
 type B = Autodiff<Flex>;
 
-/// Max-abs error relative to each tensor's max magnitude, in f32.
-const TOLERANCE: f64 = 1e-5;
-/// Gradients of different backward schemes, relative to each tensor's max magnitude.
-const SCHEME_AGREEMENT: f64 = 1e-6;
+/// Max-abs error relative to each tensor's max magnitude, in f32 (derived in [`F32_ATTENTION`]).
+const TOLERANCE: f64 = F32_ATTENTION;
+/// Gradients of different backward schemes, relative to each tensor's max magnitude: every scheme
+/// computes the same tiles with the same arithmetic and differs only in the order in which a rank's
+/// at most 8 per-step contributions are added (and, for kv, where the sum travels), so they differ by
+/// at most 2·8·u ≈ 1e-6 of the sum's magnitude.
+const SCHEME_AGREEMENT: f64 = 2.0 * 8.0 * F32_UNIT_ROUNDOFF;
 
 const SEQ_LENS: [usize; 2] = [48, 40];
 const RANKS: [usize; 5] = [1, 2, 3, 4, 8];
@@ -55,7 +61,9 @@ fn case_scaled(seq: usize, heads: (usize, usize), causal: bool, scale: f64) -> C
 }
 
 /// Every strategy × kernel × ranks × direction × scheme on `c` against its float64 reference, and
-/// the schemes against each other; returns (runs, runs that were padded).
+/// the schemes against each other; returns (runs, runs that were padded), as the engine reports them:
+/// a run counts when every rank recorded a whole forward and backward pass, and a run is padded when
+/// the engine split a longer length than the input's (cross-checked against `accepts`).
 fn check_case(c: &Case, name: &str, causal: bool) -> (usize, usize) {
     let seq = c.q.shape[1];
     let (mut runs, mut padded) = (0, 0);
@@ -81,10 +89,17 @@ fn check_case(c: &Case, name: &str, causal: bool) -> (usize, usize) {
                     let result =
                         run(c, strategy, ranks, config).unwrap_or_else(|e| panic!("{label}: {e}"));
                     assert_within(&result, &c.want, TOLERANCE, &label);
+                    let engine_padded = result.padded_len != seq;
+                    assert_eq!(
+                        engine_padded,
+                        !accepts(strategy, seq, ranks),
+                        "{label}: the engine split {} tokens",
+                        result.padded_len
+                    );
+                    runs += usize::from(ran_whole_passes(&result, ranks));
+                    padded += usize::from(engine_padded);
                     let grads = result.grads.expect("d_out was given");
                     grads_by_scheme.push((backward, grads));
-                    runs += 1;
-                    padded += usize::from(!accepts(strategy, seq, ranks));
                 }
                 for (scheme, g) in grads_by_scheme.iter().skip(1) {
                     let base = &grads_by_scheme[0].1;
@@ -93,7 +108,7 @@ fn check_case(c: &Case, name: &str, causal: bool) -> (usize, usize) {
                         ("dk", &g.dk, &base.dk),
                         ("dv", &g.dv, &base.dv),
                     ] {
-                        let diff = rel_diff(&a.data, &b.data);
+                        let diff = rel_err(&a.data, &b.data);
                         assert!(
                             diff <= SCHEME_AGREEMENT,
                             "{name} {strategy} {kernel} N={ranks}: {tensor} {scheme} vs kv differ \
@@ -178,6 +193,50 @@ fn packed_and_padded_table() {
     let layout = doc_zigzag.layout_packed(61, &[10, 51], 8).unwrap();
     let lens: Vec<usize> = (0..8).map(|r| layout.shard_len(r)).collect();
     assert!(lens.iter().min() < lens.iter().max(), "{lens:?}");
+}
+
+/// The checks catch a wrong kernel whose output holds NaN: one forward tile of one rank reads all-NaN
+/// values (the engine's test hook), on both kernels, and the table's assertion fails naming the
+/// tensor. (Folded with `f64::max`, as the comparison once was, those NaNs counted as no error.)
+#[test]
+fn a_poisoned_tile_fails_the_table() {
+    let c = case(48, (4, 4), true);
+    for kernel in Kernel::ALL {
+        let config = RingConfig {
+            causal: true,
+            kernel,
+            ..Default::default()
+        };
+        let mut poisoned = job(&c, "zigzag", 4, config);
+        poisoned.fault = Some(Fault {
+            rank: 1,
+            step: 0,
+            kind: FaultKind::PoisonTile,
+        });
+        let result = run_attention::<B>(&poisoned, &Default::default()).unwrap();
+        assert!(
+            result.out.data.iter().any(|x| x.is_nan()),
+            "{kernel}: the poisoned tile left no NaN in the output"
+        );
+        let found = deviations(&result, &c.want);
+        assert_eq!(found[0].0, "out");
+        assert!(!found[0].1.within(TOLERANCE), "{kernel}: {}", found[0].1);
+        let label = format!("poisoned {kernel}");
+        let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            assert_within(&result, &c.want, TOLERANCE, &label)
+        }));
+        let message = failed.expect_err("the table's assertion passed a NaN output");
+        let message = message
+            .downcast_ref::<String>()
+            .expect("assert! panics with a message");
+        assert!(
+            message.contains("poisoned") && message.contains("out got NaN"),
+            "{message}"
+        );
+        // The same job without the hook passes.
+        let clean = run(&c, "zigzag", 4, config).unwrap();
+        assert_within(&clean, &c.want, TOLERANCE, "clean");
+    }
 }
 
 #[test]

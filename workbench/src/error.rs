@@ -163,6 +163,14 @@ pub enum RingError {
         /// The limit.
         limit: usize,
     },
+    /// An injected fault aimed at a rank the job does not have.
+    #[error("fault injected at rank {rank}, but the job has ranks 0 to {last}", last = ranks - 1)]
+    FaultRank {
+        /// The rank named.
+        rank: usize,
+        /// The job's rank count.
+        ranks: usize,
+    },
     /// A name outside a fixed set (direction, scheme, kernel).
     #[error("unknown {what} '{got}'; expected one of: {expected}")]
     UnknownOption {

@@ -12,12 +12,12 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum ExorlError {
     /// The file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
         /// What the OS said.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// Not an npz archive, or an array in it is not a readable `.npy`.
     #[error("{path}: not a readable npz archive ({reason})")]
@@ -151,9 +151,9 @@ impl Episode {
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> ExorlError + '_ {
-    move |source| ExorlError::Io {
+    move |cause| ExorlError::Io {
         path: path.to_owned(),
-        source,
+        cause,
     }
 }
 
@@ -259,7 +259,7 @@ pub fn read_episode(path: &Path) -> Result<Episode, ExorlError> {
     let mut npz = NpzArchive::open(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => ExorlError::Io {
             path: path.to_owned(),
-            source: e,
+            cause: e,
         },
         _ => ExorlError::Corrupt {
             path: path.to_owned(),

@@ -5,14 +5,15 @@
 
 use super::axes::RingAxes;
 use super::documents::Documents;
-use super::experiment::{Card, Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Check, Column, Experiment, Plan, Point, PointContext};
 use crate::backend::{BackendName, run_attention_on};
 use crate::measure::baseline::{matmul_gflops_of, random};
 use crate::measure::exactness::{Heads, max_rel_error};
-use crate::plot::{Series, line_chart};
+use crate::measure::timing::fastest_after_warm_up;
+use crate::plot::{Axis, Chart, Panel, Scale, panels};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -82,7 +83,7 @@ impl Default for Shape {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct Measure {
-    /// Timed passes per point; the fastest counts.
+    /// Timed passes per point, after one untimed warm-up pass; the fastest counts.
     repeats: usize,
     /// Tokens per rank of the small copy checked against the float64 reference.
     check_tokens_per_rank: usize,
@@ -150,7 +151,8 @@ struct Row {
     messages_per_rank: Option<f64>,
     /// Busiest rank's tile compute time over the mean (forward and backward): the measured balance.
     busy_max_over_mean: Option<f64>,
-    /// fwd+bwd seconds over the one-rank row of the same length, causality, heads and kernel.
+    /// fwd+bwd seconds over the same point's one-rank row (same strategy, direction, scheme,
+    /// length, causality, heads, kernel, documents and backend).
     ring_over_single: Option<f64>,
     /// Largest error of out, lse, dq, dk, dv against float64, each relative to its scale, on the
     /// same point at `check_tokens_per_rank` tokens per rank.
@@ -163,8 +165,18 @@ struct AttnPlan {
     measure: Measure,
 }
 
+/// A row's identity: every sweep axis (documents and backend are empty when the sweep lacks them).
 const KEYS: &[&str] = &[
-    "strategy", "forward", "backward", "ranks", "seq_len", "causal", "kv_heads", "kernel",
+    "strategy",
+    "forward",
+    "backward",
+    "ranks",
+    "seq_len",
+    "causal",
+    "kv_heads",
+    "kernel",
+    "documents",
+    "backend",
 ];
 
 const CARD: Card = Card {
@@ -183,11 +195,28 @@ const CARD: Card = Card {
         "backends",
     ],
     key_columns: KEYS,
-    headline_columns: &[
-        "fwd_bwd_seconds",
-        "busy_max_over_mean",
-        "ring_over_single",
-        "max_rel_error",
+    columns: &[
+        Column::exact("document_count"),
+        Column::exact("heads"),
+        Column::exact("head_dim"),
+        Column::exact("batch"),
+        Column::exact("status"),
+        Column::exact("padded_len"),
+        Column::exact("bytes_per_rank"),
+        Column::exact("messages_per_rank"),
+        Column::exact("host_device_bytes_per_step"),
+        Column::measured("fwd_seconds"),
+        Column::measured("fwd_bwd_seconds"),
+        Column::measured("fwd_bwd_gflops"),
+        Column::measured("matmul_gflops"),
+        Column::measured("fwd_bwd_over_matmul"),
+        Column::measured("busy_max_over_mean"),
+        Column::measured("ring_over_single"),
+        // The exactness table's bound: f32 against float64, relative to each tensor's scale.
+        Column {
+            name: "max_rel_error",
+            check: Check::AtMost(1e-5),
+        },
     ],
 };
 
@@ -298,41 +327,50 @@ impl Experiment for Attn {
     }
 
     fn figure(&self, table: &Table, dir: &Path) -> Result<()> {
-        // One line per (strategy, length, causal): the fastest direction/scheme at each rank count.
-        let mut best: BTreeMap<(String, String), f64> = BTreeMap::new();
+        // A panel per (length, causality, heads, kernel, documents, backend); a line per strategy:
+        // the fastest direction and scheme at each rank count.
+        let mut best: BTreeMap<(String, String, String), f64> = BTreeMap::new();
         for row in table.rows.iter().filter(|r| r.get("status") == Some("ok")) {
-            let name = format!(
-                "{} S={}{}",
-                row.get("strategy").unwrap_or(""),
-                row.get("seq_len").unwrap_or(""),
-                if row.get("causal") == Some("true") {
-                    " causal"
+            let get = |c: &str| row.get(c).unwrap_or("");
+            let mut panel = format!(
+                "S = {}{}, kv heads {}, {}",
+                get("seq_len"),
+                if get("causal") == "true" {
+                    ", causal"
                 } else {
                     ""
-                }
+                },
+                get("kv_heads"),
+                get("kernel")
             );
-            let x = row.get("ranks").unwrap_or("").to_owned();
-            let t = row.num("fwd_bwd_seconds");
-            let slot = best.entry((name, x)).or_insert(f64::INFINITY);
-            *slot = slot.min(t);
+            for extra in ["documents", "backend"]
+                .map(get)
+                .iter()
+                .filter(|e| !e.is_empty())
+            {
+                panel += &format!(", {extra}");
+            }
+            let slot = best
+                .entry((panel, get("strategy").to_owned(), get("ranks").to_owned()))
+                .or_insert(f64::INFINITY);
+            *slot = slot.min(row.num("fwd_bwd_seconds"));
         }
-        let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-        for ((name, x), t) in best {
-            series
-                .entry(name)
+        let mut lines: BTreeMap<(String, String), Vec<(f64, f64)>> = BTreeMap::new();
+        for ((panel, strategy, ranks), t) in best {
+            lines
+                .entry((panel, strategy))
                 .or_default()
-                .push((x.parse().unwrap_or(f64::NAN), t));
+                .push((ranks.parse().unwrap_or(f64::NAN), t));
         }
-        if series.is_empty() {
+        if lines.is_empty() {
             return Ok(());
         }
-        line_chart(
-            &dir.join("attn.svg"),
-            "Ring attention forward + backward (fastest direction and scheme)",
-            "ranks N",
-            "fwd+bwd seconds",
-            &Series::sorted(series),
-        )
+        let chart = Chart {
+            title: "Ring attention forward + backward (fastest direction and scheme)",
+            x: Axis::new("ranks N", Scale::Discrete),
+            y: Axis::new("fwd+bwd seconds", Scale::Auto),
+        };
+        panels(&dir.join("attn.svg"), &chart, &Panel::grouped(lines))
     }
 }
 
@@ -446,22 +484,11 @@ impl Plan for AttnPlan {
             .map(|e| e.iter().map(|e| e.compute_seconds).sum())
             .collect();
         let busy_mean = busy.iter().sum::<f64>() / busy.len().max(1) as f64;
+        // The same point on one rank: same strategy, direction, scheme and everything else.
         let single = context
             .table
-            .rows
-            .iter()
-            .find(|r| {
-                r.get("status") == Some("ok")
-                    && r.get("ranks") == Some("1")
-                    && r.get("seq_len") == Some(&p.seq_len.to_string())
-                    && r.get("causal") == Some(&p.causal.to_string())
-                    && r.get("kv_heads") == Some(&p.kv_heads.to_string())
-                    && r.get("kernel") == Some(&p.kernel.to_string())
-                    && r.get("documents").unwrap_or("")
-                        == p.documents.map_or(String::new(), Documents::name)
-                    && r.get("backend").unwrap_or("")
-                        == p.backend.map_or(String::new(), |b| b.to_string())
-            })
+            .find(&key(&AttnPoint { ranks: 1, ..p }))
+            .filter(|r| r.get("status") == Some("ok"))
             .map(|r| r.num("fwd_bwd_seconds"));
         context
             .bar
@@ -490,7 +517,7 @@ impl Plan for AttnPlan {
                 / n,
         );
         row.busy_max_over_mean =
-            Some(busy.iter().copied().fold(0.0, f64::max) / busy_mean.max(f64::MIN_POSITIVE));
+            Some(ringbench_tests::worst(busy.iter().copied()) / busy_mean.max(f64::MIN_POSITIVE));
         row.ring_over_single = single.map(|t| fwd_bwd / t);
         row.host_device_bytes_per_step = result
             .traffic
@@ -528,20 +555,20 @@ fn point_label(p: &AttnPoint) -> String {
     )
 }
 
-/// The fastest of `repeats` runs of `job` on `backend`: its wall seconds and result.
+/// The fastest of `repeats` runs of `job` on `backend` after a warm-up run: its wall seconds and
+/// result.
 fn fastest(
     backend: BackendName,
     job: &AttentionJob,
     repeats: usize,
 ) -> Result<(f64, AttentionResult)> {
-    let mut best: Option<(f64, AttentionResult)> = None;
-    for _ in 0..repeats.max(1) {
-        let start = Instant::now();
-        let result = run_attention_on(backend, job)?;
-        let seconds = start.elapsed().as_secs_f64();
-        if best.as_ref().is_none_or(|(t, _)| seconds < *t) {
-            best = Some((seconds, result));
-        }
-    }
-    best.ok_or_else(|| anyhow!("no timed run"))
+    fastest_after_warm_up(
+        repeats,
+        || {
+            let start = Instant::now();
+            let result = run_attention_on(backend, job)?;
+            Ok((start.elapsed().as_secs_f64(), result))
+        },
+        |(seconds, _)| *seconds,
+    )
 }

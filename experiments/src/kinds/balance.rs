@@ -2,10 +2,10 @@
 //! simulated on a hardware profile, with tile costs from exact FLOP counts or timed on this machine.
 
 use super::documents::Documents;
-use super::experiment::{Card, Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Check, Column, Experiment, Plan, Point, PointContext};
 use super::shape::{ModelShape, TileCosts};
 use crate::hardware::{Profile, profile, profile_names};
-use crate::plot::{Series, line_chart};
+use crate::plot::{Axis, Chart, Panel, Scale, panels};
 use crate::results::{Record, Table};
 use crate::simulator::simulate;
 use crate::spec::SpecText;
@@ -102,13 +102,37 @@ const CARD: Card = Card {
         "profiles",
         "documents",
     ],
-    key_columns: &["strategy", "ranks", "block_size", "profile"],
-    headline_columns: &["work_max_over_mean", "speedup_over_contiguous"],
+    key_columns: &["strategy", "ranks", "block_size", "profile", "documents"],
+    columns: &[
+        Column::exact("document_count"),
+        Column::exact("tile_costs"),
+        Column::exact("work_max_over_mean"),
+        Column::exact("makespan_ms"),
+        Column::exact("speedup_over_contiguous"),
+        Column::exact("theoretical_speedup"),
+        Column::exact("contiguous_imbalance_2n_minus_1_over_n"),
+        Column::exact("overlap_efficiency"),
+    ],
 };
+
+/// The columns a simulation computes from its tile costs: measurements when the costs were timed.
+const FROM_TILE_COSTS: &[&str] = &[
+    "makespan_ms",
+    "speedup_over_contiguous",
+    "overlap_efficiency",
+];
 
 impl Experiment for Balance {
     fn card(&self) -> &'static Card {
         &CARD
+    }
+
+    fn check(&self, row: &Record, column: &Column) -> Check {
+        if row.get("tile_costs") == Some("measured") && FROM_TILE_COSTS.contains(&column.name) {
+            Check::Measured
+        } else {
+            column.check
+        }
     }
 
     fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {
@@ -157,29 +181,28 @@ impl Experiment for Balance {
     }
 
     fn figure(&self, table: &Table, dir: &Path) -> Result<()> {
-        let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+        // A panel per block size, profile and documents; a line per strategy.
+        let mut lines: BTreeMap<(String, String), Vec<(f64, f64)>> = BTreeMap::new();
         for row in &table.rows {
-            let name = format!(
-                "{} c={} {}{}",
-                row.get("strategy").unwrap_or(""),
+            let panel = format!(
+                "c = {}, {}{}",
                 row.get("block_size").unwrap_or(""),
                 row.get("profile").unwrap_or(""),
                 row.get("documents")
                     .filter(|d| !d.is_empty())
-                    .map_or(String::new(), |d| format!(" {d}"))
+                    .map_or(String::new(), |d| format!(", {d}"))
             );
-            series
-                .entry(name)
+            lines
+                .entry((panel, row.get("strategy").unwrap_or("").to_owned()))
                 .or_default()
                 .push((row.num("ranks"), row.num("speedup_over_contiguous")));
         }
-        line_chart(
-            &dir.join("speedup.svg"),
-            "Causal ring pass: simulated speedup over contiguous",
-            "ranks N",
-            "speedup",
-            &Series::sorted(series),
-        )
+        let chart = Chart {
+            title: "Causal ring pass: simulated speedup over contiguous",
+            x: Axis::new("ranks N", Scale::Discrete),
+            y: Axis::new("speedup", Scale::Linear),
+        };
+        panels(&dir.join("speedup.svg"), &chart, &Panel::grouped(lines))
     }
 }
 

@@ -2,10 +2,10 @@
 //! `kind = "exorl"`): one point per (task, configuration), trained with ring attention over every
 //! seed and rolled out; the collected data's statistics go to `data.csv` beside the table.
 
-use super::experiment::{Card, Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Column, Experiment, Plan, Point, PointContext};
 use crate::exorl::ExorlSpec;
 use crate::exorl::table::{PreparedTask, config_row, prepare_task};
-use crate::plot::{Series, line_chart};
+use crate::plot::{Axis, Chart, Scale, Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
 use anyhow::Result;
@@ -29,7 +29,11 @@ const CARD: Card = Card {
     about: "offline RL: behaviour cloning vs Agentic Transformers trained with ring attention (Table 5 analog)",
     sweep_keys: &["[[task]]", "[[config]]", "seeds"],
     key_columns: &["task", "config"],
-    headline_columns: &["mean_return", "chain_peak_mib_per_rank_ring"],
+    // Returns of policies trained and rolled out on this CPU: its rounding moves them.
+    columns: &[
+        Column::measured("mean_return"),
+        Column::measured("chain_peak_mib_per_rank_ring"),
+    ],
 };
 
 impl Experiment for Exorl {
@@ -70,13 +74,12 @@ impl Experiment for Exorl {
                 .or_default()
                 .push((x, row.num("mean_return")));
         }
-        line_chart(
-            &dir.join("returns.svg"),
-            &format!("Mean return by configuration ({})", configs.join(", ")),
-            "configuration (in spec order)",
-            "mean return",
-            &Series::sorted(series),
-        )
+        let chart = Chart {
+            title: "Mean return by configuration",
+            x: Axis::new("configuration", Scale::Named(configs)),
+            y: Axis::new("mean return", Scale::Linear),
+        };
+        line_chart(&dir.join("returns.svg"), &chart, Series::sorted(series))
     }
 }
 

@@ -16,10 +16,57 @@ pub struct Card {
     pub about: &'static str,
     /// The `[sweep]` keys it reads (for `ringbench run --kinds` and error messages).
     pub sweep_keys: &'static [&'static str],
-    /// The columns that identify a row: a row with the same values is the same measurement.
+    /// The columns that identify a row: every sweep axis of the kind. A row with the same values is
+    /// the same measurement; resume, baselines and `reproduce`'s comparison all match rows by them.
     pub key_columns: &'static [&'static str],
-    /// The columns `ringbench reproduce` compares against the committed reference.
-    pub headline_columns: &'static [&'static str],
+    /// Every other column and how `ringbench reproduce` compares it with the committed reference.
+    pub columns: &'static [Column],
+}
+
+/// A column of a kind's rows and how it is compared with a reference.
+#[derive(Debug, Clone, Copy)]
+pub struct Column {
+    /// Its name.
+    pub name: &'static str,
+    /// How it compares.
+    pub check: Check,
+}
+
+impl Column {
+    /// A column computed the same on every machine.
+    pub const fn exact(name: &'static str) -> Column {
+        Column {
+            name,
+            check: Check::Exact,
+        }
+    }
+
+    /// A column measured on this machine.
+    pub const fn measured(name: &'static str) -> Column {
+        Column {
+            name,
+            check: Check::Measured,
+        }
+    }
+}
+
+/// How a column of a rerun compares with the committed reference.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Check {
+    /// The same on every machine: simulated from FLOP counts, counted bytes, shapes, settings. Equal
+    /// text, or numbers within 1e-12 relative (the last digit of a transcendental function that another
+    /// libm rounds the other way).
+    Exact,
+    /// Deterministic up to float32 rounding whose order differs between CPUs' kernels (losses):
+    /// within this relative tolerance.
+    Within(f64),
+    /// An error with a bound: this run's value must be finite and at most it.
+    AtMost(f64),
+    /// A measurement on this machine (seconds, rates, allocator bytes): compared as a ratio to the
+    /// reference, against the table's median ratio (a slower machine moves every row alike).
+    Measured,
+    /// Shown for reading, not compared (a label, or what the row's settings were).
+    Shown,
 }
 
 /// One experiment kind. It is registered once, in [`super::KINDS`]; the runner knows nothing else
@@ -38,6 +85,12 @@ pub trait Experiment: Sync {
 
     /// Draws the table into `dir` (one or more SVG files).
     fn figure(&self, table: &Table, dir: &Path) -> Result<()>;
+
+    /// How `column` of `row` compares with a reference: its card's check, unless the row says
+    /// otherwise (a simulation fed with measured tile costs is a measurement).
+    fn check(&self, _row: &Record, column: &Column) -> Check {
+        column.check
+    }
 }
 
 /// One unit of computation of a sweep.

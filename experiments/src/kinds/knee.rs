@@ -6,9 +6,9 @@
 //! A rank count is one sweep point: its rows share one link rate and one fitted knee, so they are
 //! computed (and recomputed, when the block sizes change) together.
 
-use super::experiment::{Card, Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Column, Experiment, Plan, Point, PointContext};
 use crate::measure::ring::{RingTiming, time_ring};
-use crate::plot::{Series, line_chart};
+use crate::plot::{Axis, Chart, Scale, Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
 use anyhow::Result;
@@ -82,7 +82,20 @@ const CARD: Card = Card {
     about: "measured: exposed communication of a rate-limited thread ring against block size, and its knee",
     sweep_keys: &["ranks", "block_sizes"],
     key_columns: &["ranks", "block_size"],
-    headline_columns: &["exposed_comm_fraction", "measured_over_set"],
+    columns: &[
+        Column::exact("set_knee_tokens"),
+        // The link is set from this machine's measured tile time: a measurement too.
+        Column::measured("link_mb_per_s"),
+        Column::measured("comm_ms_per_step"),
+        Column::measured("compute_ms_per_step"),
+        Column::measured("wait_ms_free_link"),
+        Column::measured("wait_ms_limited_link"),
+        Column::measured("exposed_comm_fraction"),
+        Column::measured("theory_exposed_fraction"),
+        Column::measured("measured_link_mb_per_s"),
+        Column::measured("measured_knee_tokens"),
+        Column::measured("measured_over_set"),
+    ],
 };
 
 impl Experiment for Knee {
@@ -119,13 +132,12 @@ impl Experiment for Knee {
                     .push((row.num("block_size"), row.num(column)));
             }
         }
-        line_chart(
-            &dir.join("knee.svg"),
-            "Rate-limited thread ring: exposed communication vs block size",
-            "block size c (tokens per rank)",
-            "exposed / ring time",
-            &Series::sorted(series),
-        )
+        let chart = Chart {
+            title: "Rate-limited thread ring: exposed communication vs block size",
+            x: Axis::new("block size c (tokens per rank)", Scale::Discrete),
+            y: Axis::new("exposed / ring time", Scale::Linear),
+        };
+        line_chart(&dir.join("knee.svg"), &chart, Series::sorted(series))
     }
 }
 

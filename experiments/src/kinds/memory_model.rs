@@ -1,9 +1,9 @@
 //! Kind `memory-model`: per-device memory and maximum context at the paper's scale (analytic,
 //! [`crate::memory_model`]) beside the paper's Table 3.
 
-use super::experiment::{Card, Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Column, Experiment, Plan, Point, PointContext};
 use crate::memory_model::{METHODS, PAPER_TABLE_3, SIZES, max_context_k};
-use crate::plot::{Series, line_chart};
+use crate::plot::{Axis, Chart, Scale, Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
 use anyhow::Result;
@@ -46,7 +46,13 @@ const CARD: Card = Card {
     about: "analytic: per-device memory and maximum context at the paper's scale beside its Table 3",
     sweep_keys: &[],
     key_columns: &["hardware", "model", "method"],
-    headline_columns: &["model_over_paper"],
+    columns: &[
+        Column::exact("devices"),
+        Column::exact("memory_gb_per_device"),
+        Column::exact("model_max_context_k"),
+        Column::exact("paper_max_context_k"),
+        Column::exact("model_over_paper"),
+    ],
 };
 
 impl Experiment for MemoryModel {
@@ -60,8 +66,9 @@ impl Experiment for MemoryModel {
     }
 
     fn figure(&self, table: &Table, dir: &Path) -> Result<()> {
+        const MODELS: [&str; 4] = ["3B", "7B", "13B", "30B"];
         let index = |name: &str| {
-            ["3B", "7B", "13B", "30B"]
+            MODELS
                 .iter()
                 .position(|m| *m == name)
                 .map_or(f64::NAN, |i| i as f64)
@@ -79,18 +86,18 @@ impl Experiment for MemoryModel {
                 series
                     .entry(format!("{} {who}", row.get("method").unwrap_or("")))
                     .or_default()
-                    .push((
-                        index(row.get("model").unwrap_or("")),
-                        row.num(column).log2(),
-                    ));
+                    .push((index(row.get("model").unwrap_or("")), row.num(column)));
             }
         }
+        let chart = Chart {
+            title: "8x A100: maximum context, analytic model vs paper",
+            x: Axis::new("model", Scale::Named(MODELS.map(String::from).to_vec())),
+            y: Axis::new("max context (K tokens)", Scale::Log),
+        };
         line_chart(
             &dir.join("memory_model.svg"),
-            "8x A100: maximum context, analytic model vs paper (log2 K tokens)",
-            "model (0 = 3B, 1 = 7B, 2 = 13B)",
-            "log2(max context / 1K tokens)",
-            &Series::sorted(series),
+            &chart,
+            Series::sorted(series),
         )
     }
 }

@@ -1,10 +1,10 @@
 //! Kind `mfu`: model FLOPs utilization of training steps of a small LLaMA on this machine, against
 //! the matmul rate measured beside every row (the paper's Table 4, measured here).
 
-use super::experiment::{Card, Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Column, Experiment, Plan, Point, PointContext};
 use crate::measure::baseline::matmul_gflops;
 use crate::measure::training::{Ffn, SmallModel, model_flops, train_steps};
-use crate::plot::{Series, line_chart};
+use crate::plot::{Axis, Chart, Scale, Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
 use anyhow::Result;
@@ -71,7 +71,15 @@ const CARD: Card = Card {
     about: "measured: model FLOPs utilization of training steps against this machine's matmul rate",
     sweep_keys: &["ranks", "block_sizes"],
     key_columns: &["ranks", "seq_len"],
-    headline_columns: &["tokens_per_s", "mfu"],
+    columns: &[
+        Column::exact("tokens_per_rank"),
+        Column::exact("model_gflop_per_step"),
+        Column::measured("step_s"),
+        Column::measured("tokens_per_s"),
+        Column::measured("achieved_gflops"),
+        Column::measured("matmul_gflops"),
+        Column::measured("mfu"),
+    ],
 };
 
 impl Experiment for Mfu {
@@ -102,13 +110,12 @@ impl Experiment for Mfu {
                 .or_default()
                 .push((row.num("seq_len"), row.num("mfu")));
         }
-        line_chart(
-            &dir.join("mfu.svg"),
-            "Model FLOPs utilization of training steps",
-            "sequence length S",
-            "MFU (vs measured matmul rate)",
-            &Series::sorted(series),
-        )
+        let chart = Chart {
+            title: "Model FLOPs utilization of training steps",
+            x: Axis::new("sequence length S", Scale::Discrete),
+            y: Axis::new("MFU (vs measured matmul rate)", Scale::Linear),
+        };
+        line_chart(&dir.join("mfu.svg"), &chart, Series::sorted(series))
     }
 }
 

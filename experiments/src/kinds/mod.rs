@@ -15,7 +15,7 @@ mod overlap;
 mod shape;
 mod train;
 
-pub use experiment::{Card, Experiment, Plan, Point, PointContext};
+pub use experiment::{Card, Check, Column, Experiment, Plan, Point, PointContext};
 
 /// Every kind, in the order `ringbench run --kinds` lists them.
 pub const KINDS: &[&dyn Experiment] = &[

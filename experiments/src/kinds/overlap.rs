@@ -1,10 +1,10 @@
 //! Kind `overlap`: the minimal block size for overlap (c_min = F/B, the paper's Table 2) per hardware
 //! profile, and the exposed communication of a simulated balanced ring pass against block size.
 
-use super::experiment::{Card, Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Column, Experiment, Plan, Point, PointContext};
 use super::shape::ModelShape;
 use crate::hardware::Profile;
-use crate::plot::{Series, line_chart};
+use crate::plot::{Axis, Chart, Scale, Series, line_chart};
 use crate::results::{Record, Table};
 use crate::simulator::simulate;
 use crate::spec::SpecText;
@@ -55,7 +55,15 @@ const CARD: Card = Card {
     about: "c_min = F/B per hardware profile and simulated exposed communication against block size",
     sweep_keys: &["block_sizes", "profiles"],
     key_columns: &["profile", "block_size"],
-    headline_columns: &["c_min_over_paper", "exposed_comm_fraction"],
+    columns: &[
+        Column::exact("tflops"),
+        Column::exact("link_gb_per_s"),
+        Column::exact("c_min_tokens"),
+        Column::exact("s_min_tokens"),
+        Column::exact("paper_c_min_tokens"),
+        Column::exact("c_min_over_paper"),
+        Column::exact("exposed_comm_fraction"),
+    ],
 };
 
 impl Experiment for Overlap {
@@ -86,17 +94,17 @@ impl Experiment for Overlap {
             series
                 .entry(row.get("profile").unwrap_or("").to_owned())
                 .or_default()
-                .push((
-                    row.num("block_size").log2(),
-                    row.num("exposed_comm_fraction"),
-                ));
+                .push((row.num("block_size"), row.num("exposed_comm_fraction")));
         }
+        let chart = Chart {
+            title: "Exposed communication vs block size (simulated)",
+            x: Axis::new("block size c (tokens)", Scale::Log),
+            y: Axis::new("exposed / makespan", Scale::Linear),
+        };
         line_chart(
             &dir.join("exposed_comm.svg"),
-            "Exposed communication vs block size (simulated)",
-            "log2(block size c, tokens)",
-            "exposed / makespan",
-            &Series::sorted(series),
+            &chart,
+            Series::sorted(series),
         )
     }
 }

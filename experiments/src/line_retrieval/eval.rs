@@ -85,13 +85,13 @@ pub fn run_eval(args: &EvalArgs) -> Result<Vec<AccuracyRow>> {
                 points: vec![(tokens, 0.0), (tokens, 1.0)],
             });
         }
-        crate::plot::line_chart(
-            plot,
-            "Line retrieval: exact match vs context length",
-            "prompt length (tokens)",
-            "accuracy",
-            &series,
-        )?;
+        use crate::plot::{Axis, Chart, Scale};
+        let chart = Chart {
+            title: "Line retrieval: exact match vs context length",
+            x: Axis::new("prompt length (tokens)", Scale::Linear),
+            y: Axis::new("accuracy", Scale::Linear),
+        };
+        crate::plot::line_chart(plot, &chart, series)?;
     }
     Ok(rows)
 }

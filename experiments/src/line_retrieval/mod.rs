@@ -177,12 +177,15 @@ fn train_with<B: AutodiffBackend + LayerBackend>(
         .enumerate()
         .map(|(i, c)| ((i * window) as f64, c.iter().sum::<f64>() / c.len() as f64))
         .collect();
+    let chart = crate::plot::Chart {
+        title: "Training loss (weighted next-token cross-entropy)",
+        x: crate::plot::Axis::new("step", crate::plot::Scale::Linear),
+        y: crate::plot::Axis::new("loss", crate::plot::Scale::Linear),
+    };
     crate::plot::line_chart(
         &t.out.join("loss.svg"),
-        "Training loss (weighted next-token cross-entropy)",
-        "step",
-        "loss",
-        &[crate::plot::Series {
+        &chart,
+        vec![crate::plot::Series {
             name: format!("mean over {window} steps"),
             points: curve,
         }],

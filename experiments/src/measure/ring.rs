@@ -2,6 +2,7 @@
 //! causal pass in lockstep behind the measured balance.
 
 use super::baseline::random;
+use super::timing::fastest_after_warm_up;
 use anyhow::Result;
 use burn::backend::{Autodiff, Flex};
 use std::time::Duration;
@@ -68,30 +69,25 @@ pub fn time_ring(
     let job = forward_job(&qkv, ranks, &strategies::Contiguous, config, link);
     // Jitter only ever adds time: keep the repeat whose pass (compute plus waiting) was fastest,
     // its compute and wait together (they trade off against each other within a pass).
-    let mut best = RingTiming {
-        compute_per_step: f64::INFINITY,
-        wait_per_pass: f64::INFINITY,
-    };
-    let pass = |t: &RingTiming| ranks as f64 * t.compute_per_step + t.wait_per_pass;
-    for _ in 0..repeats.max(1) {
-        let result = run_attention::<Train>(&job, &Default::default())?;
-        let steps: Vec<f64> = result
-            .events
-            .iter()
-            .flatten()
-            .map(|e| e.compute_seconds)
-            .collect();
-        let compute = steps.iter().sum::<f64>() / steps.len().max(1) as f64;
-        let wait = result.traffic.iter().map(|t| t.wait_seconds).sum::<f64>() / ranks as f64;
-        let timing = RingTiming {
-            compute_per_step: compute,
-            wait_per_pass: wait,
-        };
-        if pass(&timing) < pass(&best) {
-            best = timing;
-        }
-    }
-    Ok(best)
+    fastest_after_warm_up(
+        repeats,
+        || {
+            let result = run_attention::<Train>(&job, &Default::default())?;
+            let steps: Vec<f64> = result
+                .events
+                .iter()
+                .flatten()
+                .map(|e| e.compute_seconds)
+                .collect();
+            let compute = steps.iter().sum::<f64>() / steps.len().max(1) as f64;
+            let wait = result.traffic.iter().map(|t| t.wait_seconds).sum::<f64>() / ranks as f64;
+            Ok(RingTiming {
+                compute_per_step: compute,
+                wait_per_pass: wait,
+            })
+        },
+        |t| ranks as f64 * t.compute_per_step + t.wait_per_pass,
+    )
 }
 
 /// Tile compute seconds `[rank][step]` of a causal forward ring pass, measured in lockstep (one rank

@@ -4,6 +4,15 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
+
+/// The peers' timeout (`--timeout`) in the fault tests: long, so that a job that ended by timing out
+/// instead of hearing of the failure at once is told apart by the clock alone.
+pub const PEER_TIMEOUT_S: u64 = 600;
+
+/// A failing job must end well before its peers' timeout: the bound lies halfway between that timeout
+/// and the seconds a job takes (a few, even on a loaded 2-core machine), so neither side is close.
+pub const ENDS_BEFORE_TIMEOUT: Duration = Duration::from_secs(PEER_TIMEOUT_S / 2);
 
 /// A file of the NumPy-written `attn` fixture.
 pub fn fixture(name: &str) -> PathBuf {
@@ -61,7 +70,7 @@ pub fn backward_fault_args(out: &str) -> Vec<String> {
             "--fail-step",
             "4",
             "--timeout",
-            "60",
+            &PEER_TIMEOUT_S.to_string(),
             "--out",
             out,
         ],

@@ -161,12 +161,8 @@ mod wgpu_tests {
         let flex = tiles::<Flex>(&q, &k, &v);
         let wgpu = tiles::<Wgpu>(&q, &k, &v);
         for (i, (a, b)) in flex.iter().zip(&wgpu).enumerate() {
-            let diff = a
-                .iter()
-                .zip(b)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0, f32::max);
-            assert!(diff < 1e-5, "output {i}: max difference {diff:e}");
+            let d = ringbench_tests::deviation(b, a);
+            assert!(d.wrong.is_none() && d.abs < 1e-5, "output {i}: {d}");
         }
     }
 }

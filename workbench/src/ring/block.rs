@@ -111,6 +111,18 @@ impl Block {
         Self::flat_on_device(kind, shape, Tensor::<B, 1>::zeros([len], device))
     }
 
+    /// A block like this one (kind, shape, host or `device`) whose every value is NaN: a test hook's
+    /// poisoned tile input.
+    pub fn poisoned<B: HostRead>(&self, device: &B::Device) -> Self {
+        let shape = self.shape.clone();
+        if self.is_on_device() {
+            let nan = Tensor::<B, 1>::full([self.len()], f32::NAN, device);
+            Self::flat_on_device(self.kind, shape, nan)
+        } else {
+            Self::host(self.kind, shape, vec![f32::NAN; self.len()])
+        }
+    }
+
     /// The tensor itself as a block on its device: nothing is copied.
     pub fn on_device<B: HostRead, const D: usize>(kind: BlockKind, tensor: Tensor<B, D>) -> Self {
         let shape = tensor.dims().to_vec();

@@ -173,6 +173,8 @@ pub struct RingContext {
     events: Mutex<Vec<StepEvent>>,
     backward_error: Mutex<Option<RingError>>,
     ledger: Arc<Ledger>,
+    /// Test hook: the forward step whose tile reads all-NaN values.
+    poisoned_step: Option<usize>,
 }
 
 impl RingContext {
@@ -195,6 +197,7 @@ impl RingContext {
             events: Mutex::new(Vec::new()),
             backward_error: Mutex::new(None),
             ledger: Arc::default(),
+            poisoned_step: None,
         })
     }
 
@@ -230,6 +233,7 @@ impl RingContext {
             events: Mutex::new(Vec::new()),
             backward_error: Mutex::new(None),
             ledger: self.ledger.clone(),
+            poisoned_step: None,
         })
     }
 
@@ -240,6 +244,18 @@ impl RingContext {
         self.windows = Arc::new(all_windows(&self.layout, &sequence, self.config.causal));
         self.sequence = Arc::new(sequence);
         Ok(self)
+    }
+
+    /// Test hook ([`FaultKind::PoisonTile`](crate::ring::jobs::FaultKind::PoisonTile)): the forward
+    /// tile of ring step `step` reads values that are all NaN.
+    pub fn with_poisoned_tile(mut self, step: usize) -> Self {
+        self.poisoned_step = Some(step);
+        self
+    }
+
+    /// Whether the forward tile of ring step `step` is poisoned (a test hook).
+    pub(crate) fn poisons(&self, step: usize) -> bool {
+        self.poisoned_step == Some(step)
     }
 
     /// What the positions hold.

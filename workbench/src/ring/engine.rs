@@ -257,7 +257,9 @@ pub fn forward<B: HostRead>(
                     head_dim: d,
                 };
                 let _workspace = ledger.charge(workspace_bytes(kernel, &dims, false));
-                tiles.attend(&held[0], &held[1], owner, pos_k, visibility);
+                let poisoned = ctx.poisons(step).then(|| held[1].poisoned::<B>(&device));
+                let v = poisoned.as_ref().unwrap_or(&held[1]);
+                tiles.attend(&held[0], v, owner, pos_k, visibility);
             }
             ctx.record(StepEvent {
                 phase: Phase::Forward,

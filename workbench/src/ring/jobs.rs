@@ -34,13 +34,46 @@ pub struct AttentionJob<'a> {
     pub config: RingConfig,
     /// How long a rank waits for a silent peer.
     pub timeout: Duration,
-    /// Fault injection for tests: `(rank, step)` fails that rank at its `step`-th ring exchange.
-    pub fault: Option<(usize, usize)>,
+    /// Fault injection for tests.
+    pub fault: Option<Fault>,
     /// Rate-limits the in-process links (overlap experiments); `None`: channels at memory speed.
     pub link: Option<Link>,
     /// Packed documents: their lengths laid end to end, summing to the sequence length; a query
     /// attends only within its document. Empty: one document.
     pub doc_lens: &'a [usize],
+}
+
+/// A fault injected into one rank of a job (tests, and `ringbench attn --fail-rank`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// The rank it strikes.
+    pub rank: usize,
+    /// Counted from 0: its ring exchange ([`FaultKind::Fail`]) or forward ring step
+    /// ([`FaultKind::PoisonTile`]).
+    pub step: usize,
+    /// What goes wrong.
+    pub kind: FaultKind,
+}
+
+/// What an injected fault does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The rank fails at that ring exchange, as a crashed rank would.
+    Fail,
+    /// The forward tile of that ring step reads values that are all NaN: a wrong kernel, which
+    /// every exactness check must catch.
+    PoisonTile,
+}
+
+impl Fault {
+    /// Rank `rank` fails at its `step`-th ring exchange.
+    pub fn fail(rank: usize, step: usize) -> Self {
+        Fault {
+            rank,
+            step,
+            kind: FaultKind::Fail,
+        }
+    }
 }
 
 /// Gradients with respect to q, k, v, in the inputs' layout.
@@ -69,6 +102,8 @@ pub struct AttentionResult {
     pub events: Vec<Vec<StepEvent>>,
     /// The ranks this process ran: all of them in thread mode, its own under MPI.
     pub ranks_here: Vec<usize>,
+    /// The length the ranks split: the input's, or the next one the strategy accepts (padding).
+    pub padded_len: usize,
 }
 
 /// One rank's results, head-major: out and grads `[b, h|hk, t, d]`, lse `[b, h, t]`.
@@ -87,6 +122,14 @@ fn check_job(job: &AttentionJob) -> Result<([usize; 4], usize), RingError> {
         return Err(RingError::Heads {
             heads: h,
             kv_heads: hk,
+        });
+    }
+    if let Some(fault) = job.fault
+        && fault.rank >= job.ranks
+    {
+        return Err(RingError::FaultRank {
+            rank: fault.rank,
+            ranks: job.ranks,
         });
     }
     for (what, t, expected) in [
@@ -198,15 +241,26 @@ where
 {
     let [batch, seq, heads, head_dim] = plan.dims;
     let rank = comm.rank();
-    if let Some((failing, step)) = job.fault
-        && failing == rank
+    let fault = job.fault.filter(|f| f.rank == rank);
+    if let Some(Fault {
+        step,
+        kind: FaultKind::Fail,
+        ..
+    }) = fault
     {
         comm.inject_fault(step);
     }
-    let ctx = Arc::new(
-        RingContext::new(comm, plan.layout.clone(), job.config)?
-            .with_sequence(plan.sequence.clone())?,
-    );
+    let mut ctx = RingContext::new(comm, plan.layout.clone(), job.config)?
+        .with_sequence(plan.sequence.clone())?;
+    if let Some(Fault {
+        step,
+        kind: FaultKind::PoisonTile,
+        ..
+    }) = fault
+    {
+        ctx = ctx.with_poisoned_tile(step);
+    }
+    let ctx = Arc::new(ctx);
     let positions = ctx.positions(rank);
     let local = positions.len();
     let load = |t: &HostTensor, h: usize| {
@@ -391,5 +445,6 @@ fn assemble(
         traffic: outputs.iter().map(|o| o.traffic.clone()).collect(),
         events: outputs.into_iter().map(|o| o.events).collect(),
         ranks_here,
+        padded_len: plan.layout.seq_len,
     }
 }

@@ -1,0 +1,421 @@
+//! A rerun's table against its committed reference, column by column as its kind declares them:
+//! deterministic columns must hold (equal, within a stated tolerance, or under their bound);
+//! measurements are ratios, read against their column's median ratio, since another machine or
+//! load moves every row of a column alike.
+
+use crate::kinds::{Check, Experiment};
+use crate::results::{Record, Table, significant};
+use crate::runner::{SPEC_HASH, VERSION};
+
+/// A measured cell strays when its ratio to the reference is this far (either way) from its
+/// column's median ratio.
+pub const STRAY_FACTOR: f64 = 2.0;
+/// Measured values below this fraction of their column's largest reference value are compared
+/// absolutely (a ratio of two values near zero, 0.0015 / 0.000001, says nothing).
+pub const NEAR_ZERO: f64 = 0.01;
+/// Relative difference below which two numbers of an [`Check::Exact`] column are equal: the last
+/// digit a transcendental function may round otherwise in another libm.
+pub const EXACT: f64 = 1e-12;
+/// Cells listed per table under "what moved".
+const LISTED: usize = 8;
+
+/// A cell as listed: as written when short, else to six significant digits (enough to show a
+/// difference an exact check found, short enough to read).
+fn cell(text: &str) -> String {
+    match number(text) {
+        Some(x) if text.len() > 10 && x.is_finite() => significant(x, 6),
+        _ => text.to_owned(),
+    }
+}
+
+/// One cell that moved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Moved {
+    /// The row's key, `column=value,...`.
+    pub row: String,
+    /// The column.
+    pub column: String,
+    /// The reference's value.
+    pub reference: String,
+    /// This run's.
+    pub run: String,
+    /// How far, as the check measures it.
+    pub how: String,
+    /// How much: the sort key (larger is worse).
+    pub severity: f64,
+}
+
+/// A measured column's median ratio to the reference.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Median {
+    /// The column.
+    pub column: String,
+    /// This run over the reference, the median over the rows with values away from zero.
+    pub ratio: f64,
+    /// Cells compared.
+    pub cells: usize,
+}
+
+/// How a run's table compares with the reference.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TableComparison {
+    /// The table's name (its spec's file stem).
+    pub name: String,
+    /// Whether a reference table exists.
+    pub has_reference: bool,
+    /// Rows present in both.
+    pub rows: usize,
+    /// Rows of this run the reference lacks.
+    pub only_here: usize,
+    /// Reference rows this run did not make.
+    pub only_there: usize,
+    /// Deterministic cells compared.
+    pub deterministic: usize,
+    /// Deterministic cells that differ (or exceed their bound): a failed check.
+    pub moved: Vec<Moved>,
+    /// Measured cells compared.
+    pub measured: usize,
+    /// Each measured column's median ratio.
+    pub medians: Vec<Median>,
+    /// Measured cells whose ratio strays from their column's median by [`STRAY_FACTOR`].
+    pub strayed: Vec<Moved>,
+    /// Columns this run has that are neither keys nor declared by the kind: not compared.
+    pub undeclared: Vec<String>,
+}
+
+fn number(cell: &str) -> Option<f64> {
+    cell.trim().parse::<f64>().ok()
+}
+
+/// Whether `run` holds against `reference` under a deterministic check; `Err(how, severity)` if not.
+fn holds(check: Check, reference: &str, run: &str) -> Result<(), (String, f64)> {
+    let differ = |a: f64, b: f64| {
+        let d = (a - b).abs() / a.abs().max(b.abs()).max(f64::MIN_POSITIVE);
+        if d.is_nan() { f64::INFINITY } else { d }
+    };
+    match check {
+        Check::Exact => {
+            if reference == run {
+                return Ok(());
+            }
+            match (number(reference), number(run)) {
+                (Some(a), Some(b)) if differ(a, b) <= EXACT => Ok(()),
+                (Some(a), Some(b)) => Err((
+                    format!("differs by {:.2e} relative", differ(a, b)),
+                    differ(a, b),
+                )),
+                _ => Err(("differs".into(), f64::INFINITY)),
+            }
+        }
+        Check::Within(tolerance) => match (number(reference), number(run)) {
+            (Some(a), Some(b)) if differ(a, b) <= tolerance => Ok(()),
+            (Some(a), Some(b)) => Err((
+                format!(
+                    "differs by {:.2e} relative, over {tolerance:e}",
+                    differ(a, b)
+                ),
+                differ(a, b),
+            )),
+            _ if reference == run => Ok(()),
+            _ => Err(("differs".into(), f64::INFINITY)),
+        },
+        Check::AtMost(bound) => match number(run) {
+            Some(b) if b.is_finite() && b <= bound => Ok(()),
+            Some(b) => Err((format!("above its bound {bound:e}"), b / bound)),
+            // A row with no value (a skipped point) holds if the reference has none either.
+            None if run.trim().is_empty() && reference.trim().is_empty() => Ok(()),
+            None => Err(("not a number".into(), f64::INFINITY)),
+        },
+        Check::Measured | Check::Shown => Ok(()),
+    }
+}
+
+/// The median of `values` (not empty).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// `ours` against `reference`, both tables of `kind`.
+pub fn compare(
+    kind: &dyn Experiment,
+    name: &str,
+    reference: &Table,
+    ours: &Table,
+) -> TableComparison {
+    let card = kind.card();
+    let keys = card.key_columns;
+    let mut result = TableComparison {
+        name: name.to_owned(),
+        has_reference: !reference.rows.is_empty(),
+        ..TableComparison::default()
+    };
+    let declared = |c: &str| card.columns.iter().any(|d| d.name == c);
+    result.undeclared = ours
+        .columns()
+        .into_iter()
+        .filter(|c| !keys.contains(&c.as_str()) && c != SPEC_HASH && c != VERSION && !declared(c))
+        .collect();
+    if !result.has_reference {
+        return result;
+    }
+    let id = |r: &Record| r.id(keys);
+    let pairs: Vec<(&Record, &Record)> = ours
+        .rows
+        .iter()
+        .filter_map(|r| {
+            reference
+                .rows
+                .iter()
+                .find(|t| id(t) == id(r))
+                .map(|t| (t, r))
+        })
+        .collect();
+    result.rows = pairs.len();
+    result.only_here = ours.rows.len() - pairs.len();
+    result.only_there = reference
+        .rows
+        .iter()
+        .filter(|t| !ours.rows.iter().any(|r| id(r) == id(t)))
+        .count();
+    // Measured cells: (column, row, reference, run, ratio or None when near zero).
+    let mut measured: Vec<(&str, &Record, &str, &str, Option<f64>)> = Vec::new();
+    for column in card.columns {
+        let scale = reference
+            .rows
+            .iter()
+            .filter_map(|r| r.get(column.name).and_then(number))
+            .filter(|x| x.is_finite())
+            .fold(0.0f64, |m, x| m.max(x.abs()));
+        for &(theirs, row) in &pairs {
+            // A column the reference was written without is not compared.
+            let Some(a) = theirs.get(column.name) else {
+                continue;
+            };
+            let b = row.get(column.name).unwrap_or("");
+            match kind.check(row, column) {
+                Check::Shown => {}
+                Check::Measured => {
+                    let (Some(x), Some(y)) = (number(a), number(b)) else {
+                        continue;
+                    };
+                    result.measured += 1;
+                    let near = NEAR_ZERO * scale;
+                    let ratio = (x.abs() > near || y.abs() > near).then_some(y / x);
+                    measured.push((column.name, row, a, b, ratio));
+                }
+                check => {
+                    result.deterministic += 1;
+                    if let Err((how, severity)) = holds(check, a, b) {
+                        result.moved.push(Moved {
+                            row: id(row),
+                            column: column.name.into(),
+                            reference: cell(a),
+                            run: cell(b),
+                            how,
+                            severity,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    for column in card.columns.iter().map(|c| c.name) {
+        let ratios: Vec<f64> = measured
+            .iter()
+            .filter(|m| m.0 == column)
+            .filter_map(|m| m.4)
+            .filter(|r| r.is_finite() && *r > 0.0)
+            .collect();
+        if ratios.is_empty() {
+            continue;
+        }
+        let typical = median(ratios.clone());
+        result.medians.push(Median {
+            column: column.into(),
+            ratio: typical,
+            cells: ratios.len(),
+        });
+        for &(_, row, a, b, ratio) in measured.iter().filter(|m| m.0 == column) {
+            let Some(ratio) = ratio else { continue };
+            let off = if ratio > 0.0 && ratio.is_finite() {
+                (ratio / typical).max(typical / ratio)
+            } else {
+                f64::INFINITY
+            };
+            if off > STRAY_FACTOR {
+                result.strayed.push(Moved {
+                    row: id(row),
+                    column: column.into(),
+                    reference: cell(a),
+                    run: cell(b),
+                    how: format!(
+                        "ratio {} vs the column's {}",
+                        significant(ratio, 3),
+                        significant(typical, 3)
+                    ),
+                    severity: off,
+                });
+            }
+        }
+    }
+    let worst_first = |a: &Moved, b: &Moved| b.severity.total_cmp(&a.severity);
+    result.moved.sort_by(worst_first);
+    result.strayed.sort_by(worst_first);
+    result
+}
+
+impl TableComparison {
+    /// Whether every deterministic cell held.
+    pub fn held(&self) -> bool {
+        self.moved.is_empty()
+    }
+
+    /// One line: held or what moved, with the worst.
+    pub fn summary(&self) -> String {
+        if !self.has_reference {
+            return format!("- **{}**: no committed reference", self.name);
+        }
+        let mut line = format!("- **{}**: ", self.name);
+        if self.held() {
+            line += &format!(
+                "held: {} rows, {} deterministic cells equal",
+                self.rows, self.deterministic
+            );
+        } else {
+            let worst = &self.moved[0];
+            let columns: std::collections::BTreeSet<&str> =
+                self.moved.iter().map(|m| m.column.as_str()).collect();
+            line += &format!(
+                "MOVED: {} of {} deterministic cells in {} column(s) ({}); worst {} at {}: {} -> {}",
+                self.moved.len(),
+                self.deterministic,
+                columns.len(),
+                columns.into_iter().collect::<Vec<_>>().join(", "),
+                worst.column,
+                worst.row,
+                worst.reference,
+                worst.run
+            );
+        }
+        if self.measured > 0 {
+            let (lo, hi) = self
+                .medians
+                .iter()
+                .fold((f64::INFINITY, 0.0f64), |(lo, hi), m| {
+                    (lo.min(m.ratio), hi.max(m.ratio))
+                });
+            line += &format!(
+                "; {} measured cells, median ratio per column {}",
+                self.measured,
+                if self.medians.is_empty() {
+                    "-".to_owned()
+                } else if significant(lo, 2) == significant(hi, 2) {
+                    significant(lo, 2)
+                } else {
+                    format!("{} to {}", significant(lo, 2), significant(hi, 2))
+                }
+            );
+            if let Some(worst) = self.strayed.first() {
+                line += &format!(
+                    ", {} strayed over {STRAY_FACTOR}x from it (worst {} at {}: {} -> {})",
+                    self.strayed.len(),
+                    worst.column,
+                    worst.row,
+                    worst.reference,
+                    worst.run
+                );
+            }
+        }
+        if self.only_here + self.only_there > 0 {
+            line += &format!(
+                "; rows only in this run: {}, only in the reference: {}",
+                self.only_here, self.only_there
+            );
+        }
+        if !self.undeclared.is_empty() {
+            line += &format!("; not compared: {}", self.undeclared.join(", "));
+        }
+        line
+    }
+
+    /// The cells that moved (deterministic) or strayed (measured), worst first, at most a few of
+    /// each; empty when nothing did.
+    pub fn details(&self) -> String {
+        if self.moved.is_empty() && self.strayed.is_empty() {
+            return String::new();
+        }
+        let mut md = format!("### {}\n\n", self.name);
+        for (what, cells) in [
+            ("Deterministic cells that moved", &self.moved),
+            (
+                "Measured cells that strayed from their column's median ratio",
+                &self.strayed,
+            ),
+        ] {
+            if cells.is_empty() {
+                continue;
+            }
+            md += &format!("{what} ({}):\n\n", cells.len());
+            let rows = cells.iter().take(LISTED).map(|m| {
+                vec![
+                    m.row.clone(),
+                    m.column.clone(),
+                    m.reference.clone(),
+                    m.run.clone(),
+                    m.how.clone(),
+                ]
+            });
+            md += &crate::markdown::table(&["row", "column", "reference", "this run", "how"], rows);
+            if cells.len() > LISTED {
+                md += &format!("\n... and {} more.\n", cells.len() - LISTED);
+            }
+            md += "\n";
+        }
+        if !self.medians.is_empty() && !self.strayed.is_empty() {
+            let rows = self.medians.iter().map(|m| {
+                vec![
+                    m.column.clone(),
+                    significant(m.ratio, 3),
+                    m.cells.to_string(),
+                ]
+            });
+            md += &crate::markdown::table(&["measured column", "median ratio", "cells"], rows);
+            md += "\n";
+        }
+        md
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deterministic_checks_hold_or_say_how_far() {
+        assert!(holds(Check::Exact, "1.5", "1.5").is_ok());
+        assert!(holds(Check::Exact, "ok", "ok").is_ok());
+        assert!(holds(Check::Exact, "1.0000000000001", "1").is_ok());
+        assert!(holds(Check::Exact, "1", "2.641").is_err());
+        assert!(holds(Check::Exact, "ok", "skipped: x").is_err());
+        assert!(holds(Check::Within(1e-4), "1.6386", "1.63861").is_ok());
+        assert!(holds(Check::Within(1e-4), "1.6386", "1.64").is_err());
+        assert!(holds(Check::AtMost(1e-5), "2e-7", "9e-6").is_ok());
+        assert!(holds(Check::AtMost(1e-5), "2e-7", "2e-5").is_err());
+        assert!(holds(Check::AtMost(1e-5), "2e-7", "NaN").is_err());
+        assert!(holds(Check::AtMost(1e-5), "2e-7", "inf").is_err());
+        assert!(holds(Check::AtMost(1e-5), "", "").is_ok());
+        assert!(holds(Check::Exact, "1", "NaN").is_err());
+    }
+
+    #[test]
+    fn medians_ignore_order() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}
