@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The test command: formatting, lints, every test, and a compile check of the optional features.
+# Cargo runs with --locked: the committed Cargo.lock is what is tested, never a fresh resolution.
 # Installs what it needs on a fresh machine (Rust components; apt packages when a test needs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,12 +42,12 @@ cargo fmt --all -- --check
 # libraries load at run time). This is the compile check of the cuda and nccl features too.
 all_features=experiments/mpi,experiments/nccl,experiments/wgpu,experiments/cuda
 step "cargo clippy --workspace --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --locked --workspace --all-targets -- -D warnings
 step "cargo clippy with every feature ($all_features)"
-cargo clippy --workspace --all-targets --features "$all_features" -- -D warnings
+cargo clippy --locked --workspace --all-targets --features "$all_features" -- -D warnings
 
 step "cargo doc --workspace --no-deps, warnings as errors (broken links, stray HTML)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
 
 status=0
 # The tests' features. The use-it-from-your-own-model example (workbench/examples/own_model.rs) is a
@@ -58,7 +59,7 @@ on Mesa's software Vulkan device)"
 # As root, mpirun needs --allow-run-as-root; the tests pass it and --oversubscribe (4 ranks, 2 cores).
 # Without a session, Vulkan's loader warns that XDG_RUNTIME_DIR is unset; give it a directory.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
-cargo test --workspace --no-fail-fast --features "$test_features" 2>&1 | tee target/test.log \
+cargo test --locked --workspace --no-fail-fast --features "$test_features" 2>&1 | tee target/test.log \
   || status=$?
 # Each test binary prints its own summary; add them up into one closing line. A binary that failed to
 # build or crashed prints no summary: the exit status still fails the run.

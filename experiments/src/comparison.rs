@@ -165,6 +165,17 @@ pub fn compare(
         return result;
     }
     let id = |r: &Record| r.id(keys);
+    // As shown: the key cells that have a value (an axis the sweep lacks is empty everywhere).
+    let shown_id = |r: &Record| {
+        keys.iter()
+            .filter_map(|&c| {
+                r.get(c)
+                    .filter(|v| !v.is_empty())
+                    .map(|v| format!("{c}={v}"))
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
     let pairs: Vec<(&Record, &Record)> = ours
         .rows
         .iter()
@@ -213,7 +224,7 @@ pub fn compare(
                     result.deterministic += 1;
                     if let Err((how, severity)) = holds(check, a, b) {
                         result.moved.push(Moved {
-                            row: id(row),
+                            row: shown_id(row),
                             column: column.name.into(),
                             reference: cell(a),
                             run: cell(b),
@@ -250,7 +261,7 @@ pub fn compare(
             };
             if off > STRAY_FACTOR {
                 result.strayed.push(Moved {
-                    row: id(row),
+                    row: shown_id(row),
                     column: column.into(),
                     reference: cell(a),
                     run: cell(b),

@@ -145,7 +145,7 @@ pub fn run(args: &ReproduceArgs) -> Result<()> {
         let ours = Table::read(&summary.dir.join("results.csv"))?;
         let found = compare(kind, name, reference, &ours);
         println!(
-            "[{}/{}] {name}: {} points computed, {} kept, {:.1} s: {}",
+            "[{}/{}] {name}: {} points computed, {} kept from an earlier run, {:.1} s: {}",
             i + 1,
             sections.len(),
             summary.computed,

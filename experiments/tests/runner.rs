@@ -824,3 +824,29 @@ fn rows_of_another_spec_are_recomputed_and_a_grown_sweep_keeps_its_rows() {
     assert_eq!(hashes.len(), 1, "{hashes:?}");
     std::fs::remove_dir_all(root).unwrap();
 }
+
+#[test]
+fn every_column_of_the_committed_quick_tables_is_a_key_or_declared() {
+    use experiments::comparison::compare;
+    use experiments::reproduce::TABLES;
+    for (quick, _) in TABLES {
+        let spec = experiments::spec::SpecText::load(
+            &workspace().join(format!("experiments/{quick}.toml")),
+        )
+        .unwrap();
+        let kind = experiments::kinds::by_name(&spec.kind).unwrap();
+        let table = experiments::results::Table::read(
+            &workspace().join("results").join(quick).join("results.csv"),
+        )
+        .unwrap();
+        assert!(!table.rows.is_empty(), "{quick}: no committed table");
+        let found = compare(kind, quick, &table, &table);
+        assert!(
+            found.undeclared.is_empty(),
+            "{quick}: columns neither keys nor declared by kind {}: {:?}",
+            kind.card().name,
+            found.undeclared
+        );
+        assert!(found.held(), "{quick} against itself: {}", found.summary());
+    }
+}

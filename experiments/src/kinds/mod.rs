@@ -42,16 +42,39 @@ pub fn by_name(name: &str) -> Result<&'static dyn Experiment, String> {
         })
 }
 
-/// One line per kind: its name, what it shows and its sweep keys.
+/// Per kind: its name, what it shows and its sweep keys, then its columns grouped by how
+/// `ringbench reproduce` compares them.
 pub fn listing() -> String {
     KINDS
         .iter()
         .map(|k| {
+            let card = k.card();
+            let mut groups: Vec<(String, Vec<&str>)> = Vec::new();
+            for column in card.columns {
+                let how = match column.check {
+                    Check::Exact => "exact".to_owned(),
+                    Check::Within(t) => format!("within {t:e} relative"),
+                    Check::AtMost(b) => format!("at most {b:e}"),
+                    Check::Measured => "measured (ratio)".to_owned(),
+                    Check::Shown => "shown".to_owned(),
+                };
+                match groups.iter_mut().find(|(h, _)| *h == how) {
+                    Some((_, names)) => names.push(column.name),
+                    None => groups.push((how, vec![column.name])),
+                }
+            }
+            let columns: Vec<String> = groups
+                .into_iter()
+                .map(|(how, names)| format!("{how}: {}", names.join(", ")))
+                .collect();
             format!(
-                "{:13} {} [sweep: {}]\n",
-                k.card().name,
-                k.card().about,
-                k.card().sweep_keys.join(", ")
+                "{:13} {} [sweep: {}]\n{:13} key: {}; {}\n",
+                card.name,
+                card.about,
+                card.sweep_keys.join(", "),
+                "",
+                card.key_columns.join(", "),
+                columns.join("; ")
             )
         })
         .collect()
