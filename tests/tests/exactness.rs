@@ -7,7 +7,7 @@ use ringbench_tests::{
     job, ran_whole_passes, rel_err, run_case,
 };
 use strategies::{by_name, names};
-use workbench::ring::block::BlockKind;
+use workbench::block::BlockKind;
 use workbench::ring::jobs::{AttentionResult, Fault, FaultKind, run_attention};
 use workbench::transport::Phase;
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig, RingError};

@@ -16,13 +16,26 @@
 #![warn(missing_docs)]
 
 pub mod backends;
+pub mod block;
 pub mod error;
 pub mod host;
 pub mod kernels;
 pub mod model;
+mod primitive;
 pub mod ring;
 pub mod train;
 pub mod transport;
+
+/// What a model author needs: the ring attention layer and its context, the ring's options, and
+/// training on N ranks.
+pub mod prelude {
+    pub use crate::error::RingError;
+    pub use crate::kernels::Kernel;
+    pub use crate::model::{RingAttention, RingAttentionConfig};
+    pub use crate::ring::context::{Attend, BackwardScheme, Direction, RingConfig, RingContext};
+    pub use crate::ring::op::{RingBackend, ring_attention, ring_attention_with};
+    pub use crate::train::{Objective, StepLog, TrainOptions, Trained, Training, train_objective};
+}
 
 pub use error::{RingError, TransportError};
 pub use host::HostRead;

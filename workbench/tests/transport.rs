@@ -191,7 +191,7 @@ fn bad_shapes_are_typed_errors() {
 
 #[test]
 fn a_rate_limited_link_delays_delivery_but_not_the_sender() {
-    use workbench::ring::block::{Block, BlockKind};
+    use workbench::block::{Block, BlockKind};
     use workbench::transport::{Link, Phase, run_ranks_with};
     // 1 MB at 4 MB/s: 0.25 s on the wire, plus 50 ms latency.
     let link = Link {

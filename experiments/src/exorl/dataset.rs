@@ -6,7 +6,8 @@ use anyhow::{Result, ensure};
 use datasets::SplitMix64;
 use datasets::exorl::{Episode, episode_files, read_episode};
 use std::path::Path;
-use workbench::model::agentic::{AgenticConfig, ChainBatch, TokenKind};
+use workbench::model::agentic::{AgenticConfig, TokenKind};
+use workbench::train::agentic::ChainBatch;
 
 /// One episode seen at the agent's decision rate: the state before each decision, the held action,
 /// and the reward over the interval divided by its length (so in `[0, 1]`).

@@ -16,13 +16,11 @@ use datasets::exorl::{EPISODE_STEPS, Policy, episode_files, make_env, read_episo
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
-use workbench::model::agentic::{
-    ActionPrediction, AgenticConfig, AgenticTransformer, TOKENS_PER_STEP, TokenKind, predict_action,
-};
+use workbench::model::agentic::{AgenticConfig, AgenticTransformer, TOKENS_PER_STEP, TokenKind};
 use workbench::model::lazy::seeded;
-use workbench::train::{TrainOptions, padded_len, train_objective};
+use workbench::train::agentic::{ActionPrediction, predict_action};
+use workbench::train::{StepLog, TrainOptions, Training, padded_len, train_objective};
 use workbench::{Kernel, RingConfig};
 
 type Train = Autodiff<Flex>;
@@ -80,22 +78,22 @@ fn train_policy(
     };
     let peak = std::sync::atomic::AtomicUsize::new(0);
     alloc::reset();
-    let trained = train_objective(
-        &ActionPrediction,
-        model,
-        partition,
-        &options,
-        |step| batch_for(cfg, data, config, chains, len, seed, step),
-        |log| {
-            if log.step == 0 {
-                peak.store(
-                    alloc::stats().peak_above_start,
-                    std::sync::atomic::Ordering::Relaxed,
-                );
-            }
-        },
-        &AtomicBool::new(false),
-    )?;
+    let on_step = |log: &StepLog| {
+        if log.step == 0 {
+            peak.store(
+                alloc::stats().peak_above_start,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+    };
+    let run = Training {
+        on_step: Some(&on_step),
+        ..Training::new(model, partition, |step| {
+            batch_for(cfg, data, config, chains, len, seed, step)
+        })
+        .with_options(options)
+    };
+    let trained = train_objective(&ActionPrediction, run)?;
     Ok((trained.model, peak.into_inner()))
 }
 

@@ -1,8 +1,8 @@
-//! The generic kernel's masks, built on the device: every rank's query windows and key positions are
+//! The generic kernel's masks, built on the device: a shard's query windows and key positions are
 //! placed once per ring pass, and each tile's additive mask is computed from them there, so a ring
 //! step moves nothing between host and device.
 //!
-//! Positions travel as f32, exact below 2^24 (16.7M tokens); [`DeviceMasks::new`] refuses longer.
+//! Positions travel as f32, exact below 2^24 (16.7M tokens); [`DeviceShard::new`] refuses longer.
 
 use super::mask::Window;
 use crate::error::RingError;
@@ -12,23 +12,23 @@ use burn::tensor::{Tensor, backend::Backend};
 /// Largest position an f32 holds exactly.
 const EXACT_F32: usize = 1 << 24;
 
-/// Per rank: the windows' first and last visible key `[t]`, and the positions `[t]`.
+/// One shard on the device: its queries' windows' first and last visible key `[t]`, and its keys'
+/// positions `[t]`.
 #[derive(Debug, Clone)]
-pub(crate) struct DeviceMasks<B: Backend> {
-    lo: Vec<Tensor<B, 1>>,
-    hi: Vec<Tensor<B, 1>>,
-    positions: Vec<Tensor<B, 1>>,
+pub struct DeviceShard<B: Backend> {
+    lo: Tensor<B, 1>,
+    hi: Tensor<B, 1>,
+    positions: Tensor<B, 1>,
 }
 
-impl<B: Backend> DeviceMasks<B> {
-    /// Places every rank's windows and positions on `device` (rank r: `windows[r]`, `positions[r]`).
+impl<B: Backend> DeviceShard<B> {
+    /// Places the shard's windows and positions on `device`.
     pub fn new(
-        windows: &[&[Window]],
-        positions: &[&[usize]],
+        windows: &[Window],
+        positions: &[usize],
         device: &B::Device,
     ) -> Result<Self, RingError> {
-        let longest = positions.iter().flat_map(|p| p.iter()).max().copied();
-        if let Some(position) = longest.filter(|&p| p >= EXACT_F32) {
+        if let Some(&position) = positions.iter().find(|&&p| p >= EXACT_F32) {
             return Err(RingError::TooLongForDeviceMasks {
                 position,
                 limit: EXACT_F32,
@@ -39,31 +39,29 @@ impl<B: Backend> DeviceMasks<B> {
             host::place::<B, 1>(values, [len], device)
         };
         Ok(Self {
-            lo: windows
-                .iter()
-                .map(|w| place(w.iter().map(|w| w.lo as f32).collect()))
-                .collect(),
-            hi: windows
-                .iter()
-                .map(|w| place(w.iter().map(|w| w.hi as f32).collect()))
-                .collect(),
-            positions: positions
-                .iter()
-                .map(|p| place(p.iter().map(|&p| p as f32).collect()))
-                .collect(),
+            lo: place(windows.iter().map(|w| w.lo as f32).collect()),
+            hi: place(windows.iter().map(|w| w.hi as f32).collect()),
+            positions: place(positions.iter().map(|&p| p as f32).collect()),
         })
     }
 
-    /// The additive mask `[tq, tk]` of rank `q_rank`'s queries against rank `k_rank`'s keys: 0 where
-    /// the key is inside the query's window, −∞ elsewhere.
-    pub fn bias(&self, q_rank: usize, k_rank: usize) -> Tensor<B, 2> {
-        let (lo, hi) = (&self.lo[q_rank], &self.hi[q_rank]);
-        let keys = &self.positions[k_rank];
-        let (tq, tk) = (lo.dims()[0], keys.dims()[0]);
-        let keys = keys.clone().unsqueeze_dim::<2>(0).expand([tq, tk]);
-        let lo = lo.clone().unsqueeze_dim::<2>(1).expand([tq, tk]);
-        let hi = hi.clone().unsqueeze_dim::<2>(1).expand([tq, tk]);
-        let hidden = keys.clone().lower(lo).bool_or(keys.greater(hi));
-        Tensor::zeros([tq, tk], &self.lo[q_rank].device()).mask_fill(hidden, f32::NEG_INFINITY)
+    /// The device the shard lies on.
+    pub fn device(&self) -> B::Device {
+        self.lo.device()
+    }
+
+    /// The additive mask `[tq, tk]` of this shard's queries against `keys`' keys: 0 where the key is
+    /// inside the query's window, −∞ elsewhere.
+    pub fn bias(&self, keys: &DeviceShard<B>) -> Tensor<B, 2> {
+        let (tq, tk) = (self.lo.dims()[0], keys.positions.dims()[0]);
+        let positions = keys
+            .positions
+            .clone()
+            .unsqueeze_dim::<2>(0)
+            .expand([tq, tk]);
+        let lo = self.lo.clone().unsqueeze_dim::<2>(1).expand([tq, tk]);
+        let hi = self.hi.clone().unsqueeze_dim::<2>(1).expand([tq, tk]);
+        let hidden = positions.clone().lower(lo).bool_or(positions.greater(hi));
+        Tensor::zeros([tq, tk], &self.lo.device()).mask_fill(hidden, f32::NEG_INFINITY)
     }
 }

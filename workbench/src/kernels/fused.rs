@@ -1,7 +1,7 @@
-//! Fused CPU tile kernels: Q·Kᵀ → online softmax → P·V in cache-sized sub-tiles, and the matching
-//! FlashAttention-2 backward, on host f32 buffers with the `gemm` crate.
+//! The fused CPU tile kernel ([`FusedCpu`]): Q·Kᵀ → online softmax → P·V in cache-sized sub-tiles,
+//! and the matching FlashAttention-2 backward, on host f32 buffers with the `gemm` crate.
 //!
-//! The generic Burn-tensor kernels in `kernels.rs` are this module's reference twin; the exactness
+//! The generic Burn-tensor kernel (`generic.rs`) is this module's reference twin; the exactness
 //! table runs on both. Work is split over (batch, kv head) units with rayon; matmuls inside a unit are
 //! single-threaded so that N rank threads do not oversubscribe the cores.
 //!
@@ -11,47 +11,28 @@
 //! `g · tq` rows, row r is query `r % tq`.
 
 use super::mask::{Bounds, Cover, Window, span};
+use super::tile::{BackwardTile as Tile, ForwardTile, Queries, TileKernel, Travelling};
+use crate::block::{Block, BlockKind};
+use crate::error::RingError;
+use crate::host::HostRead;
+use burn::tensor::{Tensor, TensorData};
 use multiversion::multiversion;
 use rayon::prelude::*;
+use std::sync::Arc;
+
+pub use super::tile::TileDims;
 
 /// Query rows per sub-tile (256 measured no faster in `ringbench bench attn`).
 const ROWS: usize = 128;
 /// Keys per sub-tile.
 const COLS: usize = 128;
 
-/// Sizes of one rank's tile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TileDims {
-    /// Batch size.
-    pub batch: usize,
-    /// Query heads.
-    pub heads: usize,
-    /// Key/value heads (a divisor of `heads`).
-    pub kv_heads: usize,
-    /// Query rows of the tile.
-    pub tq: usize,
-    /// Key rows of the tile.
-    pub tk: usize,
-    /// Head dimension.
-    pub head_dim: usize,
-}
-
-impl TileDims {
-    /// Bytes of scratch one tile needs: each (batch, kv head) unit's sub-tile buffers (scores in
-    /// the forward; probabilities and their gradient in the backward), counted as if every unit ran
-    /// at once so that the figure does not depend on the number of cores.
-    pub fn scratch_bytes(&self, backward: bool) -> u64 {
-        let per_unit = ROWS.min(self.rows()) * COLS.min(self.tk) * if backward { 2 } else { 1 };
-        (self.units() * per_unit * std::mem::size_of::<f32>()) as u64
-    }
-
-    fn units(&self) -> usize {
-        self.batch * self.kv_heads
-    }
-    /// Query rows per unit.
-    fn rows(&self) -> usize {
-        self.heads / self.kv_heads * self.tq
-    }
+/// Bytes of scratch one tile needs: each (batch, kv head) unit's sub-tile buffers (scores in the
+/// forward; probabilities and their gradient in the backward), counted as if every unit ran at once
+/// so that the figure does not depend on the number of cores.
+pub fn scratch_bytes(dims: &TileDims, backward: bool) -> u64 {
+    let per_unit = ROWS.min(dims.rows()) * COLS.min(dims.tk) * if backward { 2 } else { 1 };
+    (dims.units() * per_unit * std::mem::size_of::<f32>()) as u64
 }
 
 /// `c[m×n] (+)= alpha · a[m×k] · b[k×n]`, each operand given by its row and column strides.
@@ -539,6 +520,139 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
             }
         }
     });
+}
+
+/// The fused CPU kernel as a [`TileKernel`]: every operand a host block (on the CPU backend the copy
+/// from a tensor is the only one), masks read from the host slices of windows and positions.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FusedCpu;
+
+impl<B: HostRead> TileKernel<B> for FusedCpu {
+    type Shard = ();
+    type Forward = (Arc<Block>, OnlineSoftmax);
+
+    fn shard(&self, _: &[Window], _: &[usize], _: &B::Device) -> Result<(), RingError> {
+        Ok(())
+    }
+
+    fn operand<const D: usize>(&self, kind: BlockKind, tensor: Tensor<B, D>) -> Block {
+        Block::from_tensor(kind, tensor)
+    }
+
+    fn zeros(&self, kind: BlockKind, shape: Vec<usize>, _: &B::Device) -> Block {
+        Block::zeros(kind, shape)
+    }
+
+    fn workspace_bytes(&self, dims: &TileDims, backward: bool) -> u64 {
+        scratch_bytes(dims, backward)
+    }
+
+    fn forward_start(
+        &self,
+        q: &Arc<Block>,
+        kv_heads: usize,
+        queries: Queries<'_, ()>,
+        scale: f32,
+        parallel: bool,
+    ) -> Self::Forward {
+        let [batch, heads, tq, head_dim] = q.shape[..] else {
+            unreachable!("q blocks are 4-d")
+        };
+        let dims = TileDims {
+            batch,
+            heads,
+            kv_heads,
+            tq,
+            tk: 0,
+            head_dim,
+        };
+        let state = OnlineSoftmax::new(dims, queries.windows, scale).with_parallel(parallel);
+        (q.clone(), state)
+    }
+
+    fn forward_tile(&self, (q, state): &mut Self::Forward, tile: ForwardTile<'_, ()>) {
+        state.attend(
+            &q.host_values(),
+            &tile.k.host_values(),
+            &tile.v.host_values(),
+            tile.keys.positions,
+        );
+    }
+
+    fn forward_finish(
+        &self,
+        (_, state): Self::Forward,
+        device: &B::Device,
+    ) -> (Tensor<B, 4>, Tensor<B, 3>) {
+        let dims = state.dims();
+        let (out, lse) = state.finish();
+        let rows = [dims.batch, dims.heads, dims.tq];
+        let q = [dims.batch, dims.heads, dims.tq, dims.head_dim];
+        (
+            Tensor::from_data(TensorData::new(out, q), device),
+            Tensor::from_data(TensorData::new(lse, rows), device),
+        )
+    }
+
+    fn delta(&self, d_out: &Block, out: Tensor<B, 4>) -> Block {
+        let [b, h, t, d] = out.dims();
+        let delta = softmax_delta(&d_out.host_values(), &crate::host::read(out), d);
+        Block::host(BlockKind::Delta, vec![b, h, t], delta)
+    }
+
+    fn backward_tile(
+        &self,
+        t: &Tile<'_, ()>,
+        stay: &mut [Block],
+        travelling: Travelling,
+    ) -> Vec<Block> {
+        let (q, k, v) = (t.q.host_values(), t.k.host_values(), t.v.host_values());
+        let (d_out, lse, delta) = (
+            t.d_out.host_values(),
+            t.lse.host_values(),
+            t.delta.host_values(),
+        );
+        let tile = BackwardTile {
+            dims: t.dims,
+            q: &q,
+            k: &k,
+            v: &v,
+            d_out: &d_out,
+            lse: &lse,
+            delta: &delta,
+            win_q: t.queries.windows,
+            pos_k: t.keys.positions,
+            scale: t.scale,
+            parallel: t.parallel,
+        };
+        // Host buffers: those that stay are added into in place.
+        match travelling {
+            Travelling::Queries => {
+                let mut dq = Block::zeros(BlockKind::DQ, t.q.shape.clone());
+                let [dk, dv] = stay else {
+                    unreachable!("two stay-at-home blocks: dK, dV")
+                };
+                backward(
+                    &tile,
+                    dq.host_values_mut(),
+                    dk.host_values_mut(),
+                    dv.host_values_mut(),
+                );
+                vec![dq]
+            }
+            Travelling::Keys => {
+                let mut dk = Block::zeros(BlockKind::DK, t.k.shape.clone());
+                let mut dv = Block::zeros(BlockKind::DV, t.v.shape.clone());
+                backward(
+                    &tile,
+                    stay[0].host_values_mut(),
+                    dk.host_values_mut(),
+                    dv.host_values_mut(),
+                );
+                vec![dk, dv]
+            }
+        }
+    }
 }
 
 /// Runs `f` on every unit: on rayon's pool when `parallel`, else in order on this thread (a rayon

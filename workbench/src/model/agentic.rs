@@ -5,23 +5,21 @@
 //!
 //! Every token is one feature row `[kind one-hot (4) | target | state | action | reward]` in which
 //! only its kind's slot is filled, so one linear map acts as four per-kind maps plus a kind embedding,
-//! and each rank embeds only the rows it owns.
+//! and each rank embeds only the rows it owns. Its training objective and single-chain prediction
+//! are in `train/agentic.rs`.
 
 use crate::error::RingError;
-use crate::model::layer::{Checkpoint, DecoderLayer, LayerBackend, Trunk, run_layers};
+use crate::model::layer::{Checkpoint, LayerBackend, Trunk, run_layers};
 use crate::model::lazy::materialize;
 use crate::model::llama::LlamaConfig;
-use crate::ring::context::{RingConfig, RingContext};
-use crate::train::objective::{Objective, local_rows};
-use crate::transport::run_ranks;
+use crate::model::weights::DecoderLayer;
+use crate::ring::context::RingContext;
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig};
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
 use std::sync::Arc;
-use std::time::Duration;
-use strategies::{Contiguous, Partition};
 
 /// The four tokens of a step, in sequence order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,100 +151,4 @@ impl<B: LayerBackend> AgenticTransformer<B> {
         )?;
         Ok(self.action_head.forward(self.norm.forward(x)).tanh())
     }
-}
-
-/// A step's chains laid out in global order: `features [batch, len, F]`, action `targets
-/// [batch, len, act_dim]` and `weights [batch, len]` (1 on the state tokens whose action is learned).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ChainBatch {
-    /// Chains in the batch.
-    pub batch: usize,
-    /// Tokens per chain (padded for the partition).
-    pub len: usize,
-    /// Length of a token's feature row.
-    pub feature_dim: usize,
-    /// Length of an action.
-    pub act_dim: usize,
-    /// Feature rows `[batch, len, feature_dim]`.
-    pub features: Vec<f32>,
-    /// Target actions `[batch, len, act_dim]`, at state tokens.
-    pub targets: Vec<f32>,
-    /// Weight of each token's prediction (1 at state tokens, 0 elsewhere).
-    pub weights: Vec<f32>,
-}
-
-/// Mean squared error of the predicted actions at the weighted tokens (the AT's action loss).
-pub struct ActionPrediction;
-
-impl<B: AutodiffBackend + LayerBackend> Objective<B> for ActionPrediction {
-    type Model = AgenticTransformer<B>;
-    type Batch = ChainBatch;
-
-    fn seq_len(&self, batch: &ChainBatch) -> usize {
-        batch.len
-    }
-
-    fn tokens(&self, batch: &ChainBatch) -> usize {
-        batch.batch * batch.len
-    }
-
-    fn local_loss(
-        &self,
-        model: &AgenticTransformer<B>,
-        batch: &ChainBatch,
-        ctx: &Arc<RingContext>,
-    ) -> Result<Tensor<B, 1>, RingError> {
-        let (layout, rank) = (&ctx.layout, ctx.rank());
-        let (b, t) = (batch.batch, layout.shard_len(rank));
-        let device = Default::default();
-        let tensor = |global: &[f32], width: usize| {
-            Tensor::<B, 3>::from_data(
-                TensorData::new(local_rows(global, b, width, layout, rank), [b, t, width]),
-                &device,
-            )
-        };
-        let features = tensor(&batch.features, batch.feature_dim);
-        let targets = tensor(&batch.targets, batch.act_dim);
-        let weights = tensor(&batch.weights, 1);
-        let total = batch.weights.iter().sum::<f32>() * batch.act_dim as f32;
-        let predicted = model.forward(features, &layout.positions[rank], ctx)?;
-        let error = (predicted - targets).powi_scalar(2) * weights;
-        Ok(error.sum() / total.max(f32::MIN_POSITIVE))
-    }
-}
-
-/// The action predicted at position `at` of one chain given as feature rows `[len, F]` (positions
-/// after `at` do not influence it: attention is causal). Runs on one rank.
-pub fn predict_action<B: LayerBackend>(
-    model: &AgenticTransformer<B>,
-    features: &[f32],
-    feature_dim: usize,
-    at: usize,
-    timeout: Duration,
-) -> Result<Vec<f32>, RingError> {
-    let len = features.len() / feature_dim;
-    let layout = Arc::new(Contiguous.layout(len, 1)?);
-    let mut out = run_ranks(1, timeout, |comm| -> Result<Vec<f32>, RingError> {
-        let ctx = Arc::new(RingContext::new(
-            comm,
-            layout.clone(),
-            RingConfig {
-                causal: true,
-                ..Default::default()
-            },
-        )?);
-        let x = Tensor::<B, 3>::from_data(
-            TensorData::new(features.to_vec(), [1, len, feature_dim]),
-            &Default::default(),
-        );
-        let actions = model.forward(x, &layout.positions[0], &ctx)?;
-        let act_dim = actions.dims()[2];
-        Ok(actions
-            .slice([0..1, at..at + 1, 0..act_dim])
-            .into_data()
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .expect("f32"))
-    });
-    out.remove(0)
 }

@@ -6,22 +6,15 @@
 //! dm = dy·W2ᵀ, da = dm ∘ g ∘ silu′(a), dg = dm ∘ silu(a), dx = da·W1ᵀ + dg·W3ᵀ, dW1 = xᵀ·da,
 //! dW3 = xᵀ·dg, with silu′(a) = σ(a)·(1 + a·(1 − σ(a))).
 
+use crate::primitive::{unwrap, wrap};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::tensor::Tensor;
 use burn::tensor::activation::{sigmoid, silu};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive};
-
-fn wrap<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(primitive))
-}
-
-fn unwrap<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
-    tensor.into_primitive().tensor()
-}
 
 /// `[b, t, d]` rows `start..end` of the sequence as a `[b · (end − start), d]` matrix.
 fn rows<B: Backend>(x: &Tensor<B, 3>, start: usize, end: usize) -> Tensor<B, 2> {

@@ -1,6 +1,7 @@
-//! One decoder layer's math (RMSNorm, grouped-query ring attention with RoPE, SwiGLU feed-forward in
-//! chunks), what its backward keeps ([`Checkpoint`]), and the checkpointed layer: an op whose state
-//! is the layer's input and whose backward recomputes the layer and differentiates it by hand.
+//! One decoder layer's forward (RMSNorm, grouped-query ring attention with RoPE, SwiGLU feed-forward
+//! in chunks) and the checkpointed layer: an op whose state is the layer's input and whose backward
+//! recomputes the layer and differentiates it by hand. Its parameters are in `weights.rs`, what it
+//! keeps in `checkpoint.rs`, its norm in `norm.rs`, RoPE in `rope.rs`.
 //!
 //! The checkpointed backward, for `x2 = x + attn(norm₁(x))·Wo` and `y = x2 + ffn(norm₂(x2))`, given
 //! dy: the feed-forward's backward (`model::ffn::swiglu_backward`) gives dh₂ and dW1, dW3,
@@ -11,7 +12,11 @@
 //! `dγ = Σ dy ∘ x·r` and `dx = r·g − r³·x·mean(g ∘ x)` for `g = dy ∘ γ`.
 
 use crate::error::RingError;
-use crate::model::ffn::{blockwise_swiglu, swiglu_backward};
+use crate::model::ffn::{FfnBackend, blockwise_swiglu, swiglu_backward};
+use crate::model::norm::{flat, project, rms_norm, rms_norm_backward};
+use crate::model::rope::Rope;
+use crate::model::weights::{DecoderLayer, WeightPrimitives, Weights};
+use crate::primitive::{unwrap, wrap};
 use crate::ring::context::RingContext;
 use crate::ring::engine::{self, Saved};
 use crate::ring::op::RingBackend;
@@ -19,167 +24,13 @@ use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::module::Module;
-use burn::nn::{Linear, RmsNorm};
+use burn::tensor::Tensor;
 use burn::tensor::activation::silu;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorData, TensorPrimitive};
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-fn wrap<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(primitive))
-}
-
-fn unwrap<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
-    tensor.into_primitive().tensor()
-}
-
-/// What a decoder layer keeps for its backward (`checkpoint` in the model config).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Checkpoint {
-    /// Every activation autodiff needs, the feed-forward's `[t, ffn]` hidden activations included.
-    #[default]
-    None,
-    /// The feed-forward's backward recomputes each chunk's hidden activations
-    /// ([`crate::model::ffn`]): the Blockwise Parallel Transformer's saving.
-    Ffn,
-    /// The layer keeps only its input; its backward recomputes the whole layer, ring attention
-    /// included (per-layer activation checkpointing).
-    Block,
-}
-
-impl Checkpoint {
-    /// Every choice, least recomputation first.
-    pub const ALL: [Checkpoint; 3] = [Checkpoint::None, Checkpoint::Ffn, Checkpoint::Block];
-
-    /// Its name in configs and tables.
-    pub fn name(self) -> &'static str {
-        match self {
-            Checkpoint::None => "none",
-            Checkpoint::Ffn => "ffn",
-            Checkpoint::Block => "block",
-        }
-    }
-}
-
-impl std::fmt::Display for Checkpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Checkpoint {
-    type Err = String;
-
-    fn from_str(name: &str) -> Result<Self, String> {
-        Checkpoint::ALL
-            .into_iter()
-            .find(|c| c.name() == name)
-            .ok_or_else(|| {
-                let known: Vec<&str> = Checkpoint::ALL.iter().map(|c| c.name()).collect();
-                format!("unknown checkpoint '{name}'; known: {}", known.join(", "))
-            })
-    }
-}
-
-#[derive(Module, Debug)]
-/// One decoder layer: RMSNorm, grouped-query ring attention, RMSNorm, SwiGLU feed-forward.
-pub struct DecoderLayer<B: Backend> {
-    pub(crate) attn_norm: RmsNorm<B>,
-    pub(crate) wq: Linear<B>,
-    pub(crate) wk: Linear<B>,
-    pub(crate) wv: Linear<B>,
-    pub(crate) wo: Linear<B>,
-    pub(crate) ffn_norm: RmsNorm<B>,
-    pub(crate) w1: Linear<B>,
-    pub(crate) w3: Linear<B>,
-    pub(crate) w2: Linear<B>,
-}
-
-/// A layer's parameters as tensors, in the order of [`DecoderLayer`]'s fields; linear weights are
-/// `[in, out]` as Burn's `Linear` holds them.
-#[derive(Debug, Clone)]
-struct Weights<B: Backend> {
-    attn_norm: Tensor<B, 1>,
-    wq: Tensor<B, 2>,
-    wk: Tensor<B, 2>,
-    wv: Tensor<B, 2>,
-    wo: Tensor<B, 2>,
-    ffn_norm: Tensor<B, 1>,
-    w1: Tensor<B, 2>,
-    w3: Tensor<B, 2>,
-    w2: Tensor<B, 2>,
-    /// The two norms' ε.
-    epsilons: [f64; 2],
-}
-
-/// The primitives of a layer's parameters, in [`DecoderLayer`]'s field order.
-pub type WeightPrimitives<B> = [FloatTensor<B>; 9];
-
-impl<B: Backend> Weights<B> {
-    fn of(layer: &DecoderLayer<B>) -> Self {
-        Weights {
-            attn_norm: layer.attn_norm.gamma.val(),
-            wq: layer.wq.weight.val(),
-            wk: layer.wk.weight.val(),
-            wv: layer.wv.weight.val(),
-            wo: layer.wo.weight.val(),
-            ffn_norm: layer.ffn_norm.gamma.val(),
-            w1: layer.w1.weight.val(),
-            w3: layer.w3.weight.val(),
-            w2: layer.w2.weight.val(),
-            epsilons: [layer.attn_norm.epsilon, layer.ffn_norm.epsilon],
-        }
-    }
-
-    fn zeros_like(&self) -> Self {
-        Weights {
-            attn_norm: self.attn_norm.zeros_like(),
-            wq: self.wq.zeros_like(),
-            wk: self.wk.zeros_like(),
-            wv: self.wv.zeros_like(),
-            wo: self.wo.zeros_like(),
-            ffn_norm: self.ffn_norm.zeros_like(),
-            w1: self.w1.zeros_like(),
-            w3: self.w3.zeros_like(),
-            w2: self.w2.zeros_like(),
-            epsilons: self.epsilons,
-        }
-    }
-
-    fn into_primitives(self) -> WeightPrimitives<B> {
-        [
-            unwrap(self.attn_norm),
-            unwrap(self.wq),
-            unwrap(self.wk),
-            unwrap(self.wv),
-            unwrap(self.wo),
-            unwrap(self.ffn_norm),
-            unwrap(self.w1),
-            unwrap(self.w3),
-            unwrap(self.w2),
-        ]
-    }
-
-    fn from_primitives(p: WeightPrimitives<B>, epsilons: [f64; 2]) -> Self {
-        let [attn_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2] = p;
-        Weights {
-            attn_norm: wrap(attn_norm),
-            wq: wrap(wq),
-            wk: wrap(wk),
-            wv: wrap(wv),
-            wo: wrap(wo),
-            ffn_norm: wrap(ffn_norm),
-            w1: wrap(w1),
-            w3: wrap(w3),
-            w2: wrap(w2),
-            epsilons,
-        }
-    }
-}
+pub use crate::model::checkpoint::Checkpoint;
 
 /// The trunk's hyper-parameters that a layer needs (plain fields of the modules built on it).
 #[derive(Debug, Clone, Copy)]
@@ -194,92 +45,6 @@ pub struct Trunk {
     pub ffn_chunk: usize,
     /// What the layer keeps for its backward.
     pub checkpoint: Checkpoint,
-}
-
-/// cos and sin of RoPE angles for each token's global position: `[1, 1, t, head_dim / 2]` each.
-#[derive(Debug, Clone)]
-struct Rope<B: Backend> {
-    cos: Tensor<B, 4>,
-    sin: Tensor<B, 4>,
-}
-
-impl<B: Backend> Rope<B> {
-    fn new(positions: &[usize], head_dim: usize, theta: f64, device: &B::Device) -> Self {
-        let half = head_dim / 2;
-        let angles: Vec<f64> = positions
-            .iter()
-            .flat_map(|&p| {
-                (0..half).map(move |i| p as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64))
-            })
-            .collect();
-        let table = |f: fn(f64) -> f64| {
-            let data: Vec<f32> = angles.iter().map(|&a| f(a) as f32).collect();
-            Tensor::from_data(TensorData::new(data, [1, 1, positions.len(), half]), device)
-        };
-        Rope {
-            cos: table(f64::cos),
-            sin: table(f64::sin),
-        }
-    }
-
-    /// Rotates pairs `(x[i], x[i + d/2])` of `[b, h, t, d]` by the angles (`inverse`: by minus them).
-    fn rotate(&self, x: Tensor<B, 4>, inverse: bool) -> Tensor<B, 4> {
-        let [b, h, t, d] = x.dims();
-        let sin = if inverse {
-            self.sin.clone().neg()
-        } else {
-            self.sin.clone()
-        };
-        let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..d / 2]);
-        let x2 = x.slice([0..b, 0..h, 0..t, d / 2..d]);
-        Tensor::cat(
-            vec![
-                x1.clone() * self.cos.clone() - x2.clone() * sin.clone(),
-                x1 * sin + x2 * self.cos.clone(),
-            ],
-            3,
-        )
-    }
-}
-
-/// `γ ∘ x / sqrt(mean(x²) + ε)` over the last dimension (Burn's `RmsNorm`), and `1 / sqrt(…)`.
-fn rms_norm<B: Backend>(
-    x: Tensor<B, 3>,
-    gamma: &Tensor<B, 1>,
-    eps: f64,
-) -> (Tensor<B, 3>, Tensor<B, 3>) {
-    let r = (x.clone().square().mean_dim(2) + eps).sqrt().recip();
-    (x * r.clone() * gamma.clone().unsqueeze(), r)
-}
-
-/// RMSNorm's backward: `(dx, dγ)` of `dy` at input `x` with `r` from [`rms_norm`].
-fn rms_norm_backward<B: Backend>(
-    x: Tensor<B, 3>,
-    r: Tensor<B, 3>,
-    gamma: &Tensor<B, 1>,
-    dy: Tensor<B, 3>,
-) -> (Tensor<B, 3>, Tensor<B, 1>) {
-    let d = gamma.dims()[0];
-    let d_gamma = (dy.clone() * x.clone() * r.clone())
-        .reshape([-1, d as i32])
-        .sum_dim(0)
-        .reshape([d]);
-    let g = dy * gamma.clone().unsqueeze();
-    let mean_gx = (g.clone() * x.clone()).mean_dim(2);
-    let dx = g * r.clone() - x * r.clone() * r.clone() * r * mean_gx;
-    (dx, d_gamma)
-}
-
-/// `[b, t, n]` as `[b · t, n]`.
-fn flat<B: Backend>(x: Tensor<B, 3>) -> Tensor<B, 2> {
-    let [b, t, n] = x.dims();
-    x.reshape([b * t, n])
-}
-
-/// `x: [b, t, n] · w: [n, m]`.
-fn project<B: Backend>(x: Tensor<B, 3>, w: &Tensor<B, 2>) -> Tensor<B, 3> {
-    let [b, t, _] = x.dims();
-    flat(x).matmul(w.clone()).reshape([b, t, w.dims()[1]])
 }
 
 /// A layer's forward and what its hand-written backward reads.
@@ -298,7 +63,7 @@ struct Forward<B: Backend> {
     r2: Tensor<B, 3>,
 }
 
-fn forward<B: RingBackend>(
+fn forward<B: RingBackend + FfnBackend>(
     w: &Weights<B>,
     x: Tensor<B, 3>,
     rope: &Rope<B>,
@@ -313,7 +78,8 @@ fn forward<B: RingBackend>(
     let q = rope.rotate(split(project(h1.clone(), &w.wq), trunk.heads), false);
     let k = rope.rotate(split(project(h1.clone(), &w.wk), trunk.kv_heads), false);
     let v = split(project(h1.clone(), &w.wv), trunk.kv_heads);
-    let (out, _, saved) = B::ring_forward(unwrap(q), unwrap(k), unwrap(v), ctx)?;
+    let (out, _, saved) =
+        B::ring_forward(unwrap(q), unwrap(k), unwrap(v), ctx, ctx.config.attend())?;
     let out: Tensor<B, 4> = wrap(out);
     let x2 = x + project(out.clone().swap_dims(1, 2).reshape([b, t, d]), &w.wo);
     let (h2, r2) = rms_norm(x2.clone(), &w.ffn_norm, w.epsilons[1]);
@@ -346,7 +112,7 @@ fn forward<B: RingBackend>(
 }
 
 /// The gradients of a layer's input and parameters for `dy`, recomputing its forward.
-fn backward<B: RingBackend>(
+fn backward<B: RingBackend + FfnBackend>(
     w: &Weights<B>,
     x: Tensor<B, 3>,
     rope: &Rope<B>,
@@ -409,9 +175,10 @@ fn backward<B: RingBackend>(
     ))
 }
 
-/// Backends that run a decoder layer. The default method runs its forward; the autodiff backend
-/// overrides it to register the checkpointed backward, whose state is the layer's input.
-pub trait LayerBackend: RingBackend {
+/// Backends that run a decoder layer: ring attention and the rematerializing feed-forward, and the
+/// layer as one op. The default method runs its forward; the autodiff backend overrides it to
+/// register the checkpointed backward, whose state is the layer's input.
+pub trait LayerBackend: RingBackend + FfnBackend {
     /// The layer's output for `x: [b, t, d]`; `cos`, `sin` are the RoPE tables `[1, 1, t, hd / 2]`.
     fn checkpointed_layer(
         x: FloatTensor<Self>,

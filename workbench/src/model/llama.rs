@@ -6,8 +6,9 @@
 //! striped and zig-zag shards get the right rotations and causal masks.
 
 use crate::error::RingError;
-use crate::model::layer::{Checkpoint, DecoderLayer, LayerBackend, Trunk, run_layers};
+use crate::model::layer::{Checkpoint, LayerBackend, Trunk, run_layers};
 use crate::model::lazy::materialize;
+use crate::model::weights::DecoderLayer;
 use crate::ring::context::RingContext;
 use burn::config::Config;
 use burn::module::Module;

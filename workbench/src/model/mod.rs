@@ -1,11 +1,18 @@
-//! Models whose attention is ring attention: the LLaMA-style decoder ([`llama`]) and the Agentic
+//! Models whose attention is ring attention: the [`attention`] layer a model author plugs in (a Burn
+//! module, like `MultiHeadAttention`), the LLaMA-style decoder ([`llama`]) and the Agentic
 //! Transformer built on its decoder layers ([`agentic`]).
 
 pub mod agentic;
+pub mod attention;
+mod checkpoint;
 pub mod ffn;
 pub mod layer;
 pub mod lazy;
 pub mod llama;
+mod norm;
+mod rope;
+pub mod weights;
 
+pub use attention::{RingAttention, RingAttentionConfig};
 pub use layer::{Checkpoint, LayerBackend};
 pub use llama::{Llama, LlamaConfig};

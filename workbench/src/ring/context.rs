@@ -1,12 +1,16 @@
 //! Ring options: directions, backward schemes, and the per-rank context shared by forward and backward.
 
 use crate::error::RingError;
+use crate::host::HostRead;
+pub use crate::kernels::Kernel;
 use crate::kernels::mask::{Window, windows};
 use crate::ring::ledger::Ledger;
 use crate::transport::{Comm, Traffic};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
 use std::fmt;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use strategies::Layout;
 
 /// Which neighbour receives a rank's block.
@@ -79,23 +83,6 @@ impl BackwardScheme {
     ];
 }
 
-/// Which implementation computes the tiles.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Kernel {
-    /// Fused CPU kernel on host buffers (`fused.rs`).
-    #[default]
-    Fused,
-    /// Burn tensor ops on the configured backend (`kernels.rs`): the reference twin.
-    Generic,
-}
-
-impl Kernel {
-    /// The accepted names, for error messages.
-    pub const NAMES: &'static str = "fused, generic";
-    /// Every kernel.
-    pub const ALL: [Kernel; 2] = [Kernel::Fused, Kernel::Generic];
-}
-
 macro_rules! named_enum {
     ($ty:ty, $what:literal, $($variant:path => $name:literal),+) => {
         impl fmt::Display for $ty {
@@ -115,7 +102,6 @@ macro_rules! named_enum {
     };
 }
 named_enum!(Direction, "direction", Direction::Cw => "cw", Direction::Ccw => "ccw");
-named_enum!(Kernel, "kernel", Kernel::Fused => "fused", Kernel::Generic => "generic");
 named_enum!(BackwardScheme, "backward scheme", BackwardScheme::Kv => "kv",
     BackwardScheme::KvReverse => "kv-reverse", BackwardScheme::Q => "q");
 
@@ -136,6 +122,26 @@ pub struct RingConfig {
     /// thread ranks sharing a few cores do not slow each other's tile timings. Communication is not
     /// serialized.
     pub lockstep: bool,
+}
+
+impl RingConfig {
+    /// What a call of ring attention that does not say otherwise masks and scales by.
+    pub fn attend(&self) -> Attend {
+        Attend {
+            causal: self.causal,
+            scale: self.scale,
+        }
+    }
+}
+
+/// How one call of ring attention masks and scales its scores. Per call, so that a model may mix
+/// its layers (and the ring's own options, directions, scheme and kernel, stay the context's).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Attend {
+    /// Whether a query sees only keys at or before its position.
+    pub causal: bool,
+    /// Softmax scale; `None` means 1/sqrt(head_dim).
+    pub scale: Option<f32>,
 }
 
 /// Work done by one rank in one ring step, for measurement and simulation.
@@ -166,8 +172,9 @@ pub struct RingContext {
     pub layout: Arc<Layout>,
     /// What the positions hold: real tokens in documents, then padding.
     sequence: Arc<Sequence>,
-    /// The key window of every rank's every query ([`crate::kernels::mask::windows`]).
-    windows: Arc<Vec<Vec<Window>>>,
+    /// The key window of every rank's every query ([`crate::kernels::mask::windows`]), without and
+    /// with causality, each made when first asked for.
+    windows: [OnceLock<Vec<Vec<Window>>>; 2],
     rank: usize,
     comm: Arc<Mutex<Comm>>,
     events: Mutex<Vec<StepEvent>>,
@@ -189,7 +196,7 @@ impl RingContext {
         let sequence = Arc::new(Sequence::unpadded(layout.seq_len));
         Ok(Self {
             config,
-            windows: Arc::new(all_windows(&layout, &sequence, config.causal)),
+            windows: Default::default(),
             sequence,
             layout,
             rank: comm.rank(),
@@ -225,7 +232,7 @@ impl RingContext {
         let sequence = Arc::new(Sequence::unpadded(layout.seq_len));
         Ok(Self {
             config: self.config,
-            windows: Arc::new(all_windows(&layout, &sequence, self.config.causal)),
+            windows: Default::default(),
             sequence,
             layout,
             rank: self.rank,
@@ -241,7 +248,7 @@ impl RingContext {
     /// between them, and positions at or past its length are padding that no real query sees.
     pub fn with_sequence(mut self, sequence: Sequence) -> Result<Self, RingError> {
         sequence.check(self.layout.seq_len)?;
-        self.windows = Arc::new(all_windows(&self.layout, &sequence, self.config.causal));
+        self.windows = Default::default();
         self.sequence = Arc::new(sequence);
         Ok(self)
     }
@@ -263,9 +270,16 @@ impl RingContext {
         &self.sequence
     }
 
-    /// The key windows of `rank`'s queries, in local order.
+    /// The key windows of `rank`'s queries, in local order, under the context's own causality.
     pub fn windows(&self, rank: usize) -> &[Window] {
-        &self.windows[rank]
+        self.windows_for(rank, self.config.causal)
+    }
+
+    /// The key windows of `rank`'s queries, in local order, causal or not.
+    pub fn windows_for(&self, rank: usize, causal: bool) -> &[Window] {
+        let all = self.windows[usize::from(causal)]
+            .get_or_init(|| all_windows(&self.layout, &self.sequence, causal));
+        &all[rank]
     }
 
     /// The number of ranks.
@@ -315,6 +329,92 @@ impl RingContext {
     pub fn with_comm<T>(&self, f: impl FnOnce(&mut Comm) -> T) -> T {
         f(&mut self.comm())
     }
+
+    /// This rank's rows of host values `global` laid out `[batch, len, width]` in global order:
+    /// `[batch, t, width]` in this rank's local order; a position at or past `len` (padding) is a row
+    /// of `T::default()`.
+    pub fn shard_rows<T: Copy + Default>(
+        &self,
+        global: &[T],
+        batch: usize,
+        width: usize,
+    ) -> Vec<T> {
+        gather_rows(global, batch, width, self.positions(self.rank))
+    }
+
+    /// This rank's rows of `global` (`[batch, seq, ...]` in global order, the same tensor on every
+    /// rank): `[batch, t, ...]` in this rank's local order, positions at or past `seq` (padding)
+    /// zero rows. A gather on the tensor's device, differentiable: what a model's inputs and
+    /// targets are on a rank.
+    pub fn shard<B: Backend, const D: usize>(&self, global: Tensor<B, D>) -> Tensor<B, D> {
+        let device = global.device();
+        let seq = global.dims()[1];
+        let positions = self.positions(self.rank);
+        let padded = positions.iter().any(|&p| p >= seq);
+        let global = if padded {
+            let mut pad = global.dims();
+            pad[1] = self.layout.seq_len.max(seq + 1) - seq;
+            Tensor::cat(vec![global, Tensor::zeros(pad, &device)], 1)
+        } else {
+            global
+        };
+        let rows: Vec<i64> = positions.iter().map(|&p| p as i64).collect();
+        let index =
+            Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [positions.len()]), &device);
+        global.select(1, index)
+    }
+
+    /// Every rank's rows put back in global order: each rank gives its `[batch, t, ...]` shard (as
+    /// [`RingContext::shard`] made it) and gets the whole `[batch, seq, ...]`, padding dropped. A
+    /// collective (every rank calls it), on host copies: for outputs, not for gradients.
+    pub fn unshard<B: HostRead, const D: usize>(
+        &self,
+        local: Tensor<B, D>,
+        seq: usize,
+    ) -> Result<Tensor<B, D>, RingError> {
+        let device = local.device();
+        let dims = local.dims();
+        let (batch, width) = (dims[0], dims[2..].iter().product::<usize>());
+        let mut global = vec![0.0f32; batch * seq * width];
+        let mine = crate::host::read(local);
+        for (b, rows) in mine.chunks(dims[1] * width).enumerate() {
+            for (&p, row) in self.positions(self.rank).iter().zip(rows.chunks(width)) {
+                if p < seq {
+                    let at = (b * seq + p) * width;
+                    global[at..at + width].copy_from_slice(row);
+                }
+            }
+        }
+        // Each position belongs to one rank: a sum of the scattered rows is their gather (adding
+        // zeros is exact).
+        self.with_comm(|c| c.all_reduce_sum(&mut global))?;
+        let mut shape = dims;
+        shape[1] = seq;
+        Ok(crate::host::place(global, shape, &device))
+    }
+}
+
+/// Rows at `positions` of `global` laid out `[batch, len, width]`: `[batch, positions.len(), width]`;
+/// a position at or past `len` is a row of `T::default()` (padding).
+pub fn gather_rows<T: Copy + Default>(
+    global: &[T],
+    batch: usize,
+    width: usize,
+    positions: &[usize],
+) -> Vec<T> {
+    let len = global.len() / (batch * width).max(1);
+    let mut out = Vec::with_capacity(batch * positions.len() * width);
+    for b in 0..batch {
+        for &p in positions {
+            if p < len {
+                let row = (b * len + p) * width;
+                out.extend_from_slice(&global[row..row + width]);
+            } else {
+                out.resize(out.len() + width, T::default());
+            }
+        }
+    }
+    out
 }
 
 /// What a layout's positions hold: `len` real tokens, packed as documents of `doc_lens` laid end to

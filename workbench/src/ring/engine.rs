@@ -4,18 +4,19 @@
 //! the send of the next hop is posted before the compute and waited for after it (double buffer).
 //! Forward and every backward scheme are one `ring_pass` each with a different cargo.
 
+use crate::block::{Block, BlockKind};
 use crate::error::RingError;
 use crate::host::{self, HostRead};
-use crate::kernels::device_mask::DeviceMasks;
 use crate::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM};
-use crate::kernels::fused::{TileDims, softmax_delta};
 use crate::kernels::mask::Visibility;
-use crate::kernels::{BackwardBlocks, ForwardTiles, backward_tile, workspace_bytes};
-use crate::ring::block::{Block, BlockKind};
-use crate::ring::context::{BackwardScheme, Direction, Kernel, RingContext, StepEvent};
+use crate::kernels::{
+    BackwardTile, ForwardTile, Keys, Queries, TileDims, TileKernel, Travelling, WithKernel,
+    with_kernel,
+};
+use crate::ring::context::{Attend, BackwardScheme, Direction, RingContext, StepEvent};
 use crate::ring::ledger::{Charge, Ledger};
 use crate::transport::{Comm, Phase};
-use burn::tensor::Tensor;
+use burn::tensor::{Tensor, backend::Backend};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -135,8 +136,8 @@ fn parallel_units(ctx: &RingContext) -> bool {
     ctx.config.lockstep || ctx.world() < cores
 }
 
-fn scale_of(ctx: &RingContext, head_dim: usize) -> f32 {
-    ctx.config
+fn scale_of(attend: Attend, head_dim: usize) -> f32 {
+    attend
         .scale
         .unwrap_or_else(|| 1.0 / (head_dim as f32).sqrt())
 }
@@ -176,122 +177,157 @@ pub(crate) fn check_shapes(
     Ok(())
 }
 
-/// Every rank's query windows and key positions, placed on `device` for the generic kernel's masks.
-fn device_masks<B: HostRead>(
+/// The kernel's preparation of every rank's shard (its queries' windows, its keys' positions), once
+/// per pass; tiles name them by rank.
+fn shards<B: HostRead, K: TileKernel<B>>(
+    kernel: &K,
     ctx: &RingContext,
+    causal: bool,
     device: &B::Device,
-) -> Result<DeviceMasks<B>, RingError> {
-    let ranks = 0..ctx.world();
-    let windows: Vec<_> = ranks.clone().map(|r| ctx.windows(r)).collect();
-    let positions: Vec<_> = ranks.map(|r| ctx.positions(r)).collect();
-    DeviceMasks::new(&windows, &positions, device)
-}
-
-/// A tensor as a block: on the host for the fused kernel (one copy), as itself on the device for the
-/// generic one (no copy).
-fn block_for<B: HostRead, const D: usize>(
-    kernel: Kernel,
-    kind: BlockKind,
-    tensor: Tensor<B, D>,
-) -> Block {
-    match kernel {
-        Kernel::Fused => Block::from_tensor(kind, tensor),
-        Kernel::Generic => Block::on_device(kind, tensor),
-    }
+) -> Result<Vec<K::Shard>, RingError> {
+    (0..ctx.world())
+        .map(|r| kernel.shard(ctx.windows_for(r, causal), ctx.positions(r), device))
+        .collect()
 }
 
 /// Ring forward on one rank: this rank's output `[b, h, t, d]`, log-sum-exp `[b, h, t]`, and what
-/// the backward needs.
+/// the backward needs, masked and scaled as `attend` says. The configured kernel computes the tiles.
 pub fn forward<B: HostRead>(
     ctx: &RingContext,
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
+    attend: Attend,
 ) -> Result<(Tensor<B, 4>, Tensor<B, 3>, Saved), RingError> {
     check_shapes(ctx, q.dims(), k.dims(), v.dims())?;
-    let [b, h, t, d] = q.dims();
-    let kv_heads = k.dims()[1];
-    let scale = scale_of(ctx, d);
-    let device = q.device();
-    let rank = ctx.rank();
-    let win_q = ctx.windows(rank);
-    let kernel = ctx.config.kernel;
-    let q_block = Arc::new(block_for(kernel, BlockKind::Q, q.clone()));
-    let mut tiles = match kernel {
-        Kernel::Fused => {
-            ForwardTiles::fused(q_block.clone(), kv_heads, win_q, scale, parallel_units(ctx))
-        }
-        Kernel::Generic => ForwardTiles::generic(q, device_masks(ctx, &device)?, rank, scale),
-    };
-    let (k, v) = (
-        Arc::new(block_for(kernel, BlockKind::K, k)),
-        Arc::new(block_for(kernel, BlockKind::V, v)),
-    );
-    let ledger = ctx.ledger();
-    let rows = (b * h * t * std::mem::size_of::<f32>()) as u64;
-    // What the backward keeps (q, k, v, lse), and the forward's accumulators (out, row max, row sum).
-    let saved_charge = ledger.charge(q_block.bytes() + k.bytes() + v.bytes() + rows);
-    let _accumulators = ledger.charge(rows * d as u64 + 2 * rows);
-    let cargo = vec![k.clone(), v.clone()];
-    let mut comm = ctx.comm();
-    ring_pass::<B>(
-        &device,
-        &mut comm,
-        ledger,
-        Phase::Forward,
-        ctx.config.forward,
-        cargo,
-        None,
-        |step, owner, held| {
-            let _turn = ctx.config.lockstep.then(lockstep_turn);
-            let start = Instant::now();
-            let pos_k = ctx.positions(owner);
-            let visibility = Visibility::of(win_q, pos_k);
-            if visibility != Visibility::None {
-                let dims = TileDims {
-                    batch: b,
-                    heads: h,
-                    kv_heads,
-                    tq: t,
-                    tk: pos_k.len(),
-                    head_dim: d,
-                };
-                let _workspace = ledger.charge(workspace_bytes(kernel, &dims, false));
-                let poisoned = ctx.poisons(step).then(|| held[1].poisoned::<B>(&device));
-                let v = poisoned.as_ref().unwrap_or(&held[1]);
-                tiles.attend(&held[0], v, owner, pos_k, visibility);
-            }
-            ctx.record(StepEvent {
-                phase: Phase::Forward,
-                step,
-                peer_block: owner,
-                pairs: visibility.pairs(t, pos_k.len()) * (b * h) as u64,
-                flops: FORWARD_PER_PAIR_DIM * visibility.pairs(t, pos_k.len()) * (b * h * d) as u64,
-                compute_seconds: start.elapsed().as_secs_f64(),
-            });
-            Ok(None)
+    with_kernel(
+        ctx.config.kernel,
+        Forward {
+            ctx,
+            q,
+            k,
+            v,
+            attend,
         },
-    )?;
-    let (out, lse) = tiles.finish(&device);
-    let saved = Saved {
-        q: q_block,
-        k,
-        v,
-        lse: Arc::new(block_for(kernel, BlockKind::Lse, lse.clone())),
-        _charge: Arc::new(saved_charge),
-    };
-    Ok((out, lse, saved))
+    )
+}
+
+struct Forward<'a, B: Backend> {
+    ctx: &'a RingContext,
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    attend: Attend,
+}
+
+impl<B: HostRead> WithKernel<B> for Forward<'_, B> {
+    type Output = Result<(Tensor<B, 4>, Tensor<B, 3>, Saved), RingError>;
+
+    fn run<K: TileKernel<B>>(self, kernel: &K) -> Self::Output {
+        let Forward {
+            ctx,
+            q,
+            k,
+            v,
+            attend,
+        } = self;
+        let [b, h, t, d] = q.dims();
+        let kv_heads = k.dims()[1];
+        let scale = scale_of(attend, d);
+        let device = q.device();
+        let rank = ctx.rank();
+        let shards = shards(kernel, ctx, attend.causal, &device)?;
+        let q_block = Arc::new(kernel.operand(BlockKind::Q, q));
+        let win_q = ctx.windows_for(rank, attend.causal);
+        let queries = Queries {
+            windows: win_q,
+            prepared: &shards[rank],
+        };
+        let mut state =
+            kernel.forward_start(&q_block, kv_heads, queries, scale, parallel_units(ctx));
+        let (k, v) = (
+            Arc::new(kernel.operand(BlockKind::K, k)),
+            Arc::new(kernel.operand(BlockKind::V, v)),
+        );
+        let ledger = ctx.ledger();
+        let rows = (b * h * t * std::mem::size_of::<f32>()) as u64;
+        // What the backward keeps (q, k, v, lse), and the forward's accumulators (out, row max, row sum).
+        let saved_charge = ledger.charge(q_block.bytes() + k.bytes() + v.bytes() + rows);
+        let _accumulators = ledger.charge(rows * d as u64 + 2 * rows);
+        let cargo = vec![k.clone(), v.clone()];
+        let mut comm = ctx.comm();
+        ring_pass::<B>(
+            &device,
+            &mut comm,
+            ledger,
+            Phase::Forward,
+            ctx.config.forward,
+            cargo,
+            None,
+            |step, owner, held| {
+                let _turn = ctx.config.lockstep.then(lockstep_turn);
+                let start = Instant::now();
+                let pos_k = ctx.positions(owner);
+                let visibility = Visibility::of(win_q, pos_k);
+                if visibility != Visibility::None {
+                    let dims = TileDims {
+                        batch: b,
+                        heads: h,
+                        kv_heads,
+                        tq: t,
+                        tk: pos_k.len(),
+                        head_dim: d,
+                    };
+                    let _workspace = ledger.charge(kernel.workspace_bytes(&dims, false));
+                    let poisoned = ctx.poisons(step).then(|| held[1].poisoned::<B>(&device));
+                    let tile = ForwardTile {
+                        k: &held[0],
+                        v: poisoned.as_ref().unwrap_or(&held[1]),
+                        keys: Keys {
+                            positions: pos_k,
+                            prepared: &shards[owner],
+                        },
+                        visibility,
+                    };
+                    kernel.forward_tile(&mut state, tile);
+                }
+                ctx.record(StepEvent {
+                    phase: Phase::Forward,
+                    step,
+                    peer_block: owner,
+                    pairs: visibility.pairs(t, pos_k.len()) * (b * h) as u64,
+                    flops: FORWARD_PER_PAIR_DIM
+                        * visibility.pairs(t, pos_k.len())
+                        * (b * h * d) as u64,
+                    compute_seconds: start.elapsed().as_secs_f64(),
+                });
+                Ok(None)
+            },
+        )?;
+        let (out, lse) = kernel.forward_finish(state, &device);
+        let saved = Saved {
+            q: q_block,
+            k,
+            v,
+            lse: Arc::new(kernel.operand(BlockKind::Lse, lse.clone())),
+            attend,
+            _charge: Arc::new(saved_charge),
+        };
+        Ok((out, lse, saved))
+    }
 }
 
 /// What the backward needs from the forward, on one rank: the forward's own blocks of q, k, v
-/// `[b, h|hk, t, d]` and of the log-sum-exp `[b, h, t]` (host blocks for the fused kernel, device
-/// tensors for the generic one). The output is the caller's to keep.
+/// `[b, h|hk, t, d]` and of the log-sum-exp `[b, h, t]`, where the kernel reads them (host blocks
+/// for the fused kernel, device tensors for the generic one). The output is the caller's to keep.
 #[derive(Debug, Clone)]
 pub struct Saved {
     pub(crate) q: Arc<Block>,
     pub(crate) k: Arc<Block>,
     pub(crate) v: Arc<Block>,
     pub(crate) lse: Arc<Block>,
+    /// How the forward masked and scaled: the backward does the same.
+    pub(crate) attend: Attend,
     /// These blocks' bytes on the rank's ledger, held (never read) until the last copy is dropped.
     _charge: Arc<Charge>,
 }
@@ -303,158 +339,179 @@ pub type QkvGrads<B> = (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>);
 ///
 /// `kv`/`kv-reverse`: K and V travel with the dK/dV accumulator, dQ accumulates here. `q`: Q, dO, lse
 /// and delta travel with the dQ accumulator, dK/dV accumulate here. Either way every (query block,
-/// key block) pair meets exactly once. With the generic kernel every block, accumulator and mask
-/// stays a tensor on the rank's device.
+/// key block) pair meets exactly once. Every block and accumulator lies where the kernel keeps
+/// its operands (for the generic kernel, a tensor on the rank's device).
 pub fn backward<B: HostRead>(
     ctx: &RingContext,
     saved: &Saved,
     out: Tensor<B, 4>,
     d_out: Tensor<B, 4>,
 ) -> Result<QkvGrads<B>, RingError> {
-    let Saved { q, k, v, lse, .. } = saved;
-    let device = out.device();
-    let [b, h, t, d] = out.dims();
-    let kv_heads = k.shape[1];
-    let scale = scale_of(ctx, d);
-    let kernel = ctx.config.kernel;
-    let parallel = parallel_units(ctx);
-    let (d_out, delta) = match kernel {
-        Kernel::Fused => {
-            let d_out = Block::from_tensor(BlockKind::DOut, d_out);
-            let delta = softmax_delta(&d_out.host_values(), &host::read(out), d);
-            (d_out, Block::host(BlockKind::Delta, vec![b, h, t], delta))
-        }
-        Kernel::Generic => {
-            let delta: Tensor<B, 3> = (d_out.clone() * out).sum_dim(3).squeeze_dim(3);
-            (
-                Block::on_device(BlockKind::DOut, d_out),
-                Block::on_device(BlockKind::Delta, delta),
-            )
-        }
-    };
-    let (d_out, delta) = (Arc::new(d_out), Arc::new(delta));
-    let masks = match kernel {
-        Kernel::Fused => None,
-        Kernel::Generic => Some(device_masks::<B>(ctx, &device)?),
-    };
-    let zeros = |kind: BlockKind, shape: &[usize]| match kernel {
-        Kernel::Fused => Block::zeros(kind, shape.to_vec()),
-        Kernel::Generic => Block::zeros_on::<B>(kind, shape.to_vec(), &device),
-    };
-    let dims = TileDims {
-        batch: b,
-        heads: h,
-        kv_heads,
-        tq: t,
-        tk: t,
-        head_dim: d,
-    };
-    let (q_shape, kv_shape) = (q.shape.clone(), k.shape.clone());
-
-    // The scheme decides what travels; `travelling_q` says which side of the tile the cargo is.
-    let (direction, travelling_q) = match ctx.config.backward {
-        BackwardScheme::Kv => (ctx.config.forward, false),
-        BackwardScheme::KvReverse => (ctx.config.forward.reversed(), false),
-        BackwardScheme::Q => (ctx.config.forward, true),
-    };
-    let (cargo, accumulator, mut stay) = if travelling_q {
-        (
-            vec![q.clone(), d_out.clone(), lse.clone(), delta.clone()],
-            vec![zeros(BlockKind::DQ, &q_shape)],
-            vec![
-                zeros(BlockKind::DK, &kv_shape),
-                zeros(BlockKind::DV, &kv_shape),
-            ],
-        )
-    } else {
-        (
-            vec![k.clone(), v.clone()],
-            vec![
-                zeros(BlockKind::DK, &kv_shape),
-                zeros(BlockKind::DV, &kv_shape),
-            ],
-            vec![zeros(BlockKind::DQ, &q_shape)],
-        )
-    };
-    let rank = ctx.rank();
-    let ledger = ctx.ledger();
-    let stay_bytes: u64 = stay.iter().map(Block::bytes).sum();
-    let _held_here = ledger.charge(d_out.bytes() + delta.bytes() + stay_bytes);
-    // Each step's contribution to the travelling accumulator is a fresh block of its size.
-    let contribution_bytes: u64 = accumulator.iter().map(Block::bytes).sum();
-    let tile_bytes = contribution_bytes + workspace_bytes(kernel, &dims, true);
-    let mut comm = ctx.comm();
-    let home = ring_pass::<B>(
-        &device,
-        &mut comm,
-        ledger,
-        Phase::Backward,
-        direction,
-        cargo,
-        Some(accumulator),
-        |step, owner, held| {
-            let _turn = ctx.config.lockstep.then(lockstep_turn);
-            let start = Instant::now();
-            let (q_rank, k_rank) = if travelling_q {
-                (owner, rank)
-            } else {
-                (rank, owner)
-            };
-            let (win_q, pos_k) = (ctx.windows(q_rank), ctx.positions(k_rank));
-            let visibility = Visibility::of(win_q, pos_k);
-            let pairs = visibility.pairs(win_q.len(), pos_k.len()) * (b * h) as u64;
-            let contribution = (visibility != Visibility::None).then(|| {
-                let _tile = ledger.charge(tile_bytes);
-                let (q, d_out, lse, delta, k, v) = if travelling_q {
-                    (&held[0], &held[1], &held[2], &held[3], k, v)
-                } else {
-                    (q, &d_out, lse, &delta, &held[0], &held[1])
-                };
-                let tile = BackwardBlocks {
-                    q,
-                    d_out,
-                    lse,
-                    delta,
-                    k,
-                    v,
-                    win_q,
-                    pos_k,
-                    ranks: (q_rank, k_rank),
-                    visibility,
-                    // Shards may differ in length (a strategy that splits documents unevenly).
-                    dims: TileDims {
-                        tq: win_q.len(),
-                        tk: pos_k.len(),
-                        ..dims
-                    },
-                    scale,
-                    parallel,
-                };
-                backward_tile(&tile, masks.as_ref(), &device, &mut stay, travelling_q)
-            });
-            ctx.record(StepEvent {
-                phase: Phase::Backward,
-                step,
-                peer_block: owner,
-                pairs,
-                flops: BACKWARD_PER_PAIR_DIM * pairs * d as u64,
-                compute_seconds: start.elapsed().as_secs_f64(),
-            });
-            Ok(contribution)
+    with_kernel(
+        ctx.config.kernel,
+        Backward {
+            ctx,
+            saved,
+            out,
+            d_out,
         },
-    )?
-    .expect("ring_pass returns the accumulator it was given");
-    let (travelled, stayed) = (home.into_iter(), stay.into_iter());
-    let mut grads = if travelling_q {
-        travelled.chain(stayed)
-    } else {
-        stayed.chain(travelled)
-    };
-    let mut next = || grads.next().expect("dQ, dK and dV: one block each");
-    let (dq, dk, dv) = (next(), next(), next());
-    Ok((
-        dq.into_tensor(&device),
-        dk.into_tensor(&device),
-        dv.into_tensor(&device),
-    ))
+    )
+}
+
+struct Backward<'a, B: Backend> {
+    ctx: &'a RingContext,
+    saved: &'a Saved,
+    out: Tensor<B, 4>,
+    d_out: Tensor<B, 4>,
+}
+
+impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
+    type Output = Result<QkvGrads<B>, RingError>;
+
+    fn run<K: TileKernel<B>>(self, kernel: &K) -> Self::Output {
+        let Backward {
+            ctx,
+            saved,
+            out,
+            d_out,
+        } = self;
+        let Saved {
+            q,
+            k,
+            v,
+            lse,
+            attend,
+            ..
+        } = saved;
+        let device = out.device();
+        let [b, h, t, d] = out.dims();
+        let kv_heads = k.shape[1];
+        let scale = scale_of(*attend, d);
+        let parallel = parallel_units(ctx);
+        let d_out = kernel.operand(BlockKind::DOut, d_out);
+        let delta = kernel.delta(&d_out, out);
+        let (d_out, delta) = (Arc::new(d_out), Arc::new(delta));
+        let shards = shards(kernel, ctx, attend.causal, &device)?;
+        let zeros = |kind: BlockKind, shape: &[usize]| kernel.zeros(kind, shape.to_vec(), &device);
+        let dims = TileDims {
+            batch: b,
+            heads: h,
+            kv_heads,
+            tq: t,
+            tk: t,
+            head_dim: d,
+        };
+        let (q_shape, kv_shape) = (q.shape.clone(), k.shape.clone());
+
+        // The scheme decides what travels and in which direction.
+        let (direction, travelling) = match ctx.config.backward {
+            BackwardScheme::Kv => (ctx.config.forward, Travelling::Keys),
+            BackwardScheme::KvReverse => (ctx.config.forward.reversed(), Travelling::Keys),
+            BackwardScheme::Q => (ctx.config.forward, Travelling::Queries),
+        };
+        let (cargo, accumulator, mut stay) = match travelling {
+            Travelling::Queries => (
+                vec![q.clone(), d_out.clone(), lse.clone(), delta.clone()],
+                vec![zeros(BlockKind::DQ, &q_shape)],
+                vec![
+                    zeros(BlockKind::DK, &kv_shape),
+                    zeros(BlockKind::DV, &kv_shape),
+                ],
+            ),
+            Travelling::Keys => (
+                vec![k.clone(), v.clone()],
+                vec![
+                    zeros(BlockKind::DK, &kv_shape),
+                    zeros(BlockKind::DV, &kv_shape),
+                ],
+                vec![zeros(BlockKind::DQ, &q_shape)],
+            ),
+        };
+        let rank = ctx.rank();
+        let ledger = ctx.ledger();
+        let stay_bytes: u64 = stay.iter().map(Block::bytes).sum();
+        let _held_here = ledger.charge(d_out.bytes() + delta.bytes() + stay_bytes);
+        // Each step's contribution to the travelling accumulator is a fresh block of its size.
+        let contribution_bytes: u64 = accumulator.iter().map(Block::bytes).sum();
+        let tile_bytes = contribution_bytes + kernel.workspace_bytes(&dims, true);
+        let mut comm = ctx.comm();
+        let home = ring_pass::<B>(
+            &device,
+            &mut comm,
+            ledger,
+            Phase::Backward,
+            direction,
+            cargo,
+            Some(accumulator),
+            |step, owner, held| {
+                let _turn = ctx.config.lockstep.then(lockstep_turn);
+                let start = Instant::now();
+                let (q_rank, k_rank) = match travelling {
+                    Travelling::Queries => (owner, rank),
+                    Travelling::Keys => (rank, owner),
+                };
+                let (win_q, pos_k) = (
+                    ctx.windows_for(q_rank, attend.causal),
+                    ctx.positions(k_rank),
+                );
+                let visibility = Visibility::of(win_q, pos_k);
+                let pairs = visibility.pairs(win_q.len(), pos_k.len()) * (b * h) as u64;
+                let contribution = (visibility != Visibility::None).then(|| {
+                    let _tile = ledger.charge(tile_bytes);
+                    let (q, d_out, lse, delta, k, v) = match travelling {
+                        Travelling::Queries => (&held[0], &held[1], &held[2], &held[3], k, v),
+                        Travelling::Keys => (q, &d_out, lse, &delta, &held[0], &held[1]),
+                    };
+                    let tile = BackwardTile {
+                        q,
+                        d_out,
+                        lse,
+                        delta,
+                        k,
+                        v,
+                        queries: Queries {
+                            windows: win_q,
+                            prepared: &shards[q_rank],
+                        },
+                        keys: Keys {
+                            positions: pos_k,
+                            prepared: &shards[k_rank],
+                        },
+                        visibility,
+                        // Shards may differ in length (a strategy that splits documents unevenly).
+                        dims: TileDims {
+                            tq: win_q.len(),
+                            tk: pos_k.len(),
+                            ..dims
+                        },
+                        scale,
+                        parallel,
+                    };
+                    kernel.backward_tile(&tile, &mut stay, travelling)
+                });
+                ctx.record(StepEvent {
+                    phase: Phase::Backward,
+                    step,
+                    peer_block: owner,
+                    pairs,
+                    flops: BACKWARD_PER_PAIR_DIM * pairs * d as u64,
+                    compute_seconds: start.elapsed().as_secs_f64(),
+                });
+                Ok(contribution)
+            },
+        )?
+        .expect("ring_pass returns the accumulator it was given");
+        let (travelled, stayed) = (home.into_iter(), stay.into_iter());
+        let mut grads = match travelling {
+            Travelling::Queries => travelled.chain(stayed),
+            Travelling::Keys => stayed.chain(travelled),
+        };
+        let mut next = || grads.next().expect("dQ, dK and dV: one block each");
+        let (dq, dk, dv) = (next(), next(), next());
+        Ok((
+            dq.into_tensor(&device),
+            dk.into_tensor(&device),
+            dv.into_tensor(&device),
+        ))
+    }
 }

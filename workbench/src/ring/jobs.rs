@@ -191,21 +191,19 @@ fn plan_job(job: &AttentionJob) -> Result<Plan, RingError> {
     })
 }
 
-/// The rows of global `[b, s, h, d]` at `positions`, as a rank's `[b, h, t, d]`: the shard and the
-/// engine's head-major layout in one copy (a strided Burn view would be made contiguous element by
-/// element inside the engine). Positions at or past `s` are padding: zero rows.
-fn gather_rank(global: &[f32], [b, s, h, d]: [usize; 4], positions: &[usize]) -> Vec<f32> {
+/// A rank's rows of global `[b, s, h, d]` as the engine's head-major `[b, h, t, d]`: the shard
+/// ([`RingContext::shard_rows`], padding as zero rows) with its heads moved before its tokens on
+/// the host (a strided Burn view would be made contiguous element by element inside the engine).
+fn gather_rank(ctx: &RingContext, global: &[f32], [b, s, h, d]: [usize; 4]) -> Vec<f32> {
     debug_assert_eq!(global.len(), b * s * h * d);
-    let mut local = Vec::with_capacity(b * h * positions.len() * d);
+    let rows = ctx.shard_rows(global, b, h * d);
+    let t = rows.len() / (b * h * d).max(1);
+    let mut local = Vec::with_capacity(rows.len());
     for i in 0..b {
         for j in 0..h {
-            for &p in positions {
-                if p >= s {
-                    local.resize(local.len() + d, 0.0);
-                    continue;
-                }
-                let at = ((i * s + p) * h + j) * d;
-                local.extend_from_slice(&global[at..at + d]);
+            for p in 0..t {
+                let at = ((i * t + p) * h + j) * d;
+                local.extend_from_slice(&rows[at..at + d]);
             }
         }
     }
@@ -265,7 +263,7 @@ where
     let local = positions.len();
     let load = |t: &HostTensor, h: usize| {
         host::place::<B, 4>(
-            gather_rank(&t.data, [batch, seq, h, head_dim], positions),
+            gather_rank(&ctx, &t.data, [batch, seq, h, head_dim]),
             [batch, h, local, head_dim],
             device,
         )
@@ -305,6 +303,31 @@ where
         events: ctx.take_events(),
     };
     Ok((output, ctx))
+}
+
+/// Runs `work` on one in-process rank holding all `len` positions in order, with ring options
+/// `config`: a single device's attention through the same engine (prediction, evaluation).
+pub fn on_one_rank<T>(
+    len: usize,
+    config: RingConfig,
+    timeout: Duration,
+    work: impl FnOnce(&Arc<RingContext>) -> Result<T, RingError> + Send,
+) -> Result<T, RingError>
+where
+    T: Send,
+{
+    let layout = Arc::new(strategies::Contiguous.layout(len, 1)?);
+    let work = std::sync::Mutex::new(Some(work));
+    let mut results = run_ranks_with(1, timeout, None, |comm| {
+        let ctx = Arc::new(RingContext::new(comm, layout.clone(), config)?);
+        let work = work
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .expect("one rank runs the work once");
+        work(&ctx)
+    });
+    results.remove(0)
 }
 
 /// Runs ring attention (and, with `d_out`, its backward) on `job.ranks` threads, all on `device`.

@@ -1,9 +1,8 @@
-//! The ring algorithm (Liu et al. 2023, §3): what travels ([`block`]), the schedule written once
-//! (`engine`), each rank's options and context ([`context`]), the bytes a rank holds ([`ledger`]),
-//! ring attention as a Burn autodiff op ([`op`]), and one-call jobs over N ranks ([`jobs`]) on
-//! host arrays ([`host_tensor`]).
+//! The ring algorithm (Liu et al. 2023, §3): the schedule written once (`engine`), each rank's
+//! options and context ([`context`]), the bytes a rank holds ([`ledger`]), ring attention as a Burn
+//! autodiff op ([`op`]), and one-call jobs over N ranks ([`jobs`]) on host arrays ([`host_tensor`]).
+//! What travels is [`crate::block`]; what computes a tile is a [`crate::kernels::TileKernel`].
 
-pub mod block;
 pub mod context;
 pub(crate) mod engine;
 pub mod host_tensor;

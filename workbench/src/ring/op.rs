@@ -1,32 +1,23 @@
 //! Ring attention as a Burn op: a backend extension whose autodiff twin runs the ring backward.
 
+use crate::block::Block;
 use crate::error::RingError;
 use crate::host::HostRead;
-use crate::model::ffn::FfnBackend;
-use crate::ring::block::Block;
-use crate::ring::context::RingContext;
+use crate::primitive::{unwrap, wrap};
+use crate::ring::context::{Attend, RingContext};
 use crate::ring::engine::{self, Saved};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive};
 use std::sync::Arc;
 
-fn wrap<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(primitive))
-}
-
-fn unwrap<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
-    tensor.into_primitive().tensor()
-}
-
-/// Backends that can run ring attention (and the model's other custom op, the rematerializing
-/// feed-forward). The default method runs the generic engine; the autodiff
-/// backend overrides it to register the ring backward.
-pub trait RingBackend: HostRead + FfnBackend {
+/// Backends that can run ring attention. The default method runs the engine; the autodiff backend
+/// overrides it to register the ring backward.
+pub trait RingBackend: HostRead {
     /// Returns this rank's `(out [b, h, t, d], lse [b, h, t])` and what the backward needs; `lse`
     /// carries no gradient.
     fn ring_forward(
@@ -34,8 +25,9 @@ pub trait RingBackend: HostRead + FfnBackend {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         ctx: &Arc<RingContext>,
+        attend: Attend,
     ) -> Result<(FloatTensor<Self>, FloatTensor<Self>, Saved), RingError> {
-        let (out, lse, saved) = engine::forward::<Self>(ctx, wrap(q), wrap(k), wrap(v))?;
+        let (out, lse, saved) = engine::forward::<Self>(ctx, wrap(q), wrap(k), wrap(v), attend)?;
         Ok((unwrap(out), unwrap(lse), saved))
     }
 }
@@ -85,9 +77,11 @@ impl<B: RingBackend, C: CheckpointStrategy> RingBackend for Autodiff<B, C> {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         ctx: &Arc<RingContext>,
+        attend: Attend,
     ) -> Result<(FloatTensor<Self>, FloatTensor<Self>, Saved), RingError> {
         let nodes = [q.node, k.node, v.node];
-        let (out, lse, saved) = B::ring_forward(q.primitive, k.primitive, v.primitive, ctx)?;
+        let (out, lse, saved) =
+            B::ring_forward(q.primitive, k.primitive, v.primitive, ctx, attend)?;
         let prep = RingBackward.prepare::<C>(nodes).compute_bound().stateful();
         let out = match prep {
             OpsKind::Tracked(prep) => {
@@ -104,7 +98,8 @@ impl<B: RingBackend, C: CheckpointStrategy> RingBackend for Autodiff<B, C> {
     }
 }
 
-/// Ring attention of this rank's shards: `(out [b, h, t, d], lse [b, h, t])`.
+/// Ring attention of this rank's shards, masked and scaled as the context's options say:
+/// `(out [b, h, t, d], lse [b, h, t])`.
 ///
 /// On an autodiff backend, `out` takes part in `loss.backward()`; the backward runs the ring scheme of
 /// `ctx`, and a failure there is reported by [`RingContext::take_backward_error`].
@@ -117,6 +112,17 @@ pub fn ring_attention<B: RingBackend>(
     v: Tensor<B, 4>,
     ctx: &Arc<RingContext>,
 ) -> Result<(Tensor<B, 4>, Tensor<B, 3>), RingError> {
-    let (out, lse, _) = B::ring_forward(unwrap(q), unwrap(k), unwrap(v), ctx)?;
+    ring_attention_with(q, k, v, ctx, ctx.config.attend())
+}
+
+/// [`ring_attention`] masked and scaled as `attend` says (a layer's own causality and scale).
+pub fn ring_attention_with<B: RingBackend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    ctx: &Arc<RingContext>,
+    attend: Attend,
+) -> Result<(Tensor<B, 4>, Tensor<B, 3>), RingError> {
+    let (out, lse, _) = B::ring_forward(unwrap(q), unwrap(k), unwrap(v), ctx, attend)?;
     Ok((wrap(out), wrap(lse)))
 }

@@ -1,6 +1,5 @@
 //! Greedy decoding with a trained model, running the full sequence through the ring at every step.
 
-use super::objective::local;
 use crate::error::RingError;
 use crate::model::Llama;
 use crate::model::layer::LayerBackend;
@@ -71,18 +70,14 @@ pub fn greedy<B: LayerBackend>(
             )?);
             let t = layout.shard_len(rank);
             let tokens = Tensor::<B, 2, Int>::from_data(
-                TensorData::new(local(&inputs, seqs.len(), &layout, rank), [seqs.len(), t]),
+                TensorData::new(ctx.shard_rows(&inputs, seqs.len(), 1), [seqs.len(), t]),
                 &Default::default(),
             );
             let logits = model
                 .clone()
                 .forward(tokens, &layout.positions[rank], &ctx)?;
             vocab.get_or_init(|| logits.dims()[2]);
-            Ok(logits
-                .into_data()
-                .convert::<f32>()
-                .into_vec::<f32>()
-                .expect("f32"))
+            Ok(crate::host::read(logits))
         });
         let per_rank: Vec<Vec<f32>> = per_rank.into_iter().collect::<Result<_, _>>()?;
         let v = *vocab.get().expect("at least one rank ran");

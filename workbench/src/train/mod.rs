@@ -4,8 +4,9 @@
 //!
 //! [`run`] is the loop, [`step`] one step's gradient, [`objective`] what it optimizes and how batches are laid out for a partition,
 //! [`replicas`] how gradients and parameters travel as one flat vector, [`generation`] greedy decoding
-//! with a trained model.
+//! with a trained model, [`agentic`] the Agentic Transformer's objective and actions.
 
+pub mod agentic;
 mod error;
 pub mod generation;
 pub mod objective;
@@ -17,6 +18,6 @@ pub use error::TrainError;
 pub use generation::{Decoding, greedy};
 pub use objective::{Example, Objective};
 pub use replicas::{flat_params, with_flat_params};
-pub use run::{StepLog, TrainOptions, Trained, train, train_objective, train_on};
+pub use run::{StepLog, TrainOptions, Trained, Training, train, train_objective, train_on};
 pub use step::global_gradient;
 pub use strategies::padded_len;

@@ -6,6 +6,7 @@ use crate::error::RingError;
 use crate::model::Llama;
 use crate::model::layer::LayerBackend;
 use crate::ring::context::RingContext;
+use crate::ring::op::RingBackend;
 use burn::module::AutodiffModule;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::AutodiffBackend;
@@ -29,15 +30,17 @@ pub struct Example {
 /// What SPMD training optimizes: the model, the batch one step sees (the same on every rank), and
 /// this rank's share of the global loss. Next-token prediction and the Agentic Transformer are two
 /// objectives of the one training loop below.
-pub trait Objective<B: AutodiffBackend + LayerBackend>: Sync {
+pub trait Objective<B: AutodiffBackend + RingBackend>: Sync {
     /// The model trained.
     type Model: AutodiffModule<B> + Sync;
     /// What one step sees.
     type Batch;
     /// The batch's global sequence length (one the partition accepts for the run's rank count).
     fn seq_len(&self, batch: &Self::Batch) -> usize;
-    /// Sequences × positions, for tokens/s; 0 means the batch is empty.
-    fn tokens(&self, batch: &Self::Batch) -> usize;
+    /// Sequences × positions, for tokens/s; 0 means the batch is empty. Default: one sequence.
+    fn tokens(&self, batch: &Self::Batch) -> usize {
+        self.seq_len(batch)
+    }
     /// Documents packed end to end in each sequence, summing to its length (empty: one document).
     fn doc_lens<'a>(&self, _batch: &'a Self::Batch) -> &'a [usize] {
         &[]
@@ -173,29 +176,6 @@ pub(crate) fn assembled<'a, F: Fn(usize) -> Vec<Example>>(
 }
 
 /// Rows `[batch, t]` of this rank's positions.
-pub(crate) fn local<T: Copy>(global: &[T], batch: usize, layout: &Layout, rank: usize) -> Vec<T> {
-    local_rows(global, batch, 1, layout, rank)
-}
-
-/// Rows `[batch, t, width]` of this rank's positions out of `[batch, len, width]`.
-pub(crate) fn local_rows<T: Copy>(
-    global: &[T],
-    batch: usize,
-    width: usize,
-    layout: &Layout,
-    rank: usize,
-) -> Vec<T> {
-    let len = layout.seq_len;
-    let mut out = Vec::with_capacity(batch * layout.shard_len(rank) * width);
-    for b in 0..batch {
-        for &p in &layout.positions[rank] {
-            let row = (b * len + p) * width;
-            out.extend_from_slice(&global[row..row + width]);
-        }
-    }
-    out
-}
-
 /// Masked next-token cross-entropy of this rank's tokens, divided by the global weight.
 fn local_loss<B: LayerBackend>(
     model: &Llama<B>,
@@ -208,11 +188,11 @@ fn local_loss<B: LayerBackend>(
     let device = Default::default();
     let ints =
         |v: Vec<i64>| Tensor::<B, 2, Int>::from_data(TensorData::new(v, [batch.batch, t]), &device);
-    let inputs = ints(local(&batch.inputs, batch.batch, layout, rank));
-    let targets = ints(local(&batch.targets, batch.batch, layout, rank));
+    let inputs = ints(ctx.shard_rows(&batch.inputs, batch.batch, 1));
+    let targets = ints(ctx.shard_rows(&batch.targets, batch.batch, 1));
     let weights = Tensor::<B, 2>::from_data(
         TensorData::new(
-            local(&batch.weights, batch.batch, layout, rank),
+            ctx.shard_rows(&batch.weights, batch.batch, 1),
             [batch.batch, t],
         ),
         &device,

@@ -9,6 +9,7 @@ use crate::model::Llama;
 use crate::model::layer::LayerBackend;
 use crate::model::lazy::materialize;
 use crate::ring::context::{RingConfig, RingContext, Sequence};
+use crate::ring::op::RingBackend;
 use crate::transport::{Comm, run_ranks};
 use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
@@ -129,30 +130,66 @@ where
     )
 }
 
-/// [`train`] for any [`Objective`].
-pub fn train_objective<B, O, F, L>(
+/// One training run of an [`Objective`]: what [`train_objective`] takes. [`Training::new`] gives
+/// the defaults (one rank, [`TrainOptions::default`], no step callback, no stop flag).
+pub struct Training<'a, M, F> {
+    /// The model to train (its lazily drawn weights are drawn before the ranks fork it).
+    pub model: M,
+    /// Which positions each rank owns.
+    pub partition: &'a dyn Partition,
+    /// Ranks, steps, learning rate schedule, ring options.
+    pub options: TrainOptions,
+    /// The batch of each step, the same on every rank.
+    pub batches: F,
+    /// Called on rank 0 after every step (progress, logs).
+    pub on_step: Option<&'a (dyn Fn(&StepLog) + Sync)>,
+    /// When set (by another thread), training stops after the step under way.
+    pub stop: Option<&'a AtomicBool>,
+}
+
+impl<'a, M, F> Training<'a, M, F> {
+    /// `model` trained on `batches` with `partition`, options at their defaults.
+    pub fn new(model: M, partition: &'a dyn Partition, batches: F) -> Self {
+        Training {
+            model,
+            partition,
+            options: TrainOptions::default(),
+            batches,
+            on_step: None,
+            stop: None,
+        }
+    }
+
+    /// The same run with `options`.
+    pub fn with_options(self, options: TrainOptions) -> Self {
+        Training { options, ..self }
+    }
+}
+
+/// [`train`] for any [`Objective`]: its model, on its batches, as `run` says.
+pub fn train_objective<B, O, F>(
     objective: &O,
-    model: O::Model,
-    partition: &dyn Partition,
-    options: &TrainOptions,
-    batch_for: F,
-    on_step: L,
-    stop: &AtomicBool,
+    run: Training<'_, O::Model, F>,
 ) -> Result<Trained<O::Model>, TrainError>
 where
-    B: AutodiffBackend + LayerBackend,
+    B: AutodiffBackend + RingBackend,
     O: Objective<B>,
     F: Fn(usize) -> O::Batch + Sync,
-    L: Fn(&StepLog) + Sync,
 {
+    let never = AtomicBool::new(false);
+    let batches = &run.batches;
     train_ranks(
         objective,
-        model,
-        partition,
-        options,
-        |step| Ok(batch_for(step)),
-        on_step,
-        stop,
+        run.model,
+        run.partition,
+        &run.options,
+        |step| Ok(batches(step)),
+        |log| {
+            if let Some(on_step) = run.on_step {
+                on_step(log)
+            }
+        },
+        run.stop.unwrap_or(&never),
     )
 }
 
@@ -167,7 +204,7 @@ fn train_ranks<B, O, F, L>(
     stop: &AtomicBool,
 ) -> Result<Trained<O::Model>, TrainError>
 where
-    B: AutodiffBackend + LayerBackend,
+    B: AutodiffBackend + RingBackend,
     O: Objective<B>,
     F: Fn(usize) -> Result<O::Batch, TrainError> + Sync,
     L: Fn(&StepLog) + Sync,
@@ -231,7 +268,7 @@ fn train_rank<B, O, F, L>(
     stop: &AtomicBool,
 ) -> Result<Option<Trained<O::Model>>, TrainError>
 where
-    B: AutodiffBackend + LayerBackend,
+    B: AutodiffBackend + RingBackend,
     O: Objective<B>,
     F: Fn(usize) -> Result<O::Batch, TrainError>,
     L: Fn(&StepLog),

@@ -8,6 +8,7 @@ use crate::model::Llama;
 use crate::model::layer::LayerBackend;
 use crate::model::lazy::materialize;
 use crate::ring::context::{RingConfig, RingContext};
+use crate::ring::op::RingBackend;
 use crate::transport::run_ranks;
 use burn::module::Module;
 use burn::optim::GradientsParams;
@@ -40,7 +41,7 @@ pub(crate) fn step_gradient<B, O>(
     stop_requested: bool,
 ) -> Result<StepGradient, TrainError>
 where
-    B: AutodiffBackend + LayerBackend,
+    B: AutodiffBackend + RingBackend,
     O: Objective<B>,
 {
     let rank = ctx.rank();

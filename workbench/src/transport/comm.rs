@@ -22,7 +22,7 @@ pub struct SendRecord {
     /// The ring step.
     pub step: usize,
     /// What the block carried.
-    pub kind: crate::ring::block::BlockKind,
+    pub kind: crate::block::BlockKind,
     /// Its bytes.
     pub bytes: u64,
 }
@@ -52,7 +52,7 @@ pub struct Traffic {
 
 impl Traffic {
     /// (blocks, bytes) sent of one kind in one phase.
-    pub fn count(&self, phase: Phase, kind: crate::ring::block::BlockKind) -> (usize, u64) {
+    pub fn count(&self, phase: Phase, kind: crate::block::BlockKind) -> (usize, u64) {
         self.sends
             .iter()
             .filter(|s| s.phase == phase && s.kind == kind)
@@ -185,7 +185,7 @@ impl Comm {
         self.traffic.sends.push(SendRecord {
             phase: Phase::Collective,
             step: 0,
-            kind: crate::ring::block::BlockKind::Reduce,
+            kind: crate::block::BlockKind::Reduce,
             bytes: (world.saturating_sub(1)) * (data.len() * 4) as u64,
         });
         let reduced = self.transport.all_reduce_sum(tag, data);

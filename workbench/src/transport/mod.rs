@@ -16,8 +16,8 @@ pub use threads::{
     Link, ThreadTransport, run_ranks, run_ranks_with, thread_ring, thread_ring_with,
 };
 
+use crate::block::{Block, BlockKind};
 pub use crate::error::TransportError;
-use crate::ring::block::{Block, BlockKind};
 use std::sync::Arc;
 
 /// Blocks shared between sender and receiver without copying (in-process) or serialized (MPI).

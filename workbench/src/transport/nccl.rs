@@ -248,8 +248,8 @@ mod tests {
     fn one_rank_round_trip() {
         let file = std::env::temp_dir().join(format!("ringbench-nccl-one-{}", std::process::id()));
         let mut t = NcclTransport::from_id_file(0, 1, 0, &file, Duration::from_secs(10)).unwrap();
-        let block = crate::ring::block::Block::host(
-            crate::ring::block::BlockKind::K,
+        let block = crate::block::Block::host(
+            crate::block::BlockKind::K,
             vec![2, 3],
             vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
         );

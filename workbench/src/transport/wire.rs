@@ -1,8 +1,8 @@
 //! The wire format of the multi-process transports: a payload of blocks as one f32 message.
 
 use super::Payload;
+use crate::block::{Block, BlockKind};
 use crate::error::TransportError;
-use crate::ring::block::{Block, BlockKind};
 use std::sync::Arc;
 
 const KINDS: [BlockKind; 10] = [

@@ -1,5 +1,6 @@
-//! Blocks: what travels between ranks, detached from any autodiff graph, held on the host (the fused
-//! CPU kernel, MPI and NCCL staging) or as a tensor of the rank's backend (the generic kernel).
+//! Blocks: the payload that travels between ranks and that tile kernels read, detached from any
+//! autodiff graph, held on the host (the fused CPU kernel, MPI and NCCL staging) or as a tensor of
+//! the rank's backend (the generic kernel). Below both the ring and the transports, which share it.
 
 use crate::host::{self, HostRead};
 use burn::tensor::ops::FloatTensor;

@@ -1,14 +1,23 @@
-//! Pure attention math on one (query block, key/value block) tile: no ranks, no communication.
+//! The generic kernel ([`GenericTwin`]): the tile math in Burn tensor ops on any backend's device,
+//! the reference twin of every fused kernel.
 //!
 //! Forward returns the tile's normalized output and log-sum-exp; [`merge_block`] combines tiles in any
 //! order (Liu et al. 2023, §3, blockwise online softmax). Backward recomputes probabilities from the
-//! saved log-sum-exp (FlashAttention-2 style). Masks come from global positions only.
+//! saved log-sum-exp (FlashAttention-2 style). Masks come from global positions only, built on the
+//! device (`device_mask.rs`); every operand, accumulator and mask stays a tensor there.
 //!
 //! # Shapes
 //! q, o, dO: `[b, h, tq, d]`; k, v: `[b, hk, tk, d]` with `h = g · hk` (grouped-query attention,
 //! query head `i` reads kv head `i / g`); lse, delta: `[b, h, tq]`.
 
+use super::device_mask::DeviceShard;
+use super::mask::{Visibility, Window};
+use super::tile::{BackwardTile, ForwardTile, Queries, TileDims, TileKernel, Travelling};
+use crate::block::{Block, BlockKind};
+use crate::error::RingError;
+use crate::host::HostRead;
 use burn::tensor::{Tensor, backend::Backend};
+use std::sync::Arc;
 
 /// A tile's scores `scale · q kᵀ` with the mask applied, laid out `[b, h, tq, tk]`.
 fn scores<B: Backend>(
@@ -110,6 +119,139 @@ pub fn block_attention_backward<B: Backend>(
         .swap_dims(2, 3)
         .matmul(q.clone().reshape([b, hk, rows, d]));
     (dq, dk, dv)
+}
+
+/// The generic kernel as a [`TileKernel`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GenericTwin;
+
+/// The generic kernel's forward accumulator: the queries, their shard on the device, and the
+/// merged `(out, lse)` of the tiles so far.
+pub struct GenericForward<B: Backend> {
+    q: Tensor<B, 4>,
+    shard: DeviceShard<B>,
+    acc: Option<(Tensor<B, 4>, Tensor<B, 3>)>,
+    scale: f32,
+}
+
+/// The tile's additive mask when the tile is partly visible; none when fully visible.
+fn bias<B: Backend>(
+    visibility: Visibility,
+    queries: &DeviceShard<B>,
+    keys: &DeviceShard<B>,
+) -> Option<Tensor<B, 2>> {
+    matches!(visibility, Visibility::Partial { .. }).then(|| queries.bias(keys))
+}
+
+impl<B: HostRead> TileKernel<B> for GenericTwin {
+    type Shard = DeviceShard<B>;
+    type Forward = GenericForward<B>;
+
+    fn shard(
+        &self,
+        windows: &[Window],
+        positions: &[usize],
+        device: &B::Device,
+    ) -> Result<DeviceShard<B>, RingError> {
+        DeviceShard::new(windows, positions, device)
+    }
+
+    fn operand<const D: usize>(&self, kind: BlockKind, tensor: Tensor<B, D>) -> Block {
+        Block::on_device(kind, tensor)
+    }
+
+    fn zeros(&self, kind: BlockKind, shape: Vec<usize>, device: &B::Device) -> Block {
+        Block::zeros_on::<B>(kind, shape, device)
+    }
+
+    /// Full score-sized tensors (scores and probabilities forward; probabilities, their gradient
+    /// and the score gradient backward): what makes it the memory-hungry reference.
+    fn workspace_bytes(&self, dims: &TileDims, backward: bool) -> u64 {
+        let tensors = if backward { 3 } else { 2 };
+        (tensors * dims.scores() * std::mem::size_of::<f32>()) as u64
+    }
+
+    fn forward_start(
+        &self,
+        q: &Arc<Block>,
+        _: usize,
+        queries: Queries<'_, DeviceShard<B>>,
+        scale: f32,
+        _: bool,
+    ) -> GenericForward<B> {
+        let shard = queries.prepared.clone();
+        GenericForward {
+            q: q.tensor(&shard.device()),
+            shard,
+            acc: None,
+            scale,
+        }
+    }
+
+    fn forward_tile(&self, state: &mut GenericForward<B>, tile: ForwardTile<'_, DeviceShard<B>>) {
+        let device = state.q.device();
+        let (k, v) = (
+            tile.k.tensor::<B, 4>(&device),
+            tile.v.tensor::<B, 4>(&device),
+        );
+        let bias = bias(tile.visibility, &state.shard, tile.keys.prepared);
+        let part = block_attention(&state.q, &k, &v, bias, state.scale);
+        state.acc = Some(match state.acc.take() {
+            None => part,
+            Some(prev) => merge_block(prev, part),
+        });
+    }
+
+    fn forward_finish(
+        &self,
+        state: GenericForward<B>,
+        device: &B::Device,
+    ) -> (Tensor<B, 4>, Tensor<B, 3>) {
+        state.acc.unwrap_or_else(|| {
+            let [b, h, t, d] = state.q.dims();
+            (
+                Tensor::zeros([b, h, t, d], device),
+                Tensor::full([b, h, t], f32::NEG_INFINITY, device),
+            )
+        })
+    }
+
+    fn delta(&self, d_out: &Block, out: Tensor<B, 4>) -> Block {
+        let d_out = d_out.tensor::<B, 4>(&out.device());
+        let delta: Tensor<B, 3> = (d_out * out).sum_dim(3).squeeze_dim(3);
+        Block::on_device(BlockKind::Delta, delta)
+    }
+
+    fn backward_tile(
+        &self,
+        t: &BackwardTile<'_, DeviceShard<B>>,
+        stay: &mut [Block],
+        travelling: Travelling,
+    ) -> Vec<Block> {
+        let device = t.queries.prepared.device();
+        let (dq, dk, dv) = block_attention_backward(
+            &t.q.tensor(&device),
+            &t.k.tensor(&device),
+            &t.v.tensor(&device),
+            &t.d_out.tensor(&device),
+            &t.lse.tensor(&device),
+            &t.delta.tensor(&device),
+            bias(t.visibility, t.queries.prepared, t.keys.prepared),
+            t.scale,
+        );
+        let on_device = Block::on_device::<B, 4>;
+        match travelling {
+            Travelling::Queries => {
+                stay[0].add_assign::<B>(&on_device(BlockKind::DK, dk), &device);
+                stay[1].add_assign::<B>(&on_device(BlockKind::DV, dv), &device);
+                vec![on_device(BlockKind::DQ, dq)]
+            }
+            Travelling::Keys => {
+                stay[0].add_assign::<B>(&on_device(BlockKind::DQ, dq), &device);
+                vec![on_device(BlockKind::DK, dk), on_device(BlockKind::DV, dv)]
+            }
+        }
+    }
 }
 
 #[cfg(all(test, feature = "wgpu"))]

@@ -1,0 +1,105 @@
+//! A decoder layer's parameters: the Burn module ([`DecoderLayer`]), the same as plain tensors
+//! ([`Weights`]), and as the primitives a custom autodiff op takes ([`WeightPrimitives`]).
+
+use crate::primitive::{unwrap, wrap};
+use burn::module::Module;
+use burn::nn::{Linear, RmsNorm};
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+
+#[derive(Module, Debug)]
+/// One decoder layer: RMSNorm, grouped-query ring attention, RMSNorm, SwiGLU feed-forward.
+pub struct DecoderLayer<B: Backend> {
+    pub(crate) attn_norm: RmsNorm<B>,
+    pub(crate) wq: Linear<B>,
+    pub(crate) wk: Linear<B>,
+    pub(crate) wv: Linear<B>,
+    pub(crate) wo: Linear<B>,
+    pub(crate) ffn_norm: RmsNorm<B>,
+    pub(crate) w1: Linear<B>,
+    pub(crate) w3: Linear<B>,
+    pub(crate) w2: Linear<B>,
+}
+
+/// A layer's parameters as tensors, in the order of [`DecoderLayer`]'s fields; linear weights are
+/// `[in, out]` as Burn's `Linear` holds them.
+#[derive(Debug, Clone)]
+pub(crate) struct Weights<B: Backend> {
+    pub(crate) attn_norm: Tensor<B, 1>,
+    pub(crate) wq: Tensor<B, 2>,
+    pub(crate) wk: Tensor<B, 2>,
+    pub(crate) wv: Tensor<B, 2>,
+    pub(crate) wo: Tensor<B, 2>,
+    pub(crate) ffn_norm: Tensor<B, 1>,
+    pub(crate) w1: Tensor<B, 2>,
+    pub(crate) w3: Tensor<B, 2>,
+    pub(crate) w2: Tensor<B, 2>,
+    /// The two norms' ε.
+    pub(crate) epsilons: [f64; 2],
+}
+
+/// The primitives of a layer's parameters, in [`DecoderLayer`]'s field order.
+pub type WeightPrimitives<B> = [FloatTensor<B>; 9];
+
+impl<B: Backend> Weights<B> {
+    pub(crate) fn of(layer: &DecoderLayer<B>) -> Self {
+        Weights {
+            attn_norm: layer.attn_norm.gamma.val(),
+            wq: layer.wq.weight.val(),
+            wk: layer.wk.weight.val(),
+            wv: layer.wv.weight.val(),
+            wo: layer.wo.weight.val(),
+            ffn_norm: layer.ffn_norm.gamma.val(),
+            w1: layer.w1.weight.val(),
+            w3: layer.w3.weight.val(),
+            w2: layer.w2.weight.val(),
+            epsilons: [layer.attn_norm.epsilon, layer.ffn_norm.epsilon],
+        }
+    }
+
+    pub(crate) fn zeros_like(&self) -> Self {
+        Weights {
+            attn_norm: self.attn_norm.zeros_like(),
+            wq: self.wq.zeros_like(),
+            wk: self.wk.zeros_like(),
+            wv: self.wv.zeros_like(),
+            wo: self.wo.zeros_like(),
+            ffn_norm: self.ffn_norm.zeros_like(),
+            w1: self.w1.zeros_like(),
+            w3: self.w3.zeros_like(),
+            w2: self.w2.zeros_like(),
+            epsilons: self.epsilons,
+        }
+    }
+
+    pub(crate) fn into_primitives(self) -> WeightPrimitives<B> {
+        [
+            unwrap(self.attn_norm),
+            unwrap(self.wq),
+            unwrap(self.wk),
+            unwrap(self.wv),
+            unwrap(self.wo),
+            unwrap(self.ffn_norm),
+            unwrap(self.w1),
+            unwrap(self.w3),
+            unwrap(self.w2),
+        ]
+    }
+
+    pub(crate) fn from_primitives(p: WeightPrimitives<B>, epsilons: [f64; 2]) -> Self {
+        let [attn_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2] = p;
+        Weights {
+            attn_norm: wrap(attn_norm),
+            wq: wrap(wq),
+            wk: wrap(wk),
+            wv: wrap(wv),
+            wo: wrap(wo),
+            ffn_norm: wrap(ffn_norm),
+            w1: wrap(w1),
+            w3: wrap(w3),
+            w2: wrap(w2),
+            epsilons,
+        }
+    }
+}
