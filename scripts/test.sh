@@ -32,8 +32,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq "${missing[@]}"
 fi
 
-step "import circles between the files of each library crate (scripts/import_cycles.py)"
-python3 scripts/import_cycles.py
+step "import directions and circles of each library crate (scripts/check_imports.py)"
+python3 scripts/check_imports.py --self-test
+python3 scripts/check_imports.py
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM, visible_pairs};
+use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM, sequence_pairs};
 use workbench::ring::jobs::{AttentionJob, run_attention_on_devices};
 use workbench::{BackwardScheme, Direction, Kernel, LayerBackend, RingBackend, RingConfig};
 
@@ -228,7 +228,7 @@ fn bench_attn<I: RingBackend>(args: &BenchAttnArgs, devices: &[I::Device]) -> Re
         let fwd_bwd = time(true)?;
         // The baseline is re-measured beside every row: these machines are shared and noisy.
         let matmul = matmul_gflops();
-        let pair_dims = (visible_pairs(seq, causal) * (b * h * d) as u64) as f64;
+        let pair_dims = (sequence_pairs(seq, causal) * (b * h * d) as u64) as f64;
         let fwd_flops = FORWARD_PER_PAIR_DIM as f64 * pair_dims;
         let fwd_bwd_flops = (FORWARD_PER_PAIR_DIM + BACKWARD_PER_PAIR_DIM) as f64 * pair_dims;
         let single = rows

@@ -4,8 +4,7 @@
 //! load moves every row of a column alike.
 
 use crate::kinds::{Check, Experiment};
-use crate::results::{Record, Table, significant};
-use crate::runner::{SPEC_HASH, VERSION};
+use crate::results::{Record, SPEC_HASH, Table, VERSION, significant};
 
 /// A measured cell strays when its ratio to the reference is this far (either way) from its
 /// column's median ratio.

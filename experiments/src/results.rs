@@ -6,6 +6,12 @@ use anyhow::{Context, Result, anyhow};
 use serde::Serialize;
 use std::path::Path;
 
+/// The column naming the hash of the spec's settings a row was computed under
+/// ([`crate::spec::SpecText::settings_hash`]); the runner stamps every row with it.
+pub const SPEC_HASH: &str = "spec_hash";
+/// The column naming the ringbench version that computed a row.
+pub const VERSION: &str = "ringbench_version";
+
 /// One row: cells in column order. Values are kept as written, so a table read back and written
 /// again is byte-identical.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -184,6 +190,32 @@ impl Table {
         let md = format!("# {title}\n\n{about}\n\n{}", self.markdown());
         write_whole(&dir.join(format!("{name}.md")), md.as_bytes())?;
         Ok(md)
+    }
+}
+
+/// A CSV file written row by row as rows come (a training run's metrics), each row flushed: what a
+/// run that stops leaves is every row written so far. The header is the first row's columns.
+pub struct RowWriter {
+    writer: csv::Writer<std::fs::File>,
+    path: std::path::PathBuf,
+}
+
+impl RowWriter {
+    /// A new file at `path` (replacing one there).
+    pub fn create(path: &Path) -> Result<RowWriter> {
+        Ok(RowWriter {
+            writer: csv::Writer::from_path(path)
+                .with_context(|| format!("writing {}", path.display()))?,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Appends a typed row (a serde struct of plain fields) and flushes it.
+    pub fn write<T: Serialize>(&mut self, row: &T) -> Result<()> {
+        self.writer
+            .serialize(row)
+            .and_then(|()| self.writer.flush().map_err(csv::Error::from))
+            .with_context(|| format!("writing {}", self.path.display()))
     }
 }
 

@@ -6,7 +6,7 @@
 
 use crate::dir_lock::DirLock;
 use crate::kinds::{self, Experiment, Point, PointContext};
-use crate::results::{Record, Table, write_whole};
+use crate::results::{Record, SPEC_HASH, Table, VERSION, write_whole};
 use crate::spec::SpecText;
 use anyhow::{Context, Result, anyhow};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -58,12 +58,6 @@ pub fn run_command(args: &RunArgs) -> Result<()> {
     let spec = args.spec.as_ref().ok_or_else(|| anyhow!("no spec given"))?;
     run(spec, &args.results, args.force).map(|_| ())
 }
-
-/// The column naming the hash of the spec's settings a row was computed under
-/// ([`SpecText::settings_hash`]).
-pub const SPEC_HASH: &str = "spec_hash";
-/// The column naming the ringbench version that computed a row.
-pub const VERSION: &str = "ringbench_version";
 
 /// What every row of a run carries besides its kind's columns.
 struct Stamp {

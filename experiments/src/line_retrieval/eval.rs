@@ -3,6 +3,7 @@
 
 use super::checkpoint::load_checkpoint;
 use crate::backend::{BackendName, OnBackend, on_backend};
+use crate::results::{Record, Table};
 use anyhow::{Context, Result, bail};
 use datasets::tokenizer::{BOS, EOS};
 use datasets::{Case, SplitMix64, Tokenizer, WordSplit, generate, read_jsonl, score_reply};
@@ -63,17 +64,15 @@ pub struct AccuracyRow {
 /// `ringbench eval-lines`: accuracy per number of lines, written as CSV.
 pub fn run_eval(args: &EvalArgs) -> Result<Vec<AccuracyRow>> {
     let rows = on_backend(args.backend, &[], EvalOn(args))?;
-    let mut w = csv::Writer::from_path(&args.out)
-        .with_context(|| format!("writing {}", args.out.display()))?;
+    let table = Table::of(rows.iter().map(Record::of).collect::<Result<_>>()?);
+    table.write_csv(&args.out)?;
     println!("num_lines,cases,correct,accuracy,prompt_tokens");
     for r in &rows {
-        w.serialize(r)?;
         println!(
             "{},{},{},{:.4},{:.1}",
             r.num_lines, r.cases, r.correct, r.accuracy, r.prompt_tokens
         );
     }
-    w.flush()?;
     if let Some(plot) = &args.plot {
         let mut series = vec![crate::plot::Series {
             name: format!("checkpoint {}", args.checkpoint.display()),

@@ -6,20 +6,22 @@ mod spec;
 
 pub use checkpoint::load_checkpoint;
 pub use eval::{AccuracyRow, EvalArgs, GenArgs, accuracy, run_eval, run_gen};
-pub use spec::{LineTrainSection, ModelSpec, Prompts, RingSpec, TrainSpec, example, load_spec};
+pub use spec::{
+    LineTrainSection, ModelSpec, Prompts, RingSpec, Schedule, TrainSpec, example, load_spec,
+};
 
 use crate::backend::{BackendName, OnBackend, on_backend};
+use crate::results::RowWriter;
 use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use checkpoint::save_checkpoint;
 use datasets::Tokenizer;
-use datasets::tokenizer::EOS;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use workbench::LayerBackend;
 use workbench::model::lazy::seeded;
 use workbench::model::{Llama, LlamaConfig};
@@ -74,20 +76,7 @@ fn train_with<B: AutodiffBackend + LayerBackend>(
     config.validate()?;
     let t = &spec.train;
     let partition = strategies::by_name(&spec.ring.strategy)?;
-    let options = TrainOptions {
-        ranks: spec.ring.ranks,
-        ring: spec.ring.config()?,
-        steps: t.steps,
-        lr: t.lr,
-        warmup_steps: t.warmup_steps,
-        min_lr_ratio: t.min_lr_ratio,
-        weight_decay: t.weight_decay,
-        grad_clip: t.grad_clip,
-        checksum_every: t.checksum_every,
-        pad_token: EOS,
-        timeout: Duration::from_secs(600),
-        pack: t.pack,
-    };
+    let options = t.schedule().options(spec.ring.ranks, spec.ring.config()?);
     std::fs::create_dir_all(&t.out)?;
     std::fs::write(t.out.join("train.toml"), toml::to_string(spec)?)?;
     let model = match &t.init {
@@ -122,7 +111,7 @@ fn train_with<B: AutodiffBackend + LayerBackend>(
             .context("template")?,
     );
     // Created by the first step's report, which only rank 0 makes (other MPI ranks must not truncate it).
-    let metrics: std::sync::Mutex<Option<csv::Writer<std::fs::File>>> = std::sync::Mutex::new(None);
+    let metrics: std::sync::Mutex<Option<RowWriter>> = std::sync::Mutex::new(None);
     let start = Instant::now();
     let recent = std::sync::Mutex::new(std::collections::VecDeque::new());
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -135,17 +124,17 @@ fn train_with<B: AutodiffBackend + LayerBackend>(
         bar.inc(1);
         let mut w = metrics.lock().expect("metrics lock");
         if w.is_none() {
-            *w = csv::Writer::from_path(t.out.join("metrics.csv")).ok();
+            *w = RowWriter::create(&t.out.join("metrics.csv")).ok();
         }
         if let Some(w) = w.as_mut() {
-            let _ = w.serialize(MetricsRow {
+            // Metrics are a record of the run, not the run: a full disk must not stop training.
+            let _ = w.write(&MetricsRow {
                 step: log.step,
                 loss: log.loss,
                 lr: log.lr,
                 tokens_per_second: tokens_per_s,
                 elapsed_seconds: start.elapsed().as_secs_f64(),
             });
-            let _ = w.flush();
         }
         let mut r = recent.lock().expect("recent lock");
         r.push_back(log.loss);

@@ -6,8 +6,9 @@ use datasets::tokenizer::{BOS, EOS};
 use datasets::{Case, SplitMix64, Tokenizer, WordSplit, generate};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use workbench::model::{Checkpoint, LlamaConfig};
-use workbench::train::Example;
+use workbench::train::{Example, TrainOptions};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 /// `experiments/line_retrieval.toml`.
@@ -109,6 +110,64 @@ pub struct LineTrainSection {
     pub stop_loss: f64,
     /// Wall-clock limit in minutes (0: none).
     pub max_minutes: f64,
+}
+
+/// The optimizer and schedule of a line-retrieval training run, whichever spec section set them.
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule {
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Linear warmup steps.
+    pub warmup_steps: usize,
+    /// The cosine schedule's floor over the peak.
+    pub min_lr_ratio: f64,
+    /// AdamW's decoupled weight decay.
+    pub weight_decay: f32,
+    /// Global gradient-norm clip.
+    pub grad_clip: Option<f32>,
+    /// Pack each step's prompts into one sequence of documents.
+    pub pack: bool,
+    /// Compare parameter checksums across ranks every this many steps (0: never).
+    pub checksum_every: usize,
+}
+
+impl Schedule {
+    /// The training options of this schedule on `ranks` ranks with `ring`: the one place a
+    /// line-retrieval spec becomes [`TrainOptions`] (padding with EOS, a 10-minute peer timeout).
+    pub fn options(&self, ranks: usize, ring: RingConfig) -> TrainOptions {
+        TrainOptions {
+            ranks,
+            ring,
+            steps: self.steps,
+            lr: self.lr,
+            warmup_steps: self.warmup_steps,
+            min_lr_ratio: self.min_lr_ratio,
+            weight_decay: self.weight_decay,
+            grad_clip: self.grad_clip,
+            checksum_every: self.checksum_every,
+            pad_token: EOS,
+            timeout: Duration::from_secs(600),
+            pack: self.pack,
+        }
+    }
+}
+
+impl LineTrainSection {
+    /// Its optimizer and schedule.
+    pub fn schedule(&self) -> Schedule {
+        Schedule {
+            steps: self.steps,
+            lr: self.lr,
+            warmup_steps: self.warmup_steps,
+            min_lr_ratio: self.min_lr_ratio,
+            weight_decay: self.weight_decay,
+            grad_clip: self.grad_clip,
+            pack: self.pack,
+            checksum_every: self.checksum_every,
+        }
+    }
 }
 
 impl RingSpec {

@@ -6,7 +6,7 @@ use burn::backend::{Autodiff, Flex};
 use datasets::SplitMix64;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
-use workbench::kernels::flops::{DENSE_PER_PARAM_TOKEN, MODEL_PER_PAIR_DIM, visible_pairs};
+use workbench::kernels::flops::{DENSE_PER_PARAM_TOKEN, MODEL_PER_PAIR_DIM, sequence_pairs};
 use workbench::model::lazy::seeded;
 use workbench::model::{Checkpoint, LlamaConfig};
 use workbench::train::{Example, TrainOptions, train};
@@ -338,7 +338,8 @@ pub fn model_flops(m: &SmallModel, seq: usize) -> f64 {
     let config = llama(m, Ffn::kept(seq));
     let matmul_params = (config.num_params() - m.vocab * m.d_model) as f64;
     let dense = DENSE_PER_PARAM_TOKEN as f64 * matmul_params * seq as f64;
-    let attention =
-        (MODEL_PER_PAIR_DIM * visible_pairs(seq, true)) as f64 * m.d_model as f64 * m.layers as f64;
+    let attention = (MODEL_PER_PAIR_DIM * sequence_pairs(seq, true)) as f64
+        * m.d_model as f64
+        * m.layers as f64;
     dense + attention
 }

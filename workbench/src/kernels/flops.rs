@@ -13,7 +13,7 @@ pub const MODEL_PER_PAIR_DIM: u64 = 12;
 pub const DENSE_PER_PARAM_TOKEN: u64 = 6;
 
 /// Visible (query, key) pairs of one head over a whole sequence of `seq` tokens.
-pub fn visible_pairs(seq: usize, causal: bool) -> u64 {
+pub fn sequence_pairs(seq: usize, causal: bool) -> u64 {
     let s = seq as u64;
     if causal { s * (s + 1) / 2 } else { s * s }
 }

@@ -1,5 +1,5 @@
 //! A decoder layer's parameters: the Burn module ([`DecoderLayer`]), the same as plain tensors
-//! ([`Weights`]), and as the primitives a custom autodiff op takes ([`WeightPrimitives`]).
+//! (`Weights`), and as the primitives a custom autodiff op takes ([`WeightPrimitives`]).
 
 use crate::primitive::{unwrap, wrap};
 use burn::module::Module;

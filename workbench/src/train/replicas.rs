@@ -16,12 +16,7 @@ pub(crate) struct Flatten<'a> {
 impl<B: AutodiffBackend> ModuleVisitor<B> for Flatten<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         match self.grads.remove::<B::InnerBackend, D>(param.id) {
-            Some(g) => self.flat.extend(
-                g.into_data()
-                    .convert::<f32>()
-                    .into_vec::<f32>()
-                    .expect("f32"),
-            ),
+            Some(g) => self.flat.extend(crate::host::via_data(g)),
             None => self
                 .flat
                 .extend(std::iter::repeat_n(0.0, param.val().shape().num_elements())),
@@ -53,14 +48,7 @@ pub fn flat_params<B: Backend, M: Module<B>>(module: &M) -> Vec<f32> {
     struct Collect(Vec<f32>);
     impl<B: Backend> ModuleVisitor<B> for Collect {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            self.0.extend(
-                param
-                    .val()
-                    .into_data()
-                    .convert::<f32>()
-                    .into_vec::<f32>()
-                    .expect("f32"),
-            );
+            self.0.extend(crate::host::via_data(param.val()));
         }
     }
     let mut c = Collect(Vec::new());

@@ -3,9 +3,11 @@
 //! attention is exact, so every run's losses must equal the sweep's first run with the same seed.
 //! Loss curves go to `curves.csv` and `curves.svg` beside the table.
 
+mod point;
+
 use super::axes::RingAxes;
 use super::experiment::{Card, Check, Column, Experiment, Plan, Point, PointContext};
-use crate::line_retrieval::{ModelSpec, Prompts, accuracy};
+use crate::line_retrieval::{ModelSpec, Prompts, Schedule, accuracy};
 use crate::plot::{Axis, Chart, Scale, Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
@@ -13,17 +15,16 @@ use crate::units::MIB;
 use anyhow::{Result, anyhow};
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
-use datasets::tokenizer::EOS;
 use datasets::{SplitMix64, Tokenizer, WordSplit, generate};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use strategies::Partition;
 use workbench::model::lazy::seeded;
-use workbench::train::{TrainOptions, train};
+use workbench::train::train;
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 type Train = Autodiff<Flex>;
@@ -102,25 +103,6 @@ struct Run {
     seed: u64,
 }
 
-#[derive(Debug, Serialize)]
-struct Row {
-    strategy: &'static str,
-    forward: String,
-    backward: String,
-    ranks: usize,
-    seed: u64,
-    task: String,
-    steps: usize,
-    first_loss: f64,
-    final_loss: f64,
-    /// Largest |loss − first run's loss| / |first run's loss| over the steps, against the sweep's
-    /// first run with the same seed.
-    max_rel_loss_diff: f64,
-    tokens_per_s: f64,
-    engine_peak_mib_per_rank: f64,
-    wall_seconds: f64,
-}
-
 struct TrainPlan {
     runs: Vec<Run>,
     task: Task,
@@ -176,7 +158,7 @@ impl Experiment for TrainKind {
                 &format!("unknown task '{}'; known: line-retrieval", parsed.task.name),
             ));
         }
-        prompts(&parsed.task, &parsed.train, 0)
+        point::prompts(&parsed.task, &parsed.train, 0)
             .check()
             .map_err(|e| spec.error("task", "min_lines", &e.to_string()))?;
         if let Some(&bad) = parsed.task.eval_lines.iter().find(|&&n| n == 0) {
@@ -255,169 +237,3 @@ impl Experiment for TrainKind {
 }
 
 const CURVES: &str = "curves.csv";
-
-fn prompts(task: &Task, train: &TrainSection, seed: u64) -> Prompts {
-    Prompts {
-        seed,
-        batch: train.batch,
-        min_lines: task.min_lines,
-        num_lines: task.num_lines,
-        lm_weight: task.lm_weight,
-    }
-}
-
-fn key(run: &Run) -> Record {
-    Record::new([
-        ("strategy", run.strategy.name().to_string()),
-        ("forward", run.forward.to_string()),
-        ("backward", run.backward.to_string()),
-        ("ranks", run.ranks.to_string()),
-        ("seed", run.seed.to_string()),
-    ])
-}
-
-impl Plan for TrainPlan {
-    fn points(&self) -> Vec<Point> {
-        self.runs.iter().map(|r| Point::single(key(r))).collect()
-    }
-
-    fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
-        let run = self.runs[index];
-        let tokenizer = Tokenizer::line_retrieval();
-        let config = self.model.config(tokenizer.vocab_size());
-        let t = &self.train;
-        let options = TrainOptions {
-            ranks: run.ranks,
-            ring: RingConfig {
-                causal: true,
-                forward: run.forward,
-                backward: run.backward,
-                kernel: Kernel::Fused,
-                scale: None,
-                lockstep: false,
-            },
-            steps: t.steps,
-            lr: t.lr,
-            warmup_steps: t.warmup_steps,
-            min_lr_ratio: t.min_lr_ratio,
-            weight_decay: t.weight_decay,
-            grad_clip: t.grad_clip,
-            checksum_every: 0,
-            pad_token: EOS,
-            timeout: Duration::from_secs(600),
-            pack: t.pack,
-        };
-        let prompts = prompts(&self.task, t, run.seed);
-        let device = Default::default();
-        let model = seeded::<Train, _>(run.seed, &device, || config.init::<Train>(&device));
-        let tokens = Mutex::new(0usize);
-        let engine_peak = Mutex::new(0u64);
-        let start = Instant::now();
-        let trained = train(
-            model,
-            run.strategy,
-            &options,
-            |step| prompts.batch(&tokenizer, step),
-            |log| {
-                *tokens.lock().expect("tokens") += log.tokens;
-                let mut peak = engine_peak.lock().expect("peak");
-                *peak = (*peak).max(log.engine_peak_bytes);
-                context.bar.set_message(format!(
-                    "{} step {} loss {:.4}",
-                    key(&run).id(KEYS),
-                    log.step,
-                    log.loss
-                ));
-            },
-            &AtomicBool::new(false),
-        )?;
-        let wall = start.elapsed().as_secs_f64();
-        let losses = trained.losses;
-        let curves_path = context.dir.join(CURVES);
-        let mut curves = Table::read(&curves_path)?;
-        // The sweep's first run with this seed is the baseline (from this run or an earlier one).
-        let first = self
-            .runs
-            .iter()
-            .find(|r| r.seed == run.seed)
-            .expect("this run's seed");
-        let baseline = match self.baselines.get(&run.seed) {
-            Some(b) => b.clone(),
-            None if std::ptr::eq(first, &self.runs[index]) => losses.clone(),
-            None => {
-                let first_key = key(first);
-                let b: Vec<f64> = curves
-                    .rows
-                    .iter()
-                    .filter(|r| r.matches(&first_key))
-                    .map(|r| r.num("loss"))
-                    .collect();
-                if b.len() != losses.len() {
-                    return Err(anyhow!(
-                        "the baseline run {} has {} losses in {}, this run {}: rerun with --force",
-                        first_key.id(KEYS),
-                        b.len(),
-                        curves_path.display(),
-                        losses.len()
-                    ));
-                }
-                b
-            }
-        };
-        self.baselines.insert(run.seed, baseline.clone());
-        // A NaN loss is an infinite difference (`worst`), not none.
-        let max_rel_loss_diff = ringbench_tests::worst(
-            losses
-                .iter()
-                .zip(&baseline)
-                .map(|(l, b)| (l - b).abs() / b.abs().max(f64::MIN_POSITIVE)),
-        );
-        curves.replace(
-            &key(&run),
-            losses
-                .iter()
-                .enumerate()
-                .map(|(step, loss)| {
-                    let mut r = key(&run);
-                    r.0.push(("step".into(), step.to_string()));
-                    r.0.push(("loss".into(), loss.to_string()));
-                    r
-                })
-                .collect(),
-        );
-        curves.write_csv(&curves_path)?;
-        let mut record = Record::of(&Row {
-            strategy: run.strategy.name(),
-            forward: run.forward.to_string(),
-            backward: run.backward.to_string(),
-            ranks: run.ranks,
-            seed: run.seed,
-            task: self.task.name.clone(),
-            steps: losses.len(),
-            first_loss: losses.first().copied().unwrap_or(f64::NAN),
-            final_loss: losses.last().copied().unwrap_or(f64::NAN),
-            max_rel_loss_diff,
-            tokens_per_s: *tokens.lock().expect("tokens") as f64 / wall,
-            engine_peak_mib_per_rank: *engine_peak.lock().expect("peak") as f64 / MIB,
-            wall_seconds: wall,
-        })?;
-        if self.task.eval_cases > 0 {
-            let model = trained.model.valid();
-            let mut rng = SplitMix64::new(run.seed ^ 0xE7A1);
-            for &lines in &self.task.eval_lines {
-                let cases = (0..self.task.eval_cases)
-                    .map(|_| generate(&mut rng, lines, WordSplit::Eval))
-                    .collect::<Result<Vec<_>, _>>()?;
-                context
-                    .bar
-                    .set_message(format!("{} eval {lines} lines", key(&run).id(KEYS)));
-                let rows = accuracy(&model, &tokenizer, &cases, run.strategy, run.ranks, 25)?;
-                let acc = rows.first().map_or(f64::NAN, |r| r.accuracy);
-                record
-                    .0
-                    .push((format!("accuracy_{lines}_lines"), acc.to_string()));
-            }
-        }
-        Ok(vec![record])
-    }
-}

@@ -1,0 +1,299 @@
+//! Kind `attn`: the ring's ablation, measured. Every point of strategy × forward direction ×
+//! backward scheme × ranks × length × causal × key/value heads × kernel runs a forward and a
+//! forward + backward pass on in-process thread ranks, with the traffic each rank sent, the measured
+//! load balance, and the error against a float64 reference on a small copy of the point.
+
+mod point;
+
+use super::axes::{RingAxes, grid};
+use super::documents::Documents;
+use super::experiment::{Card, Check, Column, Experiment, Plan};
+use crate::backend::BackendName;
+use crate::plot::{Axis, Chart, Panel, Scale, panels};
+use crate::results::Table;
+use crate::spec::SpecText;
+use anyhow::Result;
+use point::{AttnPlan, AttnPoint};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+use workbench::Kernel;
+
+/// The kind.
+pub struct Attn;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Spec {
+    sweep: Sweep,
+    #[serde(default)]
+    attention: Shape,
+    #[serde(default)]
+    measure: Measure,
+}
+
+/// Every list but `ranks` and `seq_lens` has a default.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sweep {
+    /// Default: every registered strategy.
+    strategies: Option<Vec<String>>,
+    /// Default: `["cw"]`.
+    forward: Option<Vec<String>>,
+    /// Default: `["kv"]`.
+    backward: Option<Vec<String>>,
+    ranks: Option<Vec<usize>>,
+    /// Total tokens.
+    seq_lens: Option<Vec<usize>>,
+    /// Default: `[true]`.
+    causal: Option<Vec<bool>>,
+    /// Default: `[heads]` (multi-head attention); fewer is GQA, 1 is MQA.
+    kv_heads: Option<Vec<usize>>,
+    /// Default: `["fused"]`.
+    kernels: Option<Vec<String>>,
+    /// Packed documents: `"none"`, `"longtail:MAX"` or `"random:MEAN"` ([`Documents`]); absent: not
+    /// a column.
+    documents: Option<Vec<String>>,
+    /// Backends (`flex`, `wgpu`, `cuda`); absent: flex, and not a column.
+    backends: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct Shape {
+    heads: usize,
+    head_dim: usize,
+    batch: usize,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Shape {
+            heads: 4,
+            head_dim: 64,
+            batch: 1,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct Measure {
+    /// Timed passes per point, after one untimed warm-up pass; the fastest counts.
+    repeats: usize,
+    /// Tokens per rank of the small copy checked against the float64 reference.
+    check_tokens_per_rank: usize,
+}
+
+impl Default for Measure {
+    fn default() -> Self {
+        Measure {
+            repeats: 3,
+            check_tokens_per_rank: 16,
+        }
+    }
+}
+
+/// A row's identity: every sweep axis (documents and backend are empty when the sweep lacks them).
+const KEYS: &[&str] = &[
+    "strategy",
+    "forward",
+    "backward",
+    "ranks",
+    "seq_len",
+    "causal",
+    "kv_heads",
+    "kernel",
+    "documents",
+    "backend",
+];
+
+const CARD: Card = Card {
+    name: "attn",
+    about: "measured: ring attention forward and backward over strategy x direction x scheme x ranks x length",
+    sweep_keys: &[
+        "strategies",
+        "forward",
+        "backward",
+        "ranks",
+        "seq_lens",
+        "causal",
+        "kv_heads",
+        "kernels",
+        "documents",
+        "backends",
+    ],
+    key_columns: KEYS,
+    columns: &[
+        Column::exact("document_count"),
+        Column::exact("heads"),
+        Column::exact("head_dim"),
+        Column::exact("batch"),
+        Column::exact("status"),
+        Column::exact("padded_len"),
+        Column::exact("bytes_per_rank"),
+        Column::exact("messages_per_rank"),
+        Column::exact("host_device_bytes_per_step"),
+        Column::measured("fwd_seconds"),
+        Column::measured("fwd_bwd_seconds"),
+        Column::measured("fwd_bwd_gflops"),
+        Column::measured("matmul_gflops"),
+        Column::measured("fwd_bwd_over_matmul"),
+        Column::measured("busy_max_over_mean"),
+        Column::measured("ring_over_single"),
+        // The exactness table's bound: f32 against float64, relative to each tensor's scale.
+        Column {
+            name: "max_rel_error",
+            check: Check::AtMost(1e-5),
+        },
+    ],
+};
+
+impl Experiment for Attn {
+    fn card(&self) -> &'static Card {
+        &CARD
+    }
+
+    fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {
+        let parsed: Spec = spec.parse()?;
+        let s = &parsed.sweep;
+        let shape = parsed.attention;
+        if shape.heads == 0 || shape.head_dim == 0 || shape.batch == 0 {
+            return Err(spec.error(
+                "attention",
+                "heads",
+                &format!(
+                    "heads, head_dim and batch must be at least 1, got {}, {}, {}",
+                    shape.heads, shape.head_dim, shape.batch
+                ),
+            ));
+        }
+        let RingAxes {
+            strategies,
+            forward,
+            backward,
+        } = RingAxes::parse(spec, &s.strategies, &s.forward, &s.backward)?;
+        let kernels: Vec<Kernel> = spec.parsed(
+            "sweep",
+            "kernels",
+            &spec.list_or("sweep", "kernels", &s.kernels, vec!["fused".into()])?,
+        )?;
+        let mut ranks = spec.ranks("sweep", &s.ranks)?.to_vec();
+        // One rank first: it is every row's ring_over_single baseline.
+        ranks.sort_unstable();
+        let seq_lens = spec.list("sweep", "seq_lens", &s.seq_lens)?;
+        if let Some(&bad) = seq_lens.iter().find(|&&s| s == 0) {
+            return Err(spec.error(
+                "sweep",
+                "seq_lens",
+                &format!("lengths must be at least 1, got {bad}"),
+            ));
+        }
+        let causal = &spec.list_or("sweep", "causal", &s.causal, vec![true])?;
+        let kv_heads = &spec.list_or("sweep", "kv_heads", &s.kv_heads, vec![shape.heads])?;
+        let documents = Documents::axis(spec, &s.documents)?;
+        let backends: Vec<Option<BackendName>> = match &s.backends {
+            None => vec![None],
+            Some(_) => spec
+                .parsed::<BackendName>(
+                    "sweep",
+                    "backends",
+                    spec.list("sweep", "backends", &s.backends)?,
+                )?
+                .into_iter()
+                .map(|b: BackendName| match b.compiled_in() {
+                    true => Ok(Some(b)),
+                    false => Err(spec.error(
+                        "sweep",
+                        "backends",
+                        &format!(
+                            "this ringbench was built without {b} (cargo build --release --features {})",
+                            b.feature().unwrap_or_default()
+                        ),
+                    )),
+                })
+                .collect::<Result<_>>()?,
+        };
+        // Rank counts outermost after documents and backends: one-rank rows come first, the
+        // baselines of the others' ring_over_single.
+        let lens = [
+            documents.len(),
+            backends.len(),
+            ranks.len(),
+            seq_lens.len(),
+            causal.len(),
+            kv_heads.len(),
+            kernels.len(),
+            strategies.len(),
+            forward.len(),
+            backward.len(),
+        ];
+        let points = grid(&lens)
+            .into_iter()
+            .map(|i| AttnPoint {
+                documents: documents[i[0]],
+                backend: backends[i[1]],
+                ranks: ranks[i[2]],
+                seq_len: seq_lens[i[3]],
+                causal: causal[i[4]],
+                kv_heads: kv_heads[i[5]],
+                kernel: kernels[i[6]],
+                strategy: strategies[i[7]],
+                forward: forward[i[8]],
+                backward: backward[i[9]],
+            })
+            .collect();
+        Ok(Box::new(AttnPlan {
+            points,
+            shape,
+            measure: parsed.measure,
+        }))
+    }
+
+    fn figure(&self, table: &Table, dir: &Path) -> Result<()> {
+        // A panel per (length, causality, heads, kernel, documents, backend); a line per strategy:
+        // the fastest direction and scheme at each rank count.
+        let mut best: BTreeMap<(String, String, String), f64> = BTreeMap::new();
+        for row in table.rows.iter().filter(|r| r.get("status") == Some("ok")) {
+            let get = |c: &str| row.get(c).unwrap_or("");
+            let mut panel = format!(
+                "S = {}{}, kv heads {}, {}",
+                get("seq_len"),
+                if get("causal") == "true" {
+                    ", causal"
+                } else {
+                    ""
+                },
+                get("kv_heads"),
+                get("kernel")
+            );
+            for extra in ["documents", "backend"]
+                .map(get)
+                .iter()
+                .filter(|e| !e.is_empty())
+            {
+                panel += &format!(", {extra}");
+            }
+            let slot = best
+                .entry((panel, get("strategy").to_owned(), get("ranks").to_owned()))
+                .or_insert(f64::INFINITY);
+            *slot = slot.min(row.num("fwd_bwd_seconds"));
+        }
+        let mut lines: BTreeMap<(String, String), Vec<(f64, f64)>> = BTreeMap::new();
+        for ((panel, strategy, ranks), t) in best {
+            lines
+                .entry((panel, strategy))
+                .or_default()
+                .push((ranks.parse().unwrap_or(f64::NAN), t));
+        }
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let chart = Chart {
+            title: "Ring attention forward + backward (fastest direction and scheme)",
+            x: Axis::new("ranks N", Scale::Discrete),
+            y: Axis::new("fwd+bwd seconds", Scale::Auto),
+        };
+        panels(&dir.join("attn.svg"), &chart, &Panel::grouped(lines))
+    }
+}

@@ -1,0 +1,285 @@
+//! One point of the `attn` kind: its identity, its row, and its measurement (a forward and a
+//! forward + backward pass, timed after a warm-up, the traffic and measured balance, and the float64
+//! check of a small copy).
+
+use super::{Measure, Shape};
+use crate::backend::{BackendName, run_attention_on};
+use crate::kinds::documents::Documents;
+use crate::kinds::experiment::{Plan, Point, PointContext};
+use crate::measure::baseline::{matmul_gflops_of, random};
+use crate::measure::exactness::{Heads, max_rel_error};
+use crate::measure::timing::fastest_after_warm_up;
+use crate::results::Record;
+use anyhow::Result;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+use strategies::Partition;
+use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM, sequence_pairs};
+use workbench::ring::jobs::{AttentionJob, AttentionResult};
+use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AttnPoint {
+    pub(super) strategy: &'static dyn Partition,
+    pub(super) forward: Direction,
+    pub(super) backward: BackwardScheme,
+    pub(super) ranks: usize,
+    pub(super) seq_len: usize,
+    pub(super) causal: bool,
+    pub(super) kv_heads: usize,
+    pub(super) kernel: Kernel,
+    /// `None` when the sweep has no documents axis.
+    pub(super) documents: Option<Documents>,
+    /// `None` when the sweep has no backends axis (then flex).
+    pub(super) backend: Option<BackendName>,
+}
+
+/// One row; every measured column is empty on a skipped row.
+#[derive(Debug, Default, Serialize)]
+struct Row {
+    strategy: String,
+    forward: String,
+    backward: String,
+    ranks: usize,
+    seq_len: usize,
+    causal: bool,
+    kv_heads: usize,
+    kernel: String,
+    /// Empty unless the sweep packs documents.
+    documents: Option<String>,
+    /// Documents in the sequence, when packed.
+    document_count: Option<usize>,
+    /// Empty unless the sweep has a backends axis.
+    backend: Option<String>,
+    /// The most bytes any rank's ring step moved between host and device in fwd+bwd.
+    host_device_bytes_per_step: Option<u64>,
+    heads: usize,
+    head_dim: usize,
+    batch: usize,
+    /// `ok`, or `skipped: <the typed error>`.
+    status: String,
+    /// The length the ranks split: `seq_len`, or the next one the strategy accepts (padding).
+    padded_len: Option<usize>,
+    fwd_seconds: Option<f64>,
+    fwd_bwd_seconds: Option<f64>,
+    fwd_bwd_gflops: Option<f64>,
+    matmul_gflops: Option<f64>,
+    fwd_bwd_over_matmul: Option<f64>,
+    /// Bytes one rank sent in the forward and backward (mean over ranks).
+    bytes_per_rank: Option<f64>,
+    /// Messages one rank sent in the forward and backward (mean over ranks).
+    messages_per_rank: Option<f64>,
+    /// Busiest rank's tile compute time over the mean (forward and backward): the measured balance.
+    busy_max_over_mean: Option<f64>,
+    /// fwd+bwd seconds over the same point's one-rank row (same strategy, direction, scheme,
+    /// length, causality, heads, kernel, documents and backend).
+    ring_over_single: Option<f64>,
+    /// Largest error of out, lse, dq, dk, dv against float64, each relative to its scale, on the
+    /// same point at `check_tokens_per_rank` tokens per rank.
+    max_rel_error: Option<f64>,
+}
+
+pub(super) struct AttnPlan {
+    pub(super) points: Vec<AttnPoint>,
+    pub(super) shape: Shape,
+    pub(super) measure: Measure,
+}
+
+pub(super) fn key(p: &AttnPoint) -> Record {
+    let mut key = Record::new([
+        ("strategy", p.strategy.name().to_string()),
+        ("forward", p.forward.to_string()),
+        ("backward", p.backward.to_string()),
+        ("ranks", p.ranks.to_string()),
+        ("seq_len", p.seq_len.to_string()),
+        ("causal", p.causal.to_string()),
+        ("kv_heads", p.kv_heads.to_string()),
+        ("kernel", p.kernel.to_string()),
+    ]);
+    // A sweep without documents keys its rows as it always did.
+    if let Some(documents) = p.documents {
+        key.0.push(("documents".into(), documents.name()));
+    }
+    if let Some(backend) = p.backend {
+        key.0.push(("backend".into(), backend.to_string()));
+    }
+    key
+}
+
+/// Why a point cannot run, as the typed error says it; `None` if it can. A length the strategy
+/// cannot split runs padded (the `padded_len` column says to what).
+fn unsupported(p: &AttnPoint, heads: usize) -> Option<String> {
+    if p.kv_heads == 0 || !heads.is_multiple_of(p.kv_heads) {
+        return Some(format!(
+            "heads = {heads} is not a multiple of kv_heads = {}",
+            p.kv_heads
+        ));
+    }
+    strategies::padded_len(p.strategy, p.seq_len, p.ranks)
+        .err()
+        .map(|e| e.to_string())
+}
+
+impl Plan for AttnPlan {
+    fn points(&self) -> Vec<Point> {
+        self.points.iter().map(|p| Point::single(key(p))).collect()
+    }
+
+    fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
+        let p = self.points[index];
+        let Shape {
+            heads,
+            head_dim,
+            batch,
+        } = self.shape;
+        let mut row = Row {
+            strategy: p.strategy.name().to_owned(),
+            forward: p.forward.to_string(),
+            backward: p.backward.to_string(),
+            ranks: p.ranks,
+            seq_len: p.seq_len,
+            causal: p.causal,
+            kv_heads: p.kv_heads,
+            kernel: p.kernel.to_string(),
+            documents: p.documents.map(Documents::name),
+            document_count: p.documents.map(|d| d.lengths(p.seq_len).len().max(1)),
+            backend: p.backend.map(|b| b.to_string()),
+            heads,
+            head_dim,
+            batch,
+            ..Row::default()
+        };
+        if let Some(reason) = unsupported(&p, heads) {
+            row.status = format!("skipped: {reason}");
+            return Ok(vec![Record::of(&row)?]);
+        }
+        let config = RingConfig {
+            causal: p.causal,
+            forward: p.forward,
+            backward: p.backward,
+            kernel: p.kernel,
+            scale: None,
+            lockstep: false,
+        };
+        let (b, s, h, hk, d) = (batch, p.seq_len, heads, p.kv_heads, head_dim);
+        let q = random(vec![b, s, h, d], 1);
+        let k = random(vec![b, s, hk, d], 2);
+        let v = random(vec![b, s, hk, d], 3);
+        let d_out = random(vec![b, s, h, d], 4);
+        let doc_lens = p.documents.map_or(Vec::new(), |d| d.lengths(s));
+        let job = |with_grad: bool| AttentionJob {
+            q: &q,
+            k: &k,
+            v: &v,
+            d_out: with_grad.then_some(&d_out),
+            ranks: p.ranks,
+            strategy: p.strategy,
+            config,
+            timeout: Duration::from_secs(3600),
+            fault: None,
+            link: None,
+            doc_lens: &doc_lens,
+        };
+        let backend = p.backend.unwrap_or_default();
+        let (fwd, _) = fastest(backend, &job(false), self.measure.repeats)?;
+        let (fwd_bwd, result) = fastest(backend, &job(true), self.measure.repeats)?;
+        // The baseline is re-measured beside every row: these machines are shared and noisy.
+        let matmul = matmul_gflops_of(backend, 1024)?;
+        let flops = ((FORWARD_PER_PAIR_DIM + BACKWARD_PER_PAIR_DIM)
+            * sequence_pairs(s, p.causal)
+            * (b * h * d) as u64) as f64;
+        let n = p.ranks as f64;
+        let busy: Vec<f64> = result
+            .events
+            .iter()
+            .map(|e| e.iter().map(|e| e.compute_seconds).sum())
+            .collect();
+        let busy_mean = busy.iter().sum::<f64>() / busy.len().max(1) as f64;
+        // The same point on one rank: same strategy, direction, scheme and everything else.
+        let single = context
+            .table
+            .find(&key(&AttnPoint { ranks: 1, ..p }))
+            .filter(|r| r.get("status") == Some("ok"))
+            .map(|r| r.num("fwd_bwd_seconds"));
+        context
+            .bar
+            .set_message(format!("{} float64 check", point_label(&p)));
+        row.status = "ok".into();
+        row.padded_len = strategies::padded_len(p.strategy, p.seq_len, p.ranks).ok();
+        row.fwd_seconds = Some(fwd);
+        row.fwd_bwd_seconds = Some(fwd_bwd);
+        row.fwd_bwd_gflops = Some(flops / fwd_bwd / 1e9);
+        row.matmul_gflops = Some(matmul);
+        row.fwd_bwd_over_matmul = Some(flops / fwd_bwd / 1e9 / matmul);
+        row.bytes_per_rank = Some(
+            result
+                .traffic
+                .iter()
+                .map(|t| t.total_bytes() as f64)
+                .sum::<f64>()
+                / n,
+        );
+        row.messages_per_rank = Some(
+            result
+                .traffic
+                .iter()
+                .map(|t| t.sends.len() as f64)
+                .sum::<f64>()
+                / n,
+        );
+        row.busy_max_over_mean =
+            Some(ringbench_tests::worst(busy.iter().copied()) / busy_mean.max(f64::MIN_POSITIVE));
+        row.ring_over_single = single.map(|t| fwd_bwd / t);
+        row.host_device_bytes_per_step = result
+            .traffic
+            .iter()
+            .flat_map(|t| t.host_device.iter().map(|r| r.bytes))
+            .max();
+        row.max_rel_error = Some(max_rel_error(
+            backend,
+            p.strategy,
+            p.ranks,
+            Heads {
+                heads,
+                kv_heads: p.kv_heads,
+                head_dim,
+            },
+            config,
+            self.measure.check_tokens_per_rank,
+            &|len| p.documents.map_or(Vec::new(), |d| d.lengths(len)),
+        )?);
+        Ok(vec![Record::of(&row)?])
+    }
+}
+
+fn point_label(p: &AttnPoint) -> String {
+    format!(
+        "{} {}/{} N={} S={} causal={} hk={} {}",
+        p.strategy.name(),
+        p.forward,
+        p.backward,
+        p.ranks,
+        p.seq_len,
+        p.causal,
+        p.kv_heads,
+        p.kernel
+    )
+}
+
+/// The fastest of `repeats` runs of `job` on `backend` after a warm-up run: its wall seconds and
+/// result.
+fn fastest(
+    backend: BackendName,
+    job: &AttentionJob,
+    repeats: usize,
+) -> Result<(f64, AttentionResult)> {
+    fastest_after_warm_up(
+        repeats,
+        || {
+            let start = Instant::now();
+            let result = run_attention_on(backend, job)?;
+            Ok((start.elapsed().as_secs_f64(), result))
+        },
+        |(seconds, _)| *seconds,
+    )
+}
