@@ -1,148 +1,19 @@
-//! Ring options: directions, backward schemes, and the per-rank context shared by forward and backward.
+//! The per-rank context shared by forward and backward: the communicator, the layout and what its
+//! positions hold, each query's visible window, what a rank measured; and a rank's rows of a
+//! sequence ([`RingContext::shard`]). The ring's options are in `options.rs`.
 
 use crate::error::RingError;
 use crate::host::HostRead;
 pub use crate::kernels::Kernel;
 use crate::kernels::mask::{Window, windows};
 use crate::ring::ledger::Ledger;
-use crate::transport::{Comm, Traffic};
+pub use crate::ring::options::{Attend, BackwardScheme, Direction, RingConfig};
+use crate::transport::{Comm, Traffic, run_ranks_with};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use std::fmt;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use strategies::Layout;
-
-/// Which neighbour receives a rank's block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Direction {
-    /// Send to rank + 1.
-    #[default]
-    Cw,
-    /// Send to rank − 1.
-    Ccw,
-}
-
-impl Direction {
-    /// The accepted names, for error messages.
-    pub const NAMES: &'static str = "cw, ccw";
-    /// Every direction.
-    pub const ALL: [Direction; 2] = [Direction::Cw, Direction::Ccw];
-
-    /// The other direction.
-    pub fn reversed(self) -> Self {
-        match self {
-            Direction::Cw => Direction::Ccw,
-            Direction::Ccw => Direction::Cw,
-        }
-    }
-
-    /// The rank this rank sends to.
-    pub fn next(self, rank: usize, world: usize) -> usize {
-        match self {
-            Direction::Cw => (rank + 1) % world,
-            Direction::Ccw => (rank + world - 1) % world,
-        }
-    }
-
-    /// The rank this rank receives from.
-    pub fn prev(self, rank: usize, world: usize) -> usize {
-        self.reversed().next(rank, world)
-    }
-
-    /// Whose block this rank holds after `step` hops.
-    pub fn owner(self, rank: usize, step: usize, world: usize) -> usize {
-        let step = step % world;
-        match self {
-            Direction::Cw => (rank + world - step) % world,
-            Direction::Ccw => (rank + step) % world,
-        }
-    }
-}
-
-/// What travels round the ring in the backward pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum BackwardScheme {
-    /// K, V, dK, dV travel in the forward direction; dK/dV arrive home after N hops.
-    #[default]
-    Kv,
-    /// The same, in the opposite direction.
-    KvReverse,
-    /// Q, dO, lse, delta and the dQ accumulator travel; K and V stay.
-    Q,
-}
-
-impl BackwardScheme {
-    /// The accepted names, for error messages.
-    pub const NAMES: &'static str = "kv, kv-reverse, q";
-    /// Every scheme.
-    pub const ALL: [BackwardScheme; 3] = [
-        BackwardScheme::Kv,
-        BackwardScheme::KvReverse,
-        BackwardScheme::Q,
-    ];
-}
-
-macro_rules! named_enum {
-    ($ty:ty, $what:literal, $($variant:path => $name:literal),+) => {
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(match self { $($variant => $name),+ })
-            }
-        }
-        impl FromStr for $ty {
-            type Err = RingError;
-            fn from_str(s: &str) -> Result<Self, RingError> {
-                match s {
-                    $($name => Ok($variant),)+
-                    _ => Err(RingError::UnknownOption { what: $what, got: s.into(), expected: <$ty>::NAMES }),
-                }
-            }
-        }
-    };
-}
-named_enum!(Direction, "direction", Direction::Cw => "cw", Direction::Ccw => "ccw");
-named_enum!(BackwardScheme, "backward scheme", BackwardScheme::Kv => "kv",
-    BackwardScheme::KvReverse => "kv-reverse", BackwardScheme::Q => "q");
-
-/// Options of one ring attention layer.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct RingConfig {
-    /// Whether a query sees only keys at or before its position.
-    pub causal: bool,
-    /// Where K/V travel in the forward.
-    pub forward: Direction,
-    /// What travels in the backward.
-    pub backward: BackwardScheme,
-    /// Softmax scale; `None` means 1/sqrt(head_dim).
-    pub scale: Option<f32>,
-    /// Which implementation computes the tiles.
-    pub kernel: Kernel,
-    /// Measurement mode: ranks compute their tiles one at a time (a process-wide lock), so that N
-    /// thread ranks sharing a few cores do not slow each other's tile timings. Communication is not
-    /// serialized.
-    pub lockstep: bool,
-}
-
-impl RingConfig {
-    /// What a call of ring attention that does not say otherwise masks and scales by.
-    pub fn attend(&self) -> Attend {
-        Attend {
-            causal: self.causal,
-            scale: self.scale,
-        }
-    }
-}
-
-/// How one call of ring attention masks and scales its scores. Per call, so that a model may mix
-/// its layers (and the ring's own options, directions, scheme and kernel, stay the context's).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Attend {
-    /// Whether a query sees only keys at or before its position.
-    pub causal: bool,
-    /// Softmax scale; `None` means 1/sqrt(head_dim).
-    pub scale: Option<f32>,
-}
+use std::time::Duration;
+use strategies::{Layout, Partition};
 
 /// Work done by one rank in one ring step, for measurement and simulation.
 #[derive(Debug, Clone, PartialEq)]
@@ -392,6 +263,31 @@ impl RingContext {
         shape[1] = seq;
         Ok(crate::host::place(global, shape, &device))
     }
+}
+
+/// Runs `work` on one in-process rank holding all `len` positions in order, with ring options
+/// `config`: a single device's attention through the same engine (prediction, evaluation).
+pub fn on_one_rank<T>(
+    len: usize,
+    config: RingConfig,
+    timeout: Duration,
+    work: impl FnOnce(&Arc<RingContext>) -> Result<T, RingError> + Send,
+) -> Result<T, RingError>
+where
+    T: Send,
+{
+    let layout = Arc::new(strategies::Contiguous.layout(len, 1)?);
+    let work = std::sync::Mutex::new(Some(work));
+    let mut results = run_ranks_with(1, timeout, None, |comm| {
+        let ctx = Arc::new(RingContext::new(comm, layout.clone(), config)?);
+        let work = work
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .expect("one rank runs the work once");
+        work(&ctx)
+    });
+    results.remove(0)
 }
 
 /// Rows at `positions` of `global` laid out `[batch, len, width]`: `[batch, positions.len(), width]`;

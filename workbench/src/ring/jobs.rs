@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use strategies::{Layout, Partition};
 
+pub use super::fault::{Fault, FaultKind};
 pub use super::host_tensor::HostTensor;
+use super::host_tensor::{gather_rank, scatter_rank};
 
 /// Inputs in the (batch, seq, heads, head_dim) layout NumPy and PyTorch users have.
 #[derive(Debug, Clone)]
@@ -41,39 +43,6 @@ pub struct AttentionJob<'a> {
     /// Packed documents: their lengths laid end to end, summing to the sequence length; a query
     /// attends only within its document. Empty: one document.
     pub doc_lens: &'a [usize],
-}
-
-/// A fault injected into one rank of a job (tests, and `ringbench attn --fail-rank`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fault {
-    /// The rank it strikes.
-    pub rank: usize,
-    /// Counted from 0: its ring exchange ([`FaultKind::Fail`]) or forward ring step
-    /// ([`FaultKind::PoisonTile`]).
-    pub step: usize,
-    /// What goes wrong.
-    pub kind: FaultKind,
-}
-
-/// What an injected fault does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultKind {
-    /// The rank fails at that ring exchange, as a crashed rank would.
-    Fail,
-    /// The forward tile of that ring step reads values that are all NaN: a wrong kernel, which
-    /// every exactness check must catch.
-    PoisonTile,
-}
-
-impl Fault {
-    /// Rank `rank` fails at its `step`-th ring exchange.
-    pub fn fail(rank: usize, step: usize) -> Self {
-        Fault {
-            rank,
-            step,
-            kind: FaultKind::Fail,
-        }
-    }
 }
 
 /// Gradients with respect to q, k, v, in the inputs' layout.
@@ -191,42 +160,6 @@ fn plan_job(job: &AttentionJob) -> Result<Plan, RingError> {
     })
 }
 
-/// A rank's rows of global `[b, s, h, d]` as the engine's head-major `[b, h, t, d]`: the shard
-/// ([`RingContext::shard_rows`], padding as zero rows) with its heads moved before its tokens on
-/// the host (a strided Burn view would be made contiguous element by element inside the engine).
-fn gather_rank(ctx: &RingContext, global: &[f32], [b, s, h, d]: [usize; 4]) -> Vec<f32> {
-    debug_assert_eq!(global.len(), b * s * h * d);
-    let rows = ctx.shard_rows(global, b, h * d);
-    let t = rows.len() / (b * h * d).max(1);
-    let mut local = Vec::with_capacity(rows.len());
-    for i in 0..b {
-        for j in 0..h {
-            for p in 0..t {
-                let at = ((i * t + p) * h + j) * d;
-                local.extend_from_slice(&rows[at..at + d]);
-            }
-        }
-    }
-    local
-}
-
-/// Inverse of [`gather_rank`]: writes a rank's `[b, h, t, d]` into its rows of global `[b, s, h, d]`,
-/// dropping the rows of padded positions.
-fn scatter_rank(global: &mut [f32], [b, s, h, d]: [usize; 4], positions: &[usize], local: &[f32]) {
-    let mut rows = local.chunks_exact(d);
-    for i in 0..b {
-        for j in 0..h {
-            for &p in positions {
-                let row = rows.next().expect("a rank's output matches its positions");
-                if p < s {
-                    let at = ((i * s + p) * h + j) * d;
-                    global[at..at + d].copy_from_slice(row);
-                }
-            }
-        }
-    }
-}
-
 /// One rank's part of the job: forward, and with dO the backward, on this rank's shards.
 fn attend_rank<B>(
     mut comm: Comm,
@@ -303,31 +236,6 @@ where
         events: ctx.take_events(),
     };
     Ok((output, ctx))
-}
-
-/// Runs `work` on one in-process rank holding all `len` positions in order, with ring options
-/// `config`: a single device's attention through the same engine (prediction, evaluation).
-pub fn on_one_rank<T>(
-    len: usize,
-    config: RingConfig,
-    timeout: Duration,
-    work: impl FnOnce(&Arc<RingContext>) -> Result<T, RingError> + Send,
-) -> Result<T, RingError>
-where
-    T: Send,
-{
-    let layout = Arc::new(strategies::Contiguous.layout(len, 1)?);
-    let work = std::sync::Mutex::new(Some(work));
-    let mut results = run_ranks_with(1, timeout, None, |comm| {
-        let ctx = Arc::new(RingContext::new(comm, layout.clone(), config)?);
-        let work = work
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-            .expect("one rank runs the work once");
-        work(&ctx)
-    });
-    results.remove(0)
 }
 
 /// Runs ring attention (and, with `d_out`, its backward) on `job.ranks` threads, all on `device`.

@@ -1,13 +1,16 @@
-//! The ring algorithm (Liu et al. 2023, §3): the schedule written once (`engine`), each rank's
-//! options and context ([`context`]), the bytes a rank holds ([`ledger`]), ring attention as a Burn
-//! autodiff op ([`op`]), and one-call jobs over N ranks ([`jobs`]) on host arrays ([`host_tensor`]).
+//! The ring algorithm (Liu et al. 2023, §3): the schedule written once (`engine`), the ring's
+//! options ([`options`]) and each rank's context ([`context`]), the bytes a rank holds ([`ledger`]),
+//! ring attention as a Burn autodiff op ([`op`]), and one-call jobs over N ranks ([`jobs`], with
+//! injected faults) on host arrays ([`host_tensor`]).
 //! What travels is [`crate::block`]; what computes a tile is a [`crate::kernels::TileKernel`].
 
 pub mod context;
 pub(crate) mod engine;
+mod fault;
 pub mod host_tensor;
 pub mod jobs;
 pub mod ledger;
 pub mod op;
+pub mod options;
 
 pub use engine::Saved;
