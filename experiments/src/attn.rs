@@ -201,6 +201,8 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
             backward: args.backward,
             kernel: args.kernel,
             scale: None,
+            window: None,
+            softcap: None,
             lockstep: false,
         },
         timeout: Duration::from_secs_f64(args.timeout),
@@ -210,6 +212,7 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
             .map(|(rank, step)| Fault::fail(rank, step)),
         link: None,
         doc_lens: &doc_lens,
+        sinks: None,
     };
     if let Some(id_file) = &args.nccl_id_file {
         return run_nccl(&job, id_file, args);

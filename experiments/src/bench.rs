@@ -198,12 +198,15 @@ fn bench_attn<I: RingBackend>(args: &BenchAttnArgs, devices: &[I::Device]) -> Re
                     backward: BackwardScheme::Kv,
                     kernel,
                     scale: None,
+                    window: None,
+                    softcap: None,
                     lockstep: false,
                 },
                 timeout: Duration::from_secs(3600),
                 fault: None,
                 link: None,
                 doc_lens: &[],
+                sinks: None,
             };
             fastest_after_warm_up(
                 args.repeats,

@@ -21,5 +21,5 @@ pub use error::PartitionError;
 pub use partition::{Layout, Partition, check_ranks, padded_len};
 pub use registry::{by_name, names, register};
 pub use striped::Striped;
-pub use work::{Window, visible_pairs, windows, work_per_rank};
+pub use work::{Mask, Window, visible_pairs, windows, work_per_rank};
 pub use zigzag::ZigZag;

@@ -56,7 +56,7 @@ fn causal_work_balance() {
             work_per_rank(
                 &by_name(name).unwrap().layout(seq_len, ranks).unwrap(),
                 &[],
-                true,
+                strategies::Mask::causal(true),
             )
         };
         let total: u64 = (1..=seq_len as u64).sum();

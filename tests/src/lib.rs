@@ -5,6 +5,7 @@
 //! [`compare`], the workspace's one NaN-aware comparison.
 
 pub mod compare;
+pub mod covering;
 
 pub use compare::{Deviation, deviation, rel_err, worst};
 
@@ -49,18 +50,43 @@ pub struct Case {
     pub d_out: HostTensor,
     /// Packed documents (empty: one).
     pub doc_lens: Vec<usize>,
+    /// The window, cap and sinks the reference was computed with (the job runs with them too).
+    pub variant: Variant,
     /// The float64 reference.
     pub want: Reference,
+}
+
+/// What a case attends with besides causality and documents: a sliding window, a logit cap, sinks.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Variant {
+    /// A query sees only keys less than `W` positions away.
+    pub window: Option<usize>,
+    /// Scores become `C · tanh(s / C)` before masking.
+    pub softcap: Option<f64>,
+    /// One logit per query head, joining every row's softmax denominator.
+    pub sinks: Option<Vec<f32>>,
 }
 
 /// A seeded case of `seq` tokens, `heads` (query, kv) heads, [`BATCH`] sequences of [`HEAD_DIM`]-wide
 /// heads, with its float64 reference at `scale` over documents `doc_lens`.
 pub fn case_with(
     seq: usize,
+    heads: (usize, usize),
+    causal: bool,
+    scale: f64,
+    doc_lens: &[usize],
+) -> Case {
+    case_variant(seq, heads, causal, scale, doc_lens, Variant::default())
+}
+
+/// [`case_with`] attending with `variant`'s window, cap and sinks.
+pub fn case_variant(
+    seq: usize,
     (heads, kv_heads): (usize, usize),
     causal: bool,
     scale: f64,
     doc_lens: &[usize],
+    variant: Variant,
 ) -> Case {
     let mut rng = Rng::new((seq * 131 + heads * 7 + usize::from(causal)) as u64);
     let q_shape = vec![BATCH, seq, heads, HEAD_DIM];
@@ -69,16 +95,19 @@ pub fn case_with(
     let k = rng.vec(kv_shape.iter().product(), 2.0);
     let v = rng.vec(kv_shape.iter().product(), 1.0);
     let d_out = rng.vec(q_shape.iter().product(), 1.0);
-    let want = reference_packed(
-        &q,
-        &k,
-        &v,
-        &d_out,
-        [BATCH, seq, heads, HEAD_DIM],
-        kv_heads,
+    let want = reference_variant(
+        Inputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            d_out: &d_out,
+            dims: [BATCH, seq, heads, HEAD_DIM],
+            kv_heads,
+        },
         causal,
         scale,
         doc_lens,
+        &variant,
     );
     Case {
         q: HostTensor::new(q_shape.clone(), q),
@@ -86,6 +115,7 @@ pub fn case_with(
         v: HostTensor::new(kv_shape, v),
         d_out: HostTensor::new(q_shape, d_out),
         doc_lens: doc_lens.to_vec(),
+        variant,
         want,
     }
 }
@@ -99,11 +129,17 @@ pub fn job<'a>(c: &'a Case, strategy: &str, ranks: usize, config: RingConfig) ->
         d_out: Some(&c.d_out),
         ranks,
         strategy: strategies::by_name(strategy).expect("a registered strategy"),
-        config,
+        // The case's window and cap: its reference was computed with them.
+        config: RingConfig {
+            window: c.variant.window,
+            softcap: c.variant.softcap.map(|cap| cap as f32),
+            ..config
+        },
         timeout: Duration::from_secs(30),
         fault: None,
         link: None,
         doc_lens: &c.doc_lens,
+        sinks: c.variant.sinks.as_deref(),
     }
 }
 
@@ -121,9 +157,10 @@ where
     run_attention::<B>(&job(c, strategy, ranks, config), device)
 }
 
-/// Whether the engine reports a whole forward and backward pass on each of `ranks` ranks: every rank
-/// recorded one tile event (computed or skipped) per ring step of each phase.
-pub fn ran_whole_passes(result: &AttentionResult, ranks: usize) -> bool {
+/// Whether the engine reports a forward and a backward pass on each of `ranks` ranks: every rank
+/// recorded one tile event (computed or skipped) per ring step of each phase, the steps `0..n` of
+/// one pass the same on every rank (`n` ≤ `ranks`: a pass stops once no rank can see further).
+pub fn ran_every_pass(result: &AttentionResult, ranks: usize) -> bool {
     let steps = |events: &[StepEvent], phase: Phase| -> Vec<usize> {
         events
             .iter()
@@ -131,12 +168,14 @@ pub fn ran_whole_passes(result: &AttentionResult, ranks: usize) -> bool {
             .map(|e| e.step)
             .collect()
     };
-    let all: Vec<usize> = (0..ranks).collect();
-    result.events.len() == ranks
-        && result
-            .events
-            .iter()
-            .all(|e| steps(e, Phase::Forward) == all && steps(e, Phase::Backward) == all)
+    let pass = |phase| {
+        let first = steps(&result.events[0], phase);
+        let counted = !first.is_empty() && first.len() <= ranks;
+        counted
+            && first.iter().copied().eq(0..first.len())
+            && result.events.iter().all(|e| steps(e, phase) == first)
+    };
+    result.events.len() == ranks && pass(Phase::Forward) && pass(Phase::Backward)
 }
 
 /// Asserts that out, lse, dq, dk and dv of `result` each lie within `tolerance` of the reference,
@@ -159,6 +198,14 @@ pub fn deviations(result: &AttentionResult, want: &Reference) -> Vec<(&'static s
             ("dk", deviation(&grads.dk.data, &want.dk)),
             ("dv", deviation(&grads.dv.data, &want.dv)),
         ]);
+        match &grads.dsinks {
+            Some(dsinks) => found.push(("dsinks", deviation(dsinks, &want.dsinks))),
+            // A reference with sinks and a result without their gradient is a failure too.
+            None if !want.dsinks.is_empty() => {
+                found.push(("dsinks", deviation(&[] as &[f32], &want.dsinks)))
+            }
+            None => {}
+        }
     }
     found
 }
@@ -188,6 +235,21 @@ pub struct Reference {
     pub dq: Vec<f64>,
     pub dk: Vec<f64>,
     pub dv: Vec<f64>,
+    /// With sinks, their gradient `[heads]`; empty without.
+    pub dsinks: Vec<f64>,
+}
+
+/// The inputs of a reference: q, d_out `[b, s, h, d]`; k, v `[b, s, hk, d]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub d_out: &'a [f32],
+    /// `[b, s, h, d]`.
+    pub dims: [usize; 4],
+    /// Key/value heads: query head i reads kv head i / (h / hk).
+    pub kv_heads: usize,
 }
 
 /// Exact attention and its gradients for loss = Σ out ∘ dO, in float64.
@@ -215,12 +277,43 @@ pub fn reference_packed(
     k: &[f32],
     v: &[f32],
     d_out: &[f32],
-    [b, s, h, d]: [usize; 4],
-    hk: usize,
+    dims: [usize; 4],
+    kv_heads: usize,
     causal: bool,
     scale: f64,
     doc_lens: &[usize],
 ) -> Reference {
+    let inputs = Inputs {
+        q,
+        k,
+        v,
+        d_out,
+        dims,
+        kv_heads,
+    };
+    reference_variant(inputs, causal, scale, doc_lens, &Variant::default())
+}
+
+/// [`reference_packed`] with a variant, each rule written out pair by pair: query i sees key j iff
+/// both lie in the same document, (not causal, or j ≤ i), and (no window, or |i − j| < W); a score
+/// is `scale · q·k`, then `C · tanh(score / C)` with a cap; a sink logit joins each row's
+/// denominator, `p_j = exp(s_j) / (Σ_k exp(s_k) + exp(sink))` and `lse = log(Σ_k exp(s_k) +
+/// exp(sink))`, with gradient `dsink = −Σ_rows p_sink · δ`, `δ = Σ_j p_j (dO · v_j)`.
+pub fn reference_variant(
+    inputs: Inputs,
+    causal: bool,
+    scale: f64,
+    doc_lens: &[usize],
+    variant: &Variant,
+) -> Reference {
+    let Inputs {
+        q,
+        k,
+        v,
+        d_out,
+        dims: [b, s, h, d],
+        kv_heads: hk,
+    } = inputs;
     // The document of every position, written out one by one.
     let doc: Vec<usize> = if doc_lens.is_empty() {
         vec![0; s]
@@ -244,6 +337,7 @@ pub fn reference_packed(
         dq: vec![0.0; b * s * h * d],
         dk: vec![0.0; b * s * hk * d],
         dv: vec![0.0; b * s * hk * d],
+        dsinks: vec![0.0; if variant.sinks.is_some() { h } else { 0 }],
     };
     let dot = |x: &[f32], y: &[f32]| -> f64 {
         x.iter()
@@ -251,20 +345,40 @@ pub fn reference_packed(
             .map(|(a, b)| f64::from(*a) * f64::from(*b))
             .sum()
     };
+    let sees = |i: usize, j: usize| {
+        doc[j] == doc[i] && (!causal || j <= i) && variant.window.is_none_or(|w| i.abs_diff(j) < w)
+    };
     for bi in 0..b {
         for hi in 0..h {
             let kh = hi / (h / hk);
+            let sink = variant.sinks.as_ref().map(|s| f64::from(s[hi]));
             for i in 0..s {
                 let qv = &q[qi(bi, i, hi)..qi(bi, i, hi) + d];
-                let visible: Vec<usize> = (0..s)
-                    .filter(|&j| doc[j] == doc[i] && (!causal || j <= i))
-                    .collect();
-                let scores: Vec<f64> = visible
+                let visible: Vec<usize> = (0..s).filter(|&j| sees(i, j)).collect();
+                let raw: Vec<f64> = visible
                     .iter()
                     .map(|&j| scale * dot(qv, &k[ki(bi, j, kh)..ki(bi, j, kh) + d]))
                     .collect();
-                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let sum: f64 = scores.iter().map(|x| (x - max).exp()).sum();
+                // With a cap, each score's tanh: its derivative is 1 − tanh².
+                let tanh: Vec<f64> = match variant.softcap {
+                    Some(cap) => raw.iter().map(|x| (x / cap).tanh()).collect(),
+                    None => Vec::new(),
+                };
+                let scores: Vec<f64> = match variant.softcap {
+                    Some(cap) => tanh.iter().map(|t| cap * t).collect(),
+                    None => raw.clone(),
+                };
+                let max = scores
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = scores
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .map(|x| (x - max).exp())
+                    .sum();
                 r.lse[(bi * h + hi) * s + i] = max + sum.ln();
                 let p: Vec<f64> = scores.iter().map(|x| (x - max).exp() / sum).collect();
                 let dov = &d_out[qi(bi, i, hi)..qi(bi, i, hi) + d];
@@ -272,9 +386,17 @@ pub fn reference_packed(
                     .iter()
                     .map(|&j| dot(dov, &v[ki(bi, j, kh)..ki(bi, j, kh) + d]))
                     .collect();
-                let p_dot_dp: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                if let Some(sink) = sink {
+                    r.dsinks[hi] -= (sink - max).exp() / sum * delta;
+                }
                 for (n, &j) in visible.iter().enumerate() {
-                    let ds = p[n] * (dp[n] - p_dot_dp);
+                    let ds = p[n] * (dp[n] - delta);
+                    let ds = if tanh.is_empty() {
+                        ds
+                    } else {
+                        ds * (1.0 - tanh[n] * tanh[n])
+                    };
                     for e in 0..d {
                         let (kq, kk) = (qi(bi, i, hi) + e, ki(bi, j, kh) + e);
                         r.out[kq] += p[n] * f64::from(v[kk]);

@@ -4,7 +4,7 @@
 use burn::backend::{Autodiff, Flex};
 use ringbench_tests::{
     BATCH, Case, F32_ATTENTION, F32_UNIT_ROUNDOFF, HEAD_DIM, assert_within, case_with, deviations,
-    job, ran_whole_passes, rel_err, run_case,
+    job, ran_every_pass, rel_err, run_case,
 };
 use strategies::{by_name, names};
 use workbench::block::BlockKind;
@@ -84,6 +84,8 @@ fn check_case(c: &Case, name: &str, causal: bool) -> (usize, usize) {
                         backward,
                         kernel,
                         scale: None,
+                        window: None,
+                        softcap: None,
                         lockstep: false,
                     };
                     let result =
@@ -96,7 +98,7 @@ fn check_case(c: &Case, name: &str, causal: bool) -> (usize, usize) {
                         "{label}: the engine split {} tokens",
                         result.padded_len
                     );
-                    runs += usize::from(ran_whole_passes(&result, ranks));
+                    runs += usize::from(ran_every_pass(&result, ranks));
                     padded += usize::from(engine_padded);
                     let grads = result.grads.expect("d_out was given");
                     grads_by_scheme.push((backward, grads));
@@ -193,6 +195,87 @@ fn packed_and_padded_table() {
     let layout = doc_zigzag.layout_packed(61, &[10, 51], 8).unwrap();
     let lens: Vec<usize> = (0..8).map(|r| layout.shard_len(r)).collect();
     assert!(lens.iter().min() < lens.iter().max(), "{lens:?}");
+}
+
+/// The variants (sliding windows, logit soft-capping, attention sinks) against the float64 reference,
+/// over every strategy, kernel, rank count, direction, scheme, causality, head layout, packing and
+/// length: a pairwise covering design (every pair of values of every two axes runs at least once),
+/// not their product, so the table's time stays flat as axes join. Windows: 5 (shorter than a shard
+/// at N ≤ 8) and 20 (crossing documents); a cap of 4 (scores reach ±8 here, so it bends them);
+/// sinks of either sign.
+#[test]
+fn variants_table() {
+    use ringbench_tests::Variant;
+    use ringbench_tests::covering::{missing_pairs, pairwise};
+    let strategies = names();
+    let windows = [None, Some(5), Some(20)];
+    let softcaps = [None, Some(4.0)];
+    let heads = [(4, 4), (8, 2)];
+    let docs: [&[usize]; 2] = [&[], &[10, 20, 18]];
+    let seqs = [48, 40];
+    let levels = [
+        strategies.len(),
+        Kernel::ALL.len(),
+        RANKS.len(),
+        Direction::ALL.len(),
+        BackwardScheme::ALL.len(),
+        2, // causal
+        heads.len(),
+        docs.len(),
+        windows.len(),
+        softcaps.len(),
+        2, // sinks
+        seqs.len(),
+    ];
+    let design = pairwise(&levels);
+    assert!(missing_pairs(&levels, &design).is_empty());
+    let mut runs = 0;
+    for row in &design {
+        let [st, kn, rk, fw, bw, ca, hd, dc, wn, sc, sk, sq] = row[..] else {
+            unreachable!("one value a axis")
+        };
+        let (strategy, ranks, causal) = (strategies[st], RANKS[rk], ca == 1);
+        // Packed documents fill 48 tokens: with them the case is 48 long.
+        let seq = if dc == 1 { 48 } else { seqs[sq] };
+        let h = heads[hd].0;
+        let variant = Variant {
+            window: windows[wn],
+            softcap: softcaps[sc],
+            sinks: (sk == 1).then(|| (0..h).map(|i| i as f32 * 0.75 - 1.5).collect()),
+        };
+        let c = ringbench_tests::case_variant(
+            seq,
+            heads[hd],
+            causal,
+            1.0 / (HEAD_DIM as f64).sqrt(),
+            docs[dc],
+            variant,
+        );
+        let config = RingConfig {
+            causal,
+            forward: Direction::ALL[fw],
+            backward: BackwardScheme::ALL[bw],
+            kernel: Kernel::ALL[kn],
+            ..Default::default()
+        };
+        let label = format!(
+            "{row:?}: {strategy} N={ranks} S={seq} {config:?} {:?}",
+            c.variant
+        );
+        let result = run(&c, strategy, ranks, config).unwrap_or_else(|e| panic!("{label}: {e}"));
+        assert_within(&result, &c.want, TOLERANCE, &label);
+        assert_eq!(
+            result.grads.as_ref().map(|g| g.dsinks.is_some()),
+            Some(c.variant.sinks.is_some()),
+            "{label}"
+        );
+        runs += usize::from(ran_every_pass(&result, ranks));
+    }
+    println!(
+        "variants table: {runs} runs cover every pair of {} axes",
+        levels.len()
+    );
+    assert_eq!(runs, design.len());
 }
 
 /// The checks catch a wrong kernel whose output holds NaN: one forward tile of one rank reads all-NaN
@@ -338,7 +421,8 @@ fn causal_tiles_are_skipped_and_counted() {
     }
 }
 
-/// A tile whose queries and keys lie in different documents is skipped: no compute, no pairs.
+/// A tile whose queries and keys lie in different documents is skipped: no compute, no pairs; and a
+/// ring step no rank can see is not run at all.
 #[test]
 fn cross_document_tiles_are_skipped_and_counted() {
     // Two documents of 24 on 2 contiguous ranks: each rank holds one document whole.
@@ -355,10 +439,15 @@ fn cross_document_tiles_are_skipped_and_counted() {
             .flatten()
             .filter(|e| e.phase == Phase::Forward)
             .collect();
-        // Each rank attends its own block (step 0) and skips the other document's (step 1).
+        // Each rank attends its own block (step 0); no rank can see the other's document, so the
+        // ring stops there: no step 1, and nothing is sent, forward or backward.
         for e in &forward {
-            assert_eq!(e.pairs == 0, e.step == 1, "causal={causal}: {e:?}");
-            assert_eq!(e.pairs == 0, e.flops == 0);
+            assert_eq!(e.step, 0, "causal={causal}: {e:?}");
+            assert!(e.pairs > 0 && e.flops > 0, "causal={causal}: {e:?}");
+        }
+        assert_eq!(forward.len(), 2);
+        for traffic in &result.traffic {
+            assert_eq!(traffic.total_bytes(), 0, "causal={causal}: {traffic:?}");
         }
         let per_doc = if causal { 24 * 25 / 2 } else { 24 * 24 };
         let pairs: u64 = forward.iter().map(|e| e.pairs).sum();
@@ -389,6 +478,8 @@ fn fused_kernel_across_sub_tiles() {
                         forward,
                         backward,
                         scale: Some(scale as f32),
+                        window: None,
+                        softcap: None,
                         lockstep: false,
                     };
                     let label = format!(

@@ -6,7 +6,7 @@
 
 use burn::backend::wgpu::WgpuDevice;
 use burn::backend::{Autodiff, Flex};
-use ringbench_tests::{Case, F32_ATTENTION, assert_within, case_with, ran_whole_passes, run_case};
+use ringbench_tests::{Case, F32_ATTENTION, assert_within, case_with, ran_every_pass, run_case};
 use strategies::names;
 use workbench::backends::Wgpu;
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
@@ -26,6 +26,8 @@ fn generic(causal: bool, forward: Direction, backward: BackwardScheme) -> RingCo
         backward,
         kernel: Kernel::Generic,
         scale: None,
+        window: None,
+        softcap: None,
         lockstep: false,
     }
 }
@@ -54,7 +56,7 @@ fn wgpu_exactness_subset() {
                                 .unwrap_or_else(|e| panic!("{label}: {e}"));
                             assert_within(&result, &c.want, TOLERANCE, &label);
                             assert_eq!(result.padded_len, SEQ, "{label}: S = 48 needs no padding");
-                            runs += usize::from(ran_whole_passes(&result, ranks));
+                            runs += usize::from(ran_every_pass(&result, ranks));
                         }
                     }
                 }

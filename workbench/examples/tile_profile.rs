@@ -5,6 +5,7 @@
 
 use datasets::rng::SplitMix64;
 use std::time::Instant;
+use workbench::kernels::Scores;
 use workbench::kernels::fused::{BackwardTile, OnlineSoftmax, TileDims, backward, softmax_delta};
 use workbench::kernels::mask::windows;
 
@@ -38,14 +39,17 @@ fn main() {
     let n = h * t * d;
     let (q, k, v, d_out) = (random(n, 1), random(n, 2), random(n, 3), random(n, 4));
     let pos: Vec<usize> = (0..t).collect();
-    let win = windows(&pos, t, &[], causal);
+    let win = windows(&pos, t, &[], strategies::Mask::causal(causal));
     let pairs = if causal { t * (t + 1) / 2 } else { t * t } as f64 * (h * d) as f64;
-    let scale = 1.0 / (d as f32).sqrt();
+    let how = Scores {
+        scale: 1.0 / (d as f32).sqrt(),
+        softcap: None,
+    };
     for _ in 0..repeats {
         let start = Instant::now();
-        let mut softmax = OnlineSoftmax::new(dims, &win, scale);
+        let mut softmax = OnlineSoftmax::new(dims, &win, how);
         softmax.attend(&q, &k, &v, &pos);
-        let (out, lse) = softmax.finish();
+        let (out, lse) = softmax.finish(None);
         let fwd = start.elapsed().as_secs_f64();
         let delta = softmax_delta(&d_out, &out, d);
         let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
@@ -59,7 +63,7 @@ fn main() {
             delta: &delta,
             win_q: &win,
             pos_k: &pos,
-            scale,
+            how,
             parallel: true,
         };
         let start = Instant::now();

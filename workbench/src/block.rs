@@ -32,6 +32,10 @@ pub enum BlockKind {
     DQ,
     /// An all-reduce's vector.
     Reduce,
+    /// Attention sinks, one logit a query head (they stay on their rank).
+    Sinks,
+    /// The sinks' gradient.
+    DSinks,
 }
 
 /// Where a block's values live.

@@ -163,6 +163,17 @@ pub enum RingError {
         /// The limit.
         limit: usize,
     },
+    /// An attention option out of its range (a window of 0, a cap that is not positive, sinks of the
+    /// wrong length or not finite).
+    #[error("{what} = {value}: expected {expected}")]
+    Variant {
+        /// Which option.
+        what: &'static str,
+        /// Its value.
+        value: String,
+        /// What it must be.
+        expected: &'static str,
+    },
     /// An injected fault aimed at a rank the job does not have.
     #[error("fault injected at rank {rank}, but the job has ranks 0 to {last}", last = ranks - 1)]
     FaultRank {

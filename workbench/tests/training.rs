@@ -129,6 +129,8 @@ const RING: RingConfig = RingConfig {
     forward: Direction::Ccw,
     backward: BackwardScheme::Kv,
     scale: None,
+    window: None,
+    softcap: None,
     kernel: workbench::Kernel::Fused,
     lockstep: false,
 };

@@ -13,7 +13,7 @@ use anyhow::{Result, anyhow};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
-use strategies::{Partition, Window, visible_pairs, windows, work_per_rank};
+use strategies::{Mask, Partition, Window, visible_pairs, windows, work_per_rank};
 use workbench::Direction;
 use workbench::kernels::flops::FORWARD_PER_PAIR_DIM;
 
@@ -258,7 +258,7 @@ impl Plan for BalancePlan {
             (2 * ranks - 1) as f64 / ranks as f64 * mean
         } else {
             let layout = contiguous.layout(ranks * block, ranks)?;
-            *work_per_rank(&layout, &doc_lens, true)
+            *work_per_rank(&layout, &doc_lens, Mask::causal(true))
                 .iter()
                 .max()
                 .unwrap_or(&0) as f64
@@ -299,7 +299,7 @@ impl BalancePlan {
         let win: Vec<Vec<Window>> = layout
             .positions
             .iter()
-            .map(|mine| windows(mine, layout.seq_len, doc_lens, true))
+            .map(|mine| windows(mine, layout.seq_len, doc_lens, Mask::causal(true)))
             .collect();
         let measured = match m.tile_costs {
             TileCosts::Flops => None,
@@ -340,7 +340,7 @@ impl BalancePlan {
             return Err(anyhow!("simulated makespan is not finite"));
         }
         Ok((
-            work_per_rank(&layout, doc_lens, true),
+            work_per_rank(&layout, doc_lens, Mask::causal(true)),
             sim.makespan,
             sim.overlap_efficiency,
         ))

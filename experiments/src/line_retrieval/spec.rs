@@ -179,6 +179,8 @@ impl RingSpec {
             backward: self.backward.parse::<BackwardScheme>()?,
             kernel: self.kernel.parse::<Kernel>()?,
             scale: None,
+            window: None,
+            softcap: None,
             lockstep: false,
         })
     }

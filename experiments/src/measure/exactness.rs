@@ -96,6 +96,7 @@ fn against_reference(
             fault: None,
             link: None,
             doc_lens: &doc_lens,
+            sinks: None,
         },
     )?;
     let want = ringbench_tests::reference_packed(

@@ -39,6 +39,7 @@ fn forward_job<'a>(
         fault: None,
         link,
         doc_lens: &[],
+        sinks: None,
     }
 }
 

@@ -11,7 +11,7 @@
 //! `g · tq` rows, row r is query `r % tq`.
 
 use super::mask::{Bounds, Cover, Window, span};
-use super::tile::{BackwardTile as Tile, ForwardTile, Queries, TileKernel, Travelling};
+use super::tile::{BackwardTile as Tile, ForwardTile, Queries, Scores, TileKernel, Travelling};
 use crate::block::{Block, BlockKind};
 use crate::error::RingError;
 use crate::host::HostRead;
@@ -240,8 +240,27 @@ fn mask(s: &mut [f32], win_q: &[Window], r0: usize, pos_k: &[usize]) {
     }
 }
 
-/// Scores of one sub-tile, `scale · q[r0..r0 + nr] · k[c0..c0 + nc]ᵀ`, into `s` (`nr × nc`), with
-/// invisible pairs set to −∞ when the sub-tile is only partly visible.
+/// `s = cap · tanh(s / cap)` in place; with `tanh`, each `tanh(s / cap)` is also kept there (what
+/// the backward's `1 − (s / cap)²` needs).
+fn soft_cap(s: &mut [f32], cap: f32, tanh: Option<&mut [f32]>) {
+    match tanh {
+        Some(t) => {
+            for (x, t) in s.iter_mut().zip(t) {
+                *t = (*x / cap).tanh();
+                *x = cap * *t;
+            }
+        }
+        None => {
+            for x in s.iter_mut() {
+                *x = cap * (*x / cap).tanh();
+            }
+        }
+    }
+}
+
+/// Scores of one sub-tile, `scale · q[r0..r0 + nr] · k[c0..c0 + nc]ᵀ` (soft-capped when `scores`
+/// says, keeping each `tanh` in `tanh` when given), into `s` (`nr × nc`), with invisible pairs set
+/// to −∞ when the sub-tile is only partly visible.
 #[allow(clippy::too_many_arguments)]
 fn scores(
     s: &mut [f32],
@@ -250,7 +269,8 @@ fn scores(
     d: usize,
     (r0, nr): (usize, usize),
     (c0, nc): (usize, usize),
-    scale: f32,
+    how: Scores,
+    tanh: Option<&mut [f32]>,
     cover: Cover,
     win_q: &[Window],
     pos_kc: &[usize],
@@ -262,9 +282,12 @@ fn scores(
         &k[c0 * d..],
         (1, d),
         (nr, nc, d),
-        scale,
+        how.scale,
         false,
     );
+    if let Some(cap) = how.softcap {
+        soft_cap(s, cap, tanh);
+    }
     if cover == Cover::Partial {
         mask(s, win_q, r0, pos_kc);
     }
@@ -275,7 +298,7 @@ fn scores(
 pub struct OnlineSoftmax {
     dims: TileDims,
     win_q: Vec<Window>,
-    scale: f32,
+    how: Scores,
     /// Unnormalized output, `[b, h, tq, d]`.
     acc: Vec<f32>,
     /// Running row max and normalizer, `[b, h, tq]`.
@@ -285,8 +308,9 @@ pub struct OnlineSoftmax {
 }
 
 impl OnlineSoftmax {
-    /// A fresh accumulator for queries seeing key windows `win_q`, before any key block.
-    pub fn new(dims: TileDims, win_q: &[Window], scale: f32) -> Self {
+    /// A fresh accumulator for queries seeing key windows `win_q`, before any key block, scoring as
+    /// `how` says.
+    pub fn new(dims: TileDims, win_q: &[Window], how: Scores) -> Self {
         let rows = dims.batch * dims.heads * dims.tq;
         Self {
             dims,
@@ -294,7 +318,7 @@ impl OnlineSoftmax {
             m: vec![f32::NEG_INFINITY; rows],
             l: vec![0.0; rows],
             win_q: win_q.to_vec(),
-            scale,
+            how,
             parallel: true,
         }
     }
@@ -319,7 +343,7 @@ impl OnlineSoftmax {
             ..self.dims
         };
         let (d, rows, tk) = (dims.head_dim, dims.rows(), dims.tk);
-        let (win_q, scale) = (&self.win_q, self.scale);
+        let (win_q, how) = (&self.win_q, self.how);
         let units = self
             .acc
             .chunks_mut(rows * d)
@@ -341,7 +365,19 @@ impl OnlineSoftmax {
                     for (r0, nr, nc, cover) in pieces(cover_all, win_q, (r0, nr), pos_kc) {
                         let pos_kc = &pos_kc[..nc];
                         let s = &mut s[..nr * nc];
-                        scores(s, q, k, d, (r0, nr), (c0, nc), scale, cover, win_q, pos_kc);
+                        scores(
+                            s,
+                            q,
+                            k,
+                            d,
+                            (r0, nr),
+                            (c0, nc),
+                            how,
+                            None,
+                            cover,
+                            win_q,
+                            pos_kc,
+                        );
                         for (i, row) in s.chunks_mut(nc).enumerate() {
                             let r = r0 + i;
                             let m_new = m[r].max(row_max(row));
@@ -373,8 +409,27 @@ impl OnlineSoftmax {
     }
 
     /// Normalized output `[b, h, tq, d]` and log-sum-exp `[b, h, tq]` (−∞ for rows that saw no key).
-    pub fn finish(self) -> (Vec<f32>, Vec<f32>) {
-        let d = self.dims.head_dim;
+    /// With `sinks` (`[h]`), each row's normalizer also holds `exp(sinks[h])`, once.
+    pub fn finish(mut self, sinks: Option<&[f32]>) -> (Vec<f32>, Vec<f32>) {
+        let (d, tq, heads) = (self.dims.head_dim, self.dims.tq, self.dims.heads);
+        if let Some(sinks) = sinks {
+            // The sink as one more key of value 0: the running max and normalizer take it in, and
+            // the output's scale follows the max.
+            for (r, (m, l)) in self.m.iter_mut().zip(self.l.iter_mut()).enumerate() {
+                let sink = sinks[(r / tq) % heads];
+                let m_new = m.max(sink);
+                let correction = if *m == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    (*m - m_new).exp()
+                };
+                *l = *l * correction + (sink - m_new).exp();
+                if correction != 1.0 {
+                    scale_row(&mut self.acc[r * d..(r + 1) * d], correction);
+                }
+                *m = m_new;
+            }
+        }
         let mut out = self.acc;
         let mut lse = self.m;
         for ((row, lse), &l) in out.chunks_mut(d).zip(lse.iter_mut()).zip(&self.l) {
@@ -419,8 +474,8 @@ pub struct BackwardTile<'a> {
     pub win_q: &'a [Window],
     /// Global positions of the keys.
     pub pos_k: &'a [usize],
-    /// Softmax scale.
-    pub scale: f32,
+    /// How scores are made.
+    pub how: Scores,
     /// Units on rayon's pool, or one after another on the calling thread.
     pub parallel: bool,
 }
@@ -445,6 +500,8 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
         let v = &t.v[unit * tk * d..(unit + 1) * tk * d];
         let scratch = ROWS.min(rows) * COLS.min(tk);
         let (mut p, mut ds) = (vec![0.0f32; scratch], vec![0.0f32; scratch]);
+        // With a cap, each score's tanh, for the cap's derivative 1 − tanh².
+        let mut tanh = vec![0.0f32; if t.how.softcap.is_some() { scratch } else { 0 }];
         for c0 in (0..tk).step_by(COLS) {
             let nc = COLS.min(tk - c0);
             let pos_kc = &t.pos_k[c0..c0 + nc];
@@ -455,6 +512,7 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                 for (r0, nr, nc, cover) in pieces(cover_all, t.win_q, (r0, nr), pos_kc) {
                     let pos_kc = &pos_kc[..nc];
                     let (p, ds) = (&mut p[..nr * nc], &mut ds[..nr * nc]);
+                    let mut tanh = (!tanh.is_empty()).then(|| &mut tanh[..nr * nc]);
                     scores(
                         p,
                         q,
@@ -462,7 +520,8 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                         d,
                         (r0, nr),
                         (c0, nc),
-                        t.scale,
+                        t.how,
+                        tanh.as_deref_mut(),
                         cover,
                         t.win_q,
                         pos_kc,
@@ -495,6 +554,12 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                     for (i, (ds_row, p_row)) in ds.chunks_mut(nc).zip(p.chunks(nc)).enumerate() {
                         softmax_grad(ds_row, p_row, delta[r0 + i]);
                     }
+                    // Through the cap: d(raw score) = dS · (1 − tanh²).
+                    if let Some(tanh) = tanh {
+                        for (g, t) in ds.iter_mut().zip(tanh.iter()) {
+                            *g *= 1.0 - t * t;
+                        }
+                    }
                     // dQ += scale · dS K;  dK += scale · dSᵀ Q
                     matmul(
                         &mut dq[r0 * d..],
@@ -503,7 +568,7 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                         &k[c0 * d..],
                         (d, 1),
                         (nr, d, nc),
-                        t.scale,
+                        t.how.scale,
                         true,
                     );
                     matmul(
@@ -513,7 +578,7 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                         &q[r0 * d..],
                         (d, 1),
                         (nc, d, nr),
-                        t.scale,
+                        t.how.scale,
                         true,
                     );
                 }
@@ -552,7 +617,7 @@ impl<B: HostRead> TileKernel<B> for FusedCpu {
         q: &Arc<Block>,
         kv_heads: usize,
         queries: Queries<'_, ()>,
-        scale: f32,
+        scores: Scores,
         parallel: bool,
     ) -> Self::Forward {
         let [batch, heads, tq, head_dim] = q.shape[..] else {
@@ -566,7 +631,7 @@ impl<B: HostRead> TileKernel<B> for FusedCpu {
             tk: 0,
             head_dim,
         };
-        let state = OnlineSoftmax::new(dims, queries.windows, scale).with_parallel(parallel);
+        let state = OnlineSoftmax::new(dims, queries.windows, scores).with_parallel(parallel);
         (q.clone(), state)
     }
 
@@ -582,16 +647,31 @@ impl<B: HostRead> TileKernel<B> for FusedCpu {
     fn forward_finish(
         &self,
         (_, state): Self::Forward,
+        sinks: Option<&Block>,
         device: &B::Device,
     ) -> (Tensor<B, 4>, Tensor<B, 3>) {
         let dims = state.dims();
-        let (out, lse) = state.finish();
+        let sinks = sinks.map(Block::host_values);
+        let (out, lse) = state.finish(sinks.as_deref());
         let rows = [dims.batch, dims.heads, dims.tq];
         let q = [dims.batch, dims.heads, dims.tq, dims.head_dim];
         (
             Tensor::from_data(TensorData::new(out, q), device),
             Tensor::from_data(TensorData::new(lse, rows), device),
         )
+    }
+
+    fn sink_gradient(&self, sinks: &Block, lse: &Block, delta: &Block, _: &B::Device) -> Block {
+        let [_, heads, tq] = lse.shape[..] else {
+            unreachable!("lse blocks are 3-d")
+        };
+        let (sinks, lse, delta) = (sinks.host_values(), lse.host_values(), delta.host_values());
+        let mut dsinks = vec![0.0f32; heads];
+        for (r, (&lse, &delta)) in lse.iter().zip(delta.iter()).enumerate() {
+            let h = (r / tq) % heads;
+            dsinks[h] -= (sinks[h] - lse).exp() * delta;
+        }
+        Block::host(BlockKind::DSinks, vec![heads], dsinks)
     }
 
     fn delta(&self, d_out: &Block, out: Tensor<B, 4>) -> Block {
@@ -622,7 +702,7 @@ impl<B: HostRead> TileKernel<B> for FusedCpu {
             delta: &delta,
             win_q: t.queries.windows,
             pos_k: t.keys.positions,
-            scale: t.scale,
+            how: t.scores,
             parallel: t.parallel,
         };
         // Host buffers: those that stay are added into in place.

@@ -12,30 +12,39 @@
 
 use super::device_mask::DeviceShard;
 use super::mask::{Visibility, Window};
-use super::tile::{BackwardTile, ForwardTile, Queries, TileDims, TileKernel, Travelling};
+use super::tile::{BackwardTile, ForwardTile, Queries, Scores, TileDims, TileKernel, Travelling};
 use crate::block::{Block, BlockKind};
 use crate::error::RingError;
 use crate::host::HostRead;
 use burn::tensor::{Tensor, backend::Backend};
 use std::sync::Arc;
 
-/// A tile's scores `scale · q kᵀ` with the mask applied, laid out `[b, h, tq, tk]`.
+/// A tile's scores `scale · q kᵀ`, soft-capped when `how` says (`C · tanh(s / C)`), with the mask
+/// applied, laid out `[b, h, tq, tk]`; and, with a cap, each score's `tanh` (for the backward).
 fn scores<B: Backend>(
     q: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
     bias: Option<Tensor<B, 2>>,
-    scale: f32,
-) -> Tensor<B, 4> {
+    how: Scores,
+) -> (Tensor<B, 4>, Option<Tensor<B, 4>>) {
     let [b, h, tq, d] = q.dims();
     let [_, hk, tk, _] = k.dims();
-    let grouped = q.clone().reshape([b, hk, (h / hk) * tq, d]) * scale;
+    let grouped = q.clone().reshape([b, hk, (h / hk) * tq, d]) * how.scale;
     let s = grouped
         .matmul(k.clone().swap_dims(2, 3))
         .reshape([b, h, tq, tk]);
-    match bias {
+    let (s, tanh) = match how.softcap {
+        Some(cap) => {
+            let t = (s / cap).tanh();
+            (t.clone() * cap, Some(t))
+        }
+        None => (s, None),
+    };
+    let s = match bias {
         Some(bias) => s + bias.reshape([1, 1, tq, tk]),
         None => s,
-    }
+    };
+    (s, tanh)
 }
 
 /// `p · v` where p is `[b, h, tq, tk]` and v is `[b, hk, tk, d]`: `[b, h, tq, d]`.
@@ -57,9 +66,9 @@ pub fn block_attention<B: Backend>(
     k: &Tensor<B, 4>,
     v: &Tensor<B, 4>,
     bias: Option<Tensor<B, 2>>,
-    scale: f32,
+    how: Scores,
 ) -> (Tensor<B, 4>, Tensor<B, 3>) {
-    let s = scores(q, k, bias, scale);
+    let (s, _) = scores(q, k, bias, how);
     let m = s.clone().max_dim(3); // [b, h, tq, 1]
     let m_safe = m.clone().mask_fill(m.is_inf(), 0.0);
     let p = (s - m_safe.clone()).exp();
@@ -99,12 +108,12 @@ pub fn block_attention_backward<B: Backend>(
     lse: &Tensor<B, 3>,
     delta: &Tensor<B, 3>,
     bias: Option<Tensor<B, 2>>,
-    scale: f32,
+    how: Scores,
 ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
     let [b, h, tq, d] = q.dims();
     let [_, hk, tk, _] = k.dims();
     let rows = (h / hk) * tq;
-    let s = scores(q, k, bias, scale);
+    let (s, tanh) = scores(q, k, bias, how);
     let p = (s - lse.clone().unsqueeze_dim(3)).exp(); // [b, h, tq, tk]
     let p_g = p.clone().reshape([b, hk, rows, tk]);
     let do_g = d_out.clone().reshape([b, hk, rows, d]);
@@ -113,7 +122,12 @@ pub fn block_attention_backward<B: Backend>(
         .matmul(v.clone().swap_dims(2, 3))
         .reshape([b, h, tq, tk]);
     let ds = p * (dp - delta.clone().unsqueeze_dim(3));
-    let ds_g = ds.reshape([b, hk, rows, tk]) * scale;
+    // Through the cap: d(raw score) = dS · (1 − tanh²).
+    let ds = match tanh {
+        Some(t) => ds * (t.clone() * t).neg().add_scalar(1.0),
+        None => ds,
+    };
+    let ds_g = ds.reshape([b, hk, rows, tk]) * how.scale;
     let dq = ds_g.clone().matmul(k.clone()).reshape([b, h, tq, d]);
     let dk = ds_g
         .swap_dims(2, 3)
@@ -131,7 +145,7 @@ pub struct GenericForward<B: Backend> {
     q: Tensor<B, 4>,
     shard: DeviceShard<B>,
     acc: Option<(Tensor<B, 4>, Tensor<B, 3>)>,
-    scale: f32,
+    how: Scores,
 }
 
 /// The tile's additive mask when the tile is partly visible; none when fully visible.
@@ -176,7 +190,7 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
         q: &Arc<Block>,
         _: usize,
         queries: Queries<'_, DeviceShard<B>>,
-        scale: f32,
+        how: Scores,
         _: bool,
     ) -> GenericForward<B> {
         let shard = queries.prepared.clone();
@@ -184,7 +198,7 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
             q: q.tensor(&shard.device()),
             shard,
             acc: None,
-            scale,
+            how,
         }
     }
 
@@ -195,7 +209,7 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
             tile.v.tensor::<B, 4>(&device),
         );
         let bias = bias(tile.visibility, &state.shard, tile.keys.prepared);
-        let part = block_attention(&state.q, &k, &v, bias, state.scale);
+        let part = block_attention(&state.q, &k, &v, bias, state.how);
         state.acc = Some(match state.acc.take() {
             None => part,
             Some(prev) => merge_block(prev, part),
@@ -205,15 +219,51 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
     fn forward_finish(
         &self,
         state: GenericForward<B>,
+        sinks: Option<&Block>,
         device: &B::Device,
     ) -> (Tensor<B, 4>, Tensor<B, 3>) {
-        state.acc.unwrap_or_else(|| {
-            let [b, h, t, d] = state.q.dims();
+        let [b, h, t, d] = state.q.dims();
+        let acc = state.acc.unwrap_or_else(|| {
             (
                 Tensor::zeros([b, h, t, d], device),
                 Tensor::full([b, h, t], f32::NEG_INFINITY, device),
             )
-        })
+        });
+        match sinks {
+            // The sink as one more partial: output 0, log-sum-exp the sink's logit.
+            Some(sinks) => {
+                let sink = sinks
+                    .tensor::<B, 1>(device)
+                    .reshape([1, h, 1])
+                    .expand([b, h, t]);
+                merge_block(acc, (Tensor::zeros([b, h, t, d], device), sink))
+            }
+            None => acc,
+        }
+    }
+
+    fn sink_gradient(
+        &self,
+        sinks: &Block,
+        lse: &Block,
+        delta: &Block,
+        device: &B::Device,
+    ) -> Block {
+        let [b, h, t] = lse.shape[..] else {
+            unreachable!("lse blocks are 3-d")
+        };
+        let lse = lse.tensor::<B, 3>(device);
+        let sink = sinks
+            .tensor::<B, 1>(device)
+            .reshape([1, h, 1])
+            .expand([b, h, t]);
+        let p = (sink - lse).exp();
+        let dsinks = (p * delta.tensor::<B, 3>(device))
+            .sum_dim(2)
+            .sum_dim(0)
+            .reshape([h])
+            .neg();
+        Block::on_device(BlockKind::DSinks, dsinks)
     }
 
     fn delta(&self, d_out: &Block, out: Tensor<B, 4>) -> Block {
@@ -237,7 +287,7 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
             &t.lse.tensor(&device),
             &t.delta.tensor(&device),
             bias(t.visibility, t.queries.prepared, t.keys.prepared),
-            t.scale,
+            t.scores,
         );
         let on_device = Block::on_device::<B, 4>;
         match travelling {
@@ -269,6 +319,11 @@ mod wgpu_tests {
         t.into_data().convert::<f32>().into_vec::<f32>().unwrap()
     }
 
+    const SCORES: Scores = Scores {
+        scale: 0.3,
+        softcap: None,
+    };
+
     /// Two tiles of `[2, 4, 24, 16]` and their merge: outputs and log-sum-exps.
     fn tiles<B: Backend>(q: &[f32], k: &[f32], v: &[f32]) -> Vec<Vec<f32>> {
         let shape = [2, 4, 24, 16];
@@ -278,8 +333,8 @@ mod wgpu_tests {
             on::<B, 4>(v, shape),
         );
         let (k1, v1) = (k0.clone() * 0.5, v0.clone() - 0.25);
-        let a = block_attention(&q, &k0, &v0, None, 0.3);
-        let b = block_attention(&q, &k1, &v1, None, 0.3);
+        let a = block_attention(&q, &k0, &v0, None, SCORES);
+        let b = block_attention(&q, &k1, &v1, None, SCORES);
         let (o, lse) = merge_block(a.clone(), b.clone());
         vec![
             values(a.0),

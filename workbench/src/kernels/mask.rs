@@ -3,7 +3,7 @@
 //! packed documents and padding are all windows); this file says what the windows leave of a tile
 //! or sub-tile and builds the additive mask itself.
 
-pub use strategies::{Window, visible_pairs, windows};
+pub use strategies::{Mask, Window, visible_pairs, windows};
 
 /// What a mask leaves of a block of queries against a block of keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,7 +117,7 @@ mod tests {
 
     #[test]
     fn visibility_counts_pairs_inside_windows_only() {
-        let w = windows(&[0, 1, 2, 3, 4], 5, &[2, 3], true);
+        let w = windows(&[0, 1, 2, 3, 4], 5, &[2, 3], strategies::Mask::causal(true));
         // Pairs: 1 + 2 + 1 + 2 + 3.
         assert_eq!(visible_pairs(&w, &[0, 1, 2, 3, 4]), 9);
         assert_eq!(Visibility::of(&w[..2], &[2, 3, 4]), Visibility::None);

@@ -18,7 +18,9 @@ use crate::host::HostRead;
 use std::fmt;
 use std::str::FromStr;
 
-pub use tile::{BackwardTile, ForwardTile, Keys, Queries, TileDims, TileKernel, Travelling};
+pub use tile::{
+    BackwardTile, ForwardTile, Keys, Queries, Scores, TileDims, TileKernel, Travelling,
+};
 
 /// Work to be done with whichever kernel a ring is configured with: [`with_kernel`] calls `run`
 /// with the kernel itself, so the work is written once, generic over [`TileKernel`].

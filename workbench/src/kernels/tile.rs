@@ -46,6 +46,16 @@ impl TileDims {
     }
 }
 
+/// How a tile's scores are made from `q · kᵀ`: scaled, then soft-capped when asked
+/// (`s = C · tanh(s / C)`, before masking; its backward multiplies by `1 − (s / C)²`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scores {
+    /// Softmax scale.
+    pub scale: f32,
+    /// The cap `C > 0`, if any.
+    pub softcap: Option<f32>,
+}
+
 /// A shard's queries as a kernel sees them: their key windows on the host, and what the kernel
 /// prepared for them.
 #[derive(Debug, Clone, Copy)]
@@ -103,8 +113,8 @@ pub struct BackwardTile<'a, S> {
     pub visibility: Visibility,
     /// The tile's sizes.
     pub dims: TileDims,
-    /// Softmax scale.
-    pub scale: f32,
+    /// How scores are made.
+    pub scores: Scores,
     /// Whether the kernel may spread its work over the cores (the rank has them to itself).
     pub parallel: bool,
 }
@@ -153,7 +163,7 @@ pub trait TileKernel<B: HostRead> {
         q: &Arc<Block>,
         kv_heads: usize,
         queries: Queries<'_, Self::Shard>,
-        scale: f32,
+        scores: Scores,
         parallel: bool,
     ) -> Self::Forward;
 
@@ -161,12 +171,20 @@ pub trait TileKernel<B: HostRead> {
     fn forward_tile(&self, state: &mut Self::Forward, tile: ForwardTile<'_, Self::Shard>);
 
     /// The accumulator's `(out [b, h, tq, d], lse [b, h, tq])` on `device`; a row that saw no key
-    /// has output 0 and lse −∞.
+    /// has output 0 and lse −∞. With `sinks` (an operand block `[h]`), each row's denominator also
+    /// holds `exp(sinks[h])`, once: `lse = log(Σ exp(s) + exp(sink))`, and the output shrinks by its
+    /// share.
     fn forward_finish(
         &self,
         state: Self::Forward,
+        sinks: Option<&Block>,
         device: &B::Device,
     ) -> (Tensor<B, 4>, Tensor<B, 3>);
+
+    /// The sinks' gradient from this shard's rows, `dsinks[h] = −Σ_rows exp(sinks[h] − lse) · δ`
+    /// (a sink's probability times the row's δ), as a block `[h]`: its rows' part of the whole.
+    fn sink_gradient(&self, sinks: &Block, lse: &Block, delta: &Block, device: &B::Device)
+    -> Block;
 
     /// δ = rowsum(dO ∘ O) `[b, h, t]` as a block where this kernel reads it; `d_out` is an operand
     /// block.

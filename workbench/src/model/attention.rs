@@ -1,7 +1,8 @@
 //! Ring attention as a Burn module, the way Burn's `MultiHeadAttention` is one: a config, `init`,
 //! and `forward` on this rank's tokens. Queries, keys and values are projected from the tokens
 //! (grouped-query when `kv_heads < heads`), rotated by RoPE at each token's global position when
-//! asked, attended across the ranks with the ring, and projected back.
+//! asked, attended across the ranks with the ring (a sliding window, a logit cap and learned sinks
+//! when configured), and projected back.
 //!
 //! # Shapes
 //! `forward`: x `[batch, t, d_model]` → `[batch, t, d_model]`, t this rank's shard length.
@@ -12,7 +13,7 @@ use crate::model::rope::Rope;
 use crate::ring::context::{Attend, RingContext};
 use crate::ring::op::{RingBackend, ring_attention_with};
 use burn::config::Config;
-use burn::module::Module;
+use burn::module::{Module, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
@@ -34,6 +35,16 @@ pub struct RingAttentionConfig {
     /// Whether a token sees only tokens at or before its position.
     #[config(default = true)]
     pub causal: bool,
+    /// A sliding window: a token sees only tokens less than `W` positions away; `None`: no window.
+    #[config(default = "None")]
+    pub window: Option<usize>,
+    /// Logit soft-capping `C · tanh(s / C)`; `None`: none.
+    #[config(default = "None")]
+    pub softcap: Option<f32>,
+    /// Learned attention sinks: one logit per query head joining its softmax denominators
+    /// (initialized at 0).
+    #[config(default = false)]
+    pub sinks: bool,
     /// RoPE base (each token rotated at its global position); `None`: no rotary embedding.
     #[config(default = "None")]
     pub rope_theta: Option<f64>,
@@ -47,10 +58,14 @@ pub struct RingAttention<B: Backend> {
     k: Linear<B>,
     v: Linear<B>,
     out: Linear<B>,
+    /// Sink logits `[heads]`, when the layer has them.
+    sinks: Option<Param<Tensor<B, 1>>>,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
     causal: bool,
+    window: Option<usize>,
+    softcap: Option<f32>,
     rope_theta: Option<f64>,
 }
 
@@ -79,16 +94,28 @@ impl RingAttentionConfig {
                 heads,
             });
         }
+        Attend {
+            causal: self.causal,
+            scale: None,
+            window: self.window,
+            softcap: self.softcap,
+        }
+        .check()?;
         let linear = |from, to| LinearConfig::new(from, to).with_bias(false).init(device);
         let layer = RingAttention {
             q: linear(self.d_model, heads * head_dim),
             k: linear(self.d_model, kv_heads * head_dim),
             v: linear(self.d_model, kv_heads * head_dim),
             out: linear(heads * head_dim, self.d_model),
+            sinks: self
+                .sinks
+                .then(|| Param::from_tensor(Tensor::zeros([heads], device))),
             heads,
             kv_heads,
             head_dim,
             causal: self.causal,
+            window: self.window,
+            softcap: self.softcap,
             rope_theta: self.rope_theta,
         };
         materialize(&layer);
@@ -118,8 +145,11 @@ impl<B: RingBackend> RingAttention<B> {
         let attend = Attend {
             causal: self.causal,
             scale: None,
+            window: self.window,
+            softcap: self.softcap,
         };
-        let (out, _) = ring_attention_with(q, k, v, ctx, attend)?;
+        let sinks = self.sinks.as_ref().map(Param::val);
+        let (out, _) = ring_attention_with(q, k, v, sinks, ctx, attend)?;
         Ok(self
             .out
             .forward(out.swap_dims(1, 2).reshape([b, t, self.heads * d])))

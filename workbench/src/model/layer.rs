@@ -19,7 +19,7 @@ use crate::model::weights::{DecoderLayer, WeightPrimitives, Weights};
 use crate::primitive::{unwrap, wrap};
 use crate::ring::context::RingContext;
 use crate::ring::engine::{self, Saved};
-use crate::ring::op::RingBackend;
+use crate::ring::op::{RingBackend, RingInputs};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
@@ -78,8 +78,13 @@ fn forward<B: RingBackend + FfnBackend>(
     let q = rope.rotate(split(project(h1.clone(), &w.wq), trunk.heads), false);
     let k = rope.rotate(split(project(h1.clone(), &w.wk), trunk.kv_heads), false);
     let v = split(project(h1.clone(), &w.wv), trunk.kv_heads);
-    let (out, _, saved) =
-        B::ring_forward(unwrap(q), unwrap(k), unwrap(v), ctx, ctx.config.attend())?;
+    let inputs = RingInputs {
+        q: unwrap(q),
+        k: unwrap(k),
+        v: unwrap(v),
+        sinks: None,
+    };
+    let (out, _, saved) = B::ring_forward(inputs, ctx, ctx.config.attend())?;
     let out: Tensor<B, 4> = wrap(out);
     let x2 = x + project(out.clone().swap_dims(1, 2).reshape([b, t, d]), &w.wo);
     let (h2, r2) = rms_norm(x2.clone(), &w.ffn_norm, w.epsilons[1]);
@@ -139,7 +144,7 @@ fn backward<B: RingBackend + FfnBackend>(
     let dwo = flat(a).transpose().matmul(flat(dx2.clone()));
     let da = project(dx2.clone(), &w.wo.clone().transpose());
     let d_out = da.reshape([b, t, trunk.heads, hd]).swap_dims(1, 2);
-    let (dq, dk, dv) = engine::backward(ctx, &f.saved, f.out, d_out)?;
+    let engine::RingGrads { dq, dk, dv, .. } = engine::backward(ctx, &f.saved, f.out, d_out)?;
     // [b, heads, t, hd] → [b, t, heads · hd], RoPE undone on q and k
     let merge = |g: Tensor<B, 4>| {
         let heads = g.dims()[1];

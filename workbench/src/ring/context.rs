@@ -5,13 +5,13 @@
 use crate::error::RingError;
 use crate::host::HostRead;
 pub use crate::kernels::Kernel;
-use crate::kernels::mask::{Window, windows};
+use crate::kernels::mask::{Mask, Window, windows};
 use crate::ring::ledger::Ledger;
 pub use crate::ring::options::{Attend, BackwardScheme, Direction, RingConfig};
 use crate::transport::{Comm, Traffic, run_ranks_with};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use strategies::{Layout, Partition};
 
@@ -43,9 +43,9 @@ pub struct RingContext {
     pub layout: Arc<Layout>,
     /// What the positions hold: real tokens in documents, then padding.
     sequence: Arc<Sequence>,
-    /// The key window of every rank's every query ([`crate::kernels::mask::windows`]), without and
-    /// with causality, each made when first asked for.
-    windows: [OnceLock<Vec<Vec<Window>>>; 2],
+    /// The key window of every rank's every query ([`crate::kernels::mask::windows`]) under each
+    /// mask asked for so far, each made when first asked for.
+    windows: Mutex<Vec<(Mask, Windows)>>,
     rank: usize,
     comm: Arc<Mutex<Comm>>,
     events: Mutex<Vec<StepEvent>>,
@@ -67,7 +67,7 @@ impl RingContext {
         let sequence = Arc::new(Sequence::unpadded(layout.seq_len));
         Ok(Self {
             config,
-            windows: Default::default(),
+            windows: Mutex::default(),
             sequence,
             layout,
             rank: comm.rank(),
@@ -103,7 +103,7 @@ impl RingContext {
         let sequence = Arc::new(Sequence::unpadded(layout.seq_len));
         Ok(Self {
             config: self.config,
-            windows: Default::default(),
+            windows: Mutex::default(),
             sequence,
             layout,
             rank: self.rank,
@@ -119,7 +119,7 @@ impl RingContext {
     /// between them, and positions at or past its length are padding that no real query sees.
     pub fn with_sequence(mut self, sequence: Sequence) -> Result<Self, RingError> {
         sequence.check(self.layout.seq_len)?;
-        self.windows = Default::default();
+        self.windows = Mutex::default();
         self.sequence = Arc::new(sequence);
         Ok(self)
     }
@@ -141,16 +141,15 @@ impl RingContext {
         &self.sequence
     }
 
-    /// The key windows of `rank`'s queries, in local order, under the context's own causality.
-    pub fn windows(&self, rank: usize) -> &[Window] {
-        self.windows_for(rank, self.config.causal)
-    }
-
-    /// The key windows of `rank`'s queries, in local order, causal or not.
-    pub fn windows_for(&self, rank: usize, causal: bool) -> &[Window] {
-        let all = self.windows[usize::from(causal)]
-            .get_or_init(|| all_windows(&self.layout, &self.sequence, causal));
-        &all[rank]
+    /// Every rank's query windows (`[rank][local query]`) under `mask`, made once per mask.
+    pub fn windows(&self, mask: Mask) -> Windows {
+        let mut made = lock(&self.windows);
+        if let Some((_, windows)) = made.iter().find(|(m, _)| *m == mask) {
+            return windows.clone();
+        }
+        let windows: Windows = Arc::new(all_windows(&self.layout, &self.sequence, mask));
+        made.push((mask, windows.clone()));
+        windows
     }
 
     /// The number of ranks.
@@ -351,11 +350,14 @@ impl Sequence {
     }
 }
 
-fn all_windows(layout: &Layout, sequence: &Sequence, causal: bool) -> Vec<Vec<Window>> {
+/// Every rank's query windows, `[rank][local query]`.
+pub type Windows = Arc<Vec<Vec<Window>>>;
+
+fn all_windows(layout: &Layout, sequence: &Sequence, mask: Mask) -> Vec<Vec<Window>> {
     layout
         .positions
         .iter()
-        .map(|p| windows(p, sequence.len, &sequence.doc_lens, causal))
+        .map(|p| windows(p, sequence.len, &sequence.doc_lens, mask))
         .collect()
 }
 

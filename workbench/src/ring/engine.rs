@@ -10,22 +10,24 @@ use crate::host::{self, HostRead};
 use crate::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM};
 use crate::kernels::mask::Visibility;
 use crate::kernels::{
-    BackwardTile, ForwardTile, Keys, Queries, TileDims, TileKernel, Travelling, WithKernel,
+    BackwardTile, ForwardTile, Keys, Queries, Scores, TileDims, TileKernel, Travelling, WithKernel,
     with_kernel,
 };
-use crate::ring::context::{Attend, BackwardScheme, Direction, RingContext, StepEvent};
+use crate::ring::context::{Attend, BackwardScheme, Direction, RingContext, StepEvent, Windows};
 use crate::ring::ledger::{Charge, Ledger};
 use crate::transport::{Comm, Phase};
 use burn::tensor::{Tensor, backend::Backend};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// One trip of `cargo` round the ring.
+/// One trip of `cargo` round the ring, `steps` steps long (1 ≤ steps ≤ N: a pass stops once no rank
+/// can see the blocks further along, [`steps_needed`]).
 ///
 /// At step s this rank holds the cargo of rank `direction.owner(rank, s)` and calls
-/// `compute(step, owner, cargo)`. When `accumulator` is given, it travels with the cargo: each rank adds
-/// the contribution `compute` returns, and after N steps one more hop brings it home, where it is
-/// returned. K/V cross N−1 links; an accumulator crosses N.
+/// `compute(step, owner, cargo)`; the cargo crosses `steps − 1` links. When `accumulator` is given, it
+/// travels with the cargo: each rank adds the contribution `compute` returns, and after the last step
+/// it goes straight home, to the rank whose cargo this rank holds (one more hop when the pass is
+/// whole, none when it is one step long), where it is returned.
 ///
 /// `ledger` is charged for the second buffer of each exchange from its post to the end of the step
 /// (the received cargo or accumulator it becomes is charged while held), and for the accumulator.
@@ -37,7 +39,7 @@ pub(crate) fn ring_pass<B: HostRead>(
     comm: &mut Comm,
     ledger: &Arc<Ledger>,
     phase: Phase,
-    direction: Direction,
+    (direction, steps): (Direction, usize),
     cargo: Vec<Arc<Block>>,
     mut accumulator: Option<Vec<Block>>,
     mut compute: impl FnMut(usize, usize, &[Arc<Block>]) -> Result<Option<Vec<Block>>, RingError>,
@@ -53,9 +55,10 @@ pub(crate) fn ring_pass<B: HostRead>(
     // The caller charged the cargo it gave; a received cargo is charged here while held.
     let mut _held_charge: Option<Charge> = None;
     let mut incoming_acc = None;
-    for step in 0..world {
+    for step in 0..steps {
+        let last = step + 1 == steps;
         let moved_before = host::moved_bytes();
-        let incoming = if step + 1 < world {
+        let incoming = if !last {
             settle::<B>(device, &held);
             let arriving = ledger.charge(bytes(&held));
             Some((
@@ -78,12 +81,20 @@ pub(crate) fn ring_pass<B: HostRead>(
             for (a, c) in acc.iter_mut().zip(contribution.iter().flatten()) {
                 a.add_assign::<B>(c, device);
             }
-            if world > 1 {
+            // On along the ring, or, after the last step, home: to the owner of the cargo held now,
+            // from the rank holding this rank's (the ring's next and previous when the pass is whole).
+            let (to, from) = if last {
+                let home = direction.owner(rank, step, world);
+                (home, direction.owner(rank, world - step, world))
+            } else {
+                (next, prev)
+            };
+            if to != rank {
                 let outgoing: Vec<Arc<Block>> =
                     std::mem::take(acc).into_iter().map(Arc::new).collect();
                 settle::<B>(device, &outgoing);
                 let arriving = ledger.charge(acc_bytes);
-                incoming_acc = Some((comm.exchange(phase, step, next, prev, outgoing)?, arriving));
+                incoming_acc = Some((comm.exchange(phase, step, to, from, outgoing)?, arriving));
             }
             drop(received);
         }
@@ -136,10 +147,15 @@ fn parallel_units(ctx: &RingContext) -> bool {
     ctx.config.lockstep || ctx.world() < cores
 }
 
-fn scale_of(attend: Attend, head_dim: usize) -> f32 {
-    attend
-        .scale
-        .unwrap_or_else(|| 1.0 / (head_dim as f32).sqrt())
+/// How `attend` makes scores for heads of `head_dim`: its scale (1/sqrt(head_dim) by default) and
+/// cap.
+fn scores_of(attend: Attend, head_dim: usize) -> Scores {
+    Scores {
+        scale: attend
+            .scale
+            .unwrap_or_else(|| 1.0 / (head_dim as f32).sqrt()),
+        softcap: attend.softcap,
+    }
 }
 
 /// Checks q `[b, h, t, d]`, k and v `[b, hk, t, d]` against each other and the layout.
@@ -182,24 +198,63 @@ pub(crate) fn check_shapes(
 fn shards<B: HostRead, K: TileKernel<B>>(
     kernel: &K,
     ctx: &RingContext,
-    causal: bool,
+    windows: &Windows,
     device: &B::Device,
 ) -> Result<Vec<K::Shard>, RingError> {
     (0..ctx.world())
-        .map(|r| kernel.shard(ctx.windows_for(r, causal), ctx.positions(r), device))
+        .map(|r| kernel.shard(&windows[r], ctx.positions(r), device))
         .collect()
 }
 
+/// How many steps a pass in `direction` needs: one past the last step at which some rank's tile is
+/// visible (its queries' `windows` against the keys it holds then, or, when the queries travel, the
+/// held queries against its keys). Every rank computes the same from the layout, so every rank
+/// stops at the same step; a sliding window or short packed documents stop the ring early.
+pub(crate) fn steps_needed(
+    ctx: &RingContext,
+    windows: &Windows,
+    direction: Direction,
+    travelling: Travelling,
+) -> usize {
+    let world = ctx.world();
+    let sees = |step: usize| {
+        (0..world).any(|rank| {
+            let owner = direction.owner(rank, step, world);
+            let (q_rank, k_rank) = match travelling {
+                Travelling::Queries => (owner, rank),
+                Travelling::Keys => (rank, owner),
+            };
+            Visibility::of(&windows[q_rank], ctx.positions(k_rank)) != Visibility::None
+        })
+    };
+    (0..world)
+        .rev()
+        .find(|&s| sees(s))
+        .map_or(1, |last| last + 1)
+}
+
 /// Ring forward on one rank: this rank's output `[b, h, t, d]`, log-sum-exp `[b, h, t]`, and what
-/// the backward needs, masked and scaled as `attend` says. The configured kernel computes the tiles.
+/// the backward needs, masked and scored as `attend` says, each row's softmax also holding its
+/// head's sink logit when `sinks` (`[h]`) are given. The configured kernel computes the tiles.
 pub fn forward<B: HostRead>(
     ctx: &RingContext,
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
+    sinks: Option<Tensor<B, 1>>,
     attend: Attend,
 ) -> Result<(Tensor<B, 4>, Tensor<B, 3>, Saved), RingError> {
     check_shapes(ctx, q.dims(), k.dims(), v.dims())?;
+    attend.check()?;
+    if let Some(s) = &sinks
+        && s.dims()[0] != q.dims()[1]
+    {
+        return Err(RingError::Shape {
+            what: "sinks [heads]",
+            expected: vec![q.dims()[1]],
+            got: s.dims().to_vec(),
+        });
+    }
     with_kernel(
         ctx.config.kernel,
         Forward {
@@ -207,6 +262,7 @@ pub fn forward<B: HostRead>(
             q,
             k,
             v,
+            sinks,
             attend,
         },
     )
@@ -217,6 +273,7 @@ struct Forward<'a, B: Backend> {
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
+    sinks: Option<Tensor<B, 1>>,
     attend: Attend,
 }
 
@@ -229,22 +286,24 @@ impl<B: HostRead> WithKernel<B> for Forward<'_, B> {
             q,
             k,
             v,
+            sinks,
             attend,
         } = self;
         let [b, h, t, d] = q.dims();
         let kv_heads = k.dims()[1];
-        let scale = scale_of(attend, d);
+        let how = scores_of(attend, d);
         let device = q.device();
         let rank = ctx.rank();
-        let shards = shards(kernel, ctx, attend.causal, &device)?;
+        let windows = ctx.windows(attend.mask());
+        let shards = shards(kernel, ctx, &windows, &device)?;
         let q_block = Arc::new(kernel.operand(BlockKind::Q, q));
-        let win_q = ctx.windows_for(rank, attend.causal);
+        let win_q = &windows[rank];
         let queries = Queries {
             windows: win_q,
             prepared: &shards[rank],
         };
-        let mut state =
-            kernel.forward_start(&q_block, kv_heads, queries, scale, parallel_units(ctx));
+        let mut state = kernel.forward_start(&q_block, kv_heads, queries, how, parallel_units(ctx));
+        let steps = steps_needed(ctx, &windows, ctx.config.forward, Travelling::Keys);
         let (k, v) = (
             Arc::new(kernel.operand(BlockKind::K, k)),
             Arc::new(kernel.operand(BlockKind::V, v)),
@@ -261,7 +320,7 @@ impl<B: HostRead> WithKernel<B> for Forward<'_, B> {
             &mut comm,
             ledger,
             Phase::Forward,
-            ctx.config.forward,
+            (ctx.config.forward, steps),
             cargo,
             None,
             |step, owner, held| {
@@ -304,12 +363,14 @@ impl<B: HostRead> WithKernel<B> for Forward<'_, B> {
                 Ok(None)
             },
         )?;
-        let (out, lse) = kernel.forward_finish(state, &device);
+        let sinks = sinks.map(|s| Arc::new(kernel.operand(BlockKind::Sinks, s)));
+        let (out, lse) = kernel.forward_finish(state, sinks.as_deref(), &device);
         let saved = Saved {
             q: q_block,
             k,
             v,
             lse: Arc::new(kernel.operand(BlockKind::Lse, lse.clone())),
+            sinks,
             attend,
             _charge: Arc::new(saved_charge),
         };
@@ -326,14 +387,27 @@ pub struct Saved {
     pub(crate) k: Arc<Block>,
     pub(crate) v: Arc<Block>,
     pub(crate) lse: Arc<Block>,
-    /// How the forward masked and scaled: the backward does the same.
+    /// The sink logits `[h]` the forward's rows held, if any.
+    pub(crate) sinks: Option<Arc<Block>>,
+    /// How the forward masked and scored: the backward does the same.
     pub(crate) attend: Attend,
     /// These blocks' bytes on the rank's ledger, held (never read) until the last copy is dropped.
     _charge: Arc<Charge>,
 }
 
-/// `(dq, dk, dv)`, shaped like `(q, k, v)`.
-pub type QkvGrads<B> = (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>);
+/// The gradients of one rank's ring attention inputs.
+#[derive(Debug)]
+pub struct RingGrads<B: Backend> {
+    /// Shaped like q.
+    pub dq: Tensor<B, 4>,
+    /// Shaped like k.
+    pub dk: Tensor<B, 4>,
+    /// Shaped like v.
+    pub dv: Tensor<B, 4>,
+    /// With sinks, `[h]`: this rank's rows' part (the sinks are shared by every rank's rows, so
+    /// their gradient is the sum of every rank's part).
+    pub dsinks: Option<Tensor<B, 1>>,
+}
 
 /// Ring backward on one rank: `(dq, dk, dv)` for this rank's shards, by the configured scheme.
 ///
@@ -346,7 +420,7 @@ pub fn backward<B: HostRead>(
     saved: &Saved,
     out: Tensor<B, 4>,
     d_out: Tensor<B, 4>,
-) -> Result<QkvGrads<B>, RingError> {
+) -> Result<RingGrads<B>, RingError> {
     with_kernel(
         ctx.config.kernel,
         Backward {
@@ -366,7 +440,7 @@ struct Backward<'a, B: Backend> {
 }
 
 impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
-    type Output = Result<QkvGrads<B>, RingError>;
+    type Output = Result<RingGrads<B>, RingError>;
 
     fn run<K: TileKernel<B>>(self, kernel: &K) -> Self::Output {
         let Backward {
@@ -380,18 +454,25 @@ impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
             k,
             v,
             lse,
+            sinks,
             attend,
             ..
         } = saved;
         let device = out.device();
         let [b, h, t, d] = out.dims();
         let kv_heads = k.shape[1];
-        let scale = scale_of(*attend, d);
+        let how = scores_of(*attend, d);
         let parallel = parallel_units(ctx);
         let d_out = kernel.operand(BlockKind::DOut, d_out);
         let delta = kernel.delta(&d_out, out);
+        let dsinks = sinks.as_ref().map(|s| {
+            kernel
+                .sink_gradient(s, lse, &delta, &device)
+                .into_tensor::<B, 1>(&device)
+        });
         let (d_out, delta) = (Arc::new(d_out), Arc::new(delta));
-        let shards = shards(kernel, ctx, attend.causal, &device)?;
+        let windows = ctx.windows(attend.mask());
+        let shards = shards(kernel, ctx, &windows, &device)?;
         let zeros = |kind: BlockKind, shape: &[usize]| kernel.zeros(kind, shape.to_vec(), &device);
         let dims = TileDims {
             batch: b,
@@ -434,13 +515,14 @@ impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
         // Each step's contribution to the travelling accumulator is a fresh block of its size.
         let contribution_bytes: u64 = accumulator.iter().map(Block::bytes).sum();
         let tile_bytes = contribution_bytes + kernel.workspace_bytes(&dims, true);
+        let steps = steps_needed(ctx, &windows, direction, travelling);
         let mut comm = ctx.comm();
         let home = ring_pass::<B>(
             &device,
             &mut comm,
             ledger,
             Phase::Backward,
-            direction,
+            (direction, steps),
             cargo,
             Some(accumulator),
             |step, owner, held| {
@@ -450,10 +532,7 @@ impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
                     Travelling::Queries => (owner, rank),
                     Travelling::Keys => (rank, owner),
                 };
-                let (win_q, pos_k) = (
-                    ctx.windows_for(q_rank, attend.causal),
-                    ctx.positions(k_rank),
-                );
+                let (win_q, pos_k) = (&windows[q_rank][..], ctx.positions(k_rank));
                 let visibility = Visibility::of(win_q, pos_k);
                 let pairs = visibility.pairs(win_q.len(), pos_k.len()) * (b * h) as u64;
                 let contribution = (visibility != Visibility::None).then(|| {
@@ -484,7 +563,7 @@ impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
                             tk: pos_k.len(),
                             ..dims
                         },
-                        scale,
+                        scores: how,
                         parallel,
                     };
                     kernel.backward_tile(&tile, &mut stay, travelling)
@@ -508,10 +587,11 @@ impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
         };
         let mut next = || grads.next().expect("dQ, dK and dV: one block each");
         let (dq, dk, dv) = (next(), next(), next());
-        Ok((
-            dq.into_tensor(&device),
-            dk.into_tensor(&device),
-            dv.into_tensor(&device),
-        ))
+        Ok(RingGrads {
+            dq: dq.into_tensor(&device),
+            dk: dk.into_tensor(&device),
+            dv: dv.into_tensor(&device),
+            dsinks,
+        })
     }
 }

@@ -5,7 +5,7 @@
 use crate::error::{RingError, all_or_root_cause};
 use crate::host;
 use crate::ring::context::{RingConfig, RingContext, Sequence, StepEvent};
-use crate::ring::op::{RingBackend, ring_attention};
+use crate::ring::op::{RingBackend, ring_attention_with};
 use crate::transport::{Comm, Link, Traffic, run_ranks_with};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
@@ -43,6 +43,8 @@ pub struct AttentionJob<'a> {
     /// Packed documents: their lengths laid end to end, summing to the sequence length; a query
     /// attends only within its document. Empty: one document.
     pub doc_lens: &'a [usize],
+    /// Attention sinks: one logit per query head, joining every row's softmax denominator.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Gradients with respect to q, k, v, in the inputs' layout.
@@ -54,6 +56,8 @@ pub struct Grads {
     pub dk: HostTensor,
     /// Values' gradient.
     pub dv: HostTensor,
+    /// With sinks: their gradient `[heads]`.
+    pub dsinks: Option<Vec<f32>>,
 }
 
 #[derive(Debug, Clone)]
@@ -80,6 +84,8 @@ struct RankOutput {
     out: Vec<f32>,
     lse: Vec<f32>,
     grads: Option<[Vec<f32>; 3]>,
+    /// This rank's rows' part of the sinks' gradient.
+    dsinks: Option<Vec<f32>>,
     traffic: Traffic,
     events: Vec<StepEvent>,
 }
@@ -92,6 +98,17 @@ fn check_job(job: &AttentionJob) -> Result<([usize; 4], usize), RingError> {
             heads: h,
             kv_heads: hk,
         });
+    }
+    job.config.attend().check()?;
+    if let Some(sinks) = job.sinks {
+        if sinks.len() != h {
+            return Err(RingError::Shape {
+                what: "sinks [heads]",
+                expected: vec![h],
+                got: vec![sinks.len()],
+            });
+        }
+        HostTensor::new(vec![h], sinks.to_vec()).check_finite("sinks")?;
     }
     if let Some(fault) = job.fault
         && fault.rank >= job.ranks
@@ -211,7 +228,22 @@ where
     let q = track(load(job.q, heads));
     let k = track(load(job.k, plan.kv_heads));
     let v = track(load(job.v, plan.kv_heads));
-    let (out, lse) = ring_attention(q.clone(), k.clone(), v.clone(), &ctx)?;
+    let sinks = job.sinks.map(|s| {
+        let sinks = host::place::<B, 1>(s.to_vec(), [heads], device);
+        if job.d_out.is_some() {
+            sinks.require_grad()
+        } else {
+            sinks
+        }
+    });
+    let (out, lse) = ring_attention_with(
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        sinks.clone(),
+        &ctx,
+        job.config.attend(),
+    )?;
     let grads = match job.d_out {
         None => None,
         Some(d_out) => {
@@ -225,13 +257,21 @@ where
                     .map(host::read)
                     .unwrap_or_else(|| vec![0.0; t.shape().num_elements()])
             };
-            Some([grad(&q), grad(&k), grad(&v)])
+            let qkv = [grad(&q), grad(&k), grad(&v)];
+            let dsinks = sinks.as_ref().map(|s| {
+                s.grad_remove(&mut grads)
+                    .map(host::read)
+                    .unwrap_or_else(|| vec![0.0; heads])
+            });
+            Some((qkv, dsinks))
         }
     };
+    let (grads, dsinks) = grads.map_or((None, None), |(qkv, dsinks)| (Some(qkv), dsinks));
     let output = RankOutput {
         out: host::read(out.inner()),
         lse: host::read(lse.inner()),
         grads,
+        dsinks,
         traffic: ctx.take_traffic(),
         events: ctx.take_events(),
     };
@@ -302,6 +342,7 @@ where
     };
     let outs = gather(&mine.out)?;
     let lses = gather(&mine.lse)?;
+    let dsinks = mine.dsinks.as_deref().map(gather).transpose()?;
     let grads: Option<Vec<[Vec<f32>; 3]>> = match &mine.grads {
         None => None,
         Some([dq, dk, dv]) => {
@@ -318,6 +359,7 @@ where
             out: outs[r].clone(),
             lse: lses[r].clone(),
             grads: grads.as_ref().map(|g| g[r].clone()),
+            dsinks: dsinks.as_ref().map(|d| d[r].clone()),
             traffic: if r == rank {
                 mine.traffic.clone()
             } else {
@@ -363,10 +405,21 @@ fn assemble(
                 [batch, seq, h, head_dim],
             )
         };
+        // Every rank's rows hold the sinks: their gradient is the sum of the ranks' parts.
+        let dsinks = job.sinks.map(|_| {
+            let mut sum = vec![0.0f32; heads];
+            for part in outputs.iter().flat_map(|o| &o.dsinks) {
+                for (s, x) in sum.iter_mut().zip(part) {
+                    *s += x;
+                }
+            }
+            sum
+        });
         Grads {
             dq: g(0, heads),
             dk: g(1, plan.kv_heads),
             dv: g(2, plan.kv_heads),
+            dsinks,
         }
     });
     AttentionResult {

@@ -5,6 +5,7 @@ use crate::error::RingError;
 use crate::kernels::Kernel;
 use std::fmt;
 use std::str::FromStr;
+use strategies::Mask;
 
 /// Which neighbour receives a rank's block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -109,6 +110,10 @@ pub struct RingConfig {
     pub backward: BackwardScheme,
     /// Softmax scale; `None` means 1/sqrt(head_dim).
     pub scale: Option<f32>,
+    /// A sliding window: a query sees only keys less than `W` positions away; `None`: no window.
+    pub window: Option<usize>,
+    /// Logit soft-capping: scores become `C · tanh(s / C)` before masking; `None`: none.
+    pub softcap: Option<f32>,
     /// Which implementation computes the tiles.
     pub kernel: Kernel,
     /// Measurement mode: ranks compute their tiles one at a time (a process-wide lock), so that N
@@ -123,16 +128,59 @@ impl RingConfig {
         Attend {
             causal: self.causal,
             scale: self.scale,
+            window: self.window,
+            softcap: self.softcap,
         }
     }
 }
 
-/// How one call of ring attention masks and scales its scores. Per call, so that a model may mix
-/// its layers (and the ring's own options, directions, scheme and kernel, stay the context's).
+/// How one call of ring attention masks and scores. Per call, so that a model may mix its layers
+/// (windowed and full, say); the ring's own options (directions, scheme, kernel) stay the context's.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Attend {
     /// Whether a query sees only keys at or before its position.
     pub causal: bool,
     /// Softmax scale; `None` means 1/sqrt(head_dim).
     pub scale: Option<f32>,
+    /// A sliding window: a query sees only keys less than `W` positions away; `None`: no window.
+    pub window: Option<usize>,
+    /// Logit soft-capping: scores become `C · tanh(s / C)` before masking; `None`: none.
+    pub softcap: Option<f32>,
+}
+
+impl Attend {
+    /// The visibility rule these options make (causality and window; documents and padding are the
+    /// context's).
+    pub fn mask(&self) -> Mask {
+        Mask {
+            causal: self.causal,
+            window: self.window,
+        }
+    }
+
+    /// An error unless the window is at least 1 and the cap positive and finite.
+    pub fn check(&self) -> Result<(), RingError> {
+        if self.window == Some(0) {
+            return Err(RingError::Variant {
+                what: "window",
+                value: "0".into(),
+                expected: "at least 1 key",
+            });
+        }
+        if let Some(cap) = self.softcap.filter(|c| !(c.is_finite() && *c > 0.0)) {
+            return Err(RingError::Variant {
+                what: "softcap",
+                value: cap.to_string(),
+                expected: "a finite number above 0",
+            });
+        }
+        if let Some(scale) = self.scale.filter(|s| !s.is_finite()) {
+            return Err(RingError::Variant {
+                what: "scale",
+                value: scale.to_string(),
+                expected: "a finite number",
+            });
+        }
+        Ok(())
+    }
 }

@@ -5,7 +5,7 @@ use crate::block::{Block, BlockKind};
 use crate::error::TransportError;
 use std::sync::Arc;
 
-const KINDS: [BlockKind; 10] = [
+const KINDS: [BlockKind; 12] = [
     BlockKind::K,
     BlockKind::V,
     BlockKind::Q,
@@ -16,6 +16,8 @@ const KINDS: [BlockKind; 10] = [
     BlockKind::DV,
     BlockKind::DQ,
     BlockKind::Reduce,
+    BlockKind::Sinks,
+    BlockKind::DSinks,
 ];
 
 /// One message: `[blocks, (kind, ndim, dims…)…, data…]`, every count exact in f32 below 2^24.

@@ -159,6 +159,8 @@ impl Plan for AttnPlan {
             backward: p.backward,
             kernel: p.kernel,
             scale: None,
+            window: None,
+            softcap: None,
             lockstep: false,
         };
         let (b, s, h, hk, d) = (batch, p.seq_len, heads, p.kv_heads, head_dim);
@@ -179,6 +181,7 @@ impl Plan for AttnPlan {
             fault: None,
             link: None,
             doc_lens: &doc_lens,
+            sinks: None,
         };
         let backend = p.backend.unwrap_or_default();
         let (fwd, _) = fastest(backend, &job(false), self.measure.repeats)?;

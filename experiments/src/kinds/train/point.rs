@@ -58,6 +58,8 @@ impl Plan for TrainPlan {
             backward: run.backward,
             kernel: Kernel::Fused,
             scale: None,
+            window: None,
+            softcap: None,
             lockstep: false,
         };
         let schedule = Schedule {
