@@ -52,6 +52,17 @@ pub struct AttnArgs {
     /// default device.
     #[arg(long)]
     pub devices: Option<String>,
+    /// A sliding window: a query sees only keys less than W positions away (and, causal, not after
+    /// it). Default: no window.
+    #[arg(long)]
+    pub window: Option<usize>,
+    /// Logit soft-capping: scores become C·tanh(s/C) before masking (C > 0). Default: none.
+    #[arg(long, allow_hyphen_values = true)]
+    pub softcap: Option<f32>,
+    /// Attention sinks: a .npy of one logit per query head ([heads], float32 or float64), joining
+    /// every row's softmax denominator; with --do, dsinks.npy is written too.
+    #[arg(long)]
+    pub sinks: Option<PathBuf>,
     /// Packed documents: their lengths, comma-separated, summing to seq (a query attends only within
     /// its document). Default: one document.
     #[arg(long)]
@@ -167,6 +178,20 @@ fn read_4d(path: &Path) -> Result<HostTensor> {
     Ok(array)
 }
 
+/// The sinks' `.npy`: one logit a query head, a 1-D array (its length and values are checked by the
+/// job against the heads).
+fn read_sinks(path: &Path) -> Result<Vec<f32>> {
+    let array = npy::read(path)?;
+    if array.shape.len() != 1 {
+        bail!(
+            "{}: expected a 1-D array of one logit per query head, got shape {:?}",
+            path.display(),
+            array.shape
+        );
+    }
+    Ok(array.data)
+}
+
 /// `--doc-lens 5,17,26` as lengths (checked against the sequence by the job).
 fn parse_doc_lens(text: Option<&str>) -> Result<Vec<usize>> {
     let Some(text) = text else {
@@ -188,6 +213,7 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
     let v = read_4d(&args.v)?;
     let d_out = args.d_out.as_deref().map(read_4d).transpose()?;
     let doc_lens = parse_doc_lens(args.doc_lens.as_deref())?;
+    let sinks = args.sinks.as_deref().map(read_sinks).transpose()?;
     let job = AttentionJob {
         q: &q,
         k: &k,
@@ -201,8 +227,8 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
             backward: args.backward,
             kernel: args.kernel,
             scale: None,
-            window: None,
-            softcap: None,
+            window: args.window,
+            softcap: args.softcap,
             lockstep: false,
         },
         timeout: Duration::from_secs_f64(args.timeout),
@@ -212,7 +238,7 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
             .map(|(rank, step)| Fault::fail(rank, step)),
         link: None,
         doc_lens: &doc_lens,
-        sinks: None,
+        sinks: sinks.as_deref(),
     };
     if let Some(id_file) = &args.nccl_id_file {
         return run_nccl(&job, id_file, args);
@@ -241,6 +267,13 @@ fn write_outputs(args: &AttnArgs, result: &AttentionResult) -> Result<()> {
         write("dk.npy", &g.dk)?;
         write("dv.npy", &g.dv)?;
         written.extend(["dq.npy", "dk.npy", "dv.npy"]);
+        if let Some(dsinks) = &g.dsinks {
+            write(
+                "dsinks.npy",
+                &HostTensor::new(vec![dsinks.len()], dsinks.clone()),
+            )?;
+            written.push("dsinks.npy");
+        }
     }
     // Under MPI or NCCL only this process's rank is counted.
     let bytes: u64 = result.traffic.iter().map(|t| t.total_bytes()).sum();

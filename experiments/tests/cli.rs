@@ -789,6 +789,107 @@ fn packed_documents_match_numpy() {
     }
 }
 
+/// A sliding window, a logit cap and attention sinks (`make_attn_fixture.py`'s `attn_variants/`:
+/// documents 9/15, causal, window 6, cap 2, one sink logit per head) match NumPy's float64 reference,
+/// the sinks' gradient included, on several strategies and rank counts; and their bad values are one
+/// line and exit 1.
+#[test]
+fn window_softcap_and_sinks_match_numpy() {
+    let fixture = |name: &str| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/attn_variants")
+            .join(name)
+    };
+    let inputs = |extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = vec!["attn".into()];
+        for name in ["q", "k", "v", "do"] {
+            args.push(format!("--{name}"));
+            args.push(
+                fixture(&format!("{name}.npy"))
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let sinks = fixture("sinks.npy").to_string_lossy().into_owned();
+    let variant = [
+        "--doc-lens",
+        "9,15",
+        "--causal",
+        "--window",
+        "6",
+        "--softcap",
+        "2",
+    ];
+    for (strategy, ranks, kernel) in [
+        ("zigzag", "2", "fused"),
+        ("striped", "3", "generic"),
+        ("contiguous", "4", "fused"),
+        ("doc-zigzag", "3", "generic"),
+    ] {
+        let out = temp_dir(&format!("variants-{strategy}"));
+        let o = out.to_string_lossy().into_owned();
+        let mut extra = variant.to_vec();
+        extra.extend(["--sinks", &sinks, "--strategy", strategy, "--ranks", ranks]);
+        extra.extend(["--kernel", kernel, "--out", &o]);
+        let status = ringbench(&inputs(&extra));
+        assert!(
+            status.status.success(),
+            "{strategy}: {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+        assert_matches(&out, fixture, strategy);
+        let got = npy::read(&out.join("dsinks.npy")).unwrap();
+        let want = npy::read(&fixture("expected_dsinks.npy")).unwrap();
+        assert_eq!(got.shape, [4]);
+        let d = deviation(&got.data, &want.data);
+        assert!(d.within(1e-5), "{strategy} dsinks: {d}");
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+    // Bad values: one line naming the value, exit 1.
+    let dir = temp_dir("variants-bad");
+    let short = dir.join("short.npy");
+    write_npy(&short, &[3], npyz::Order::C, &[0.0f32, 1.0, 2.0]);
+    let nan = dir.join("nan.npy");
+    write_npy(&nan, &[4], npyz::Order::C, &[0.0f32, f32::NAN, 2.0, 3.0]);
+    let o = dir.join("out").to_string_lossy().into_owned();
+    for (extra, message) in [
+        (vec!["--window", "0"], "window = 0: expected at least 1 key"),
+        (
+            vec!["--softcap", "0"],
+            "softcap = 0: expected a finite number above 0",
+        ),
+        (
+            vec!["--softcap", "-2"],
+            "softcap = -2: expected a finite number above 0",
+        ),
+        (
+            vec!["--softcap", "NaN"],
+            "softcap = NaN: expected a finite number above 0",
+        ),
+        (
+            vec!["--sinks", short.to_str().unwrap()],
+            "sinks [heads]: expected shape [4], got [3]",
+        ),
+        (vec!["--sinks", nan.to_str().unwrap()], "sinks[1] is NaN"),
+        (
+            vec!["--sinks", fixture("q.npy").to_str().unwrap()],
+            "expected a 1-D array of one logit per query head",
+        ),
+    ] {
+        let mut args = extra.clone();
+        args.extend(["--out", &o]);
+        let output = ringbench(&inputs(&args));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{extra:?}: {stderr}");
+        assert!(stderr.contains(message), "{extra:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `--backend wgpu` (the generic kernel on the device) on the NumPy fixture, within 1e-5 of NumPy's
 /// float64 reference; no ring step copies between host and device.
 #[cfg(feature = "wgpu")]

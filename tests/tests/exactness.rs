@@ -278,6 +278,111 @@ fn variants_table() {
     assert_eq!(runs, design.len());
 }
 
+/// A causal window no wider than a shard (W = S / N = 8 on 8 contiguous ranks of 8 tokens) lets each
+/// rank see only its own keys and its predecessor's: the ring stops after two steps. Each rank's
+/// forward sends one K and one V block (not N − 1 = 7 of each), and the kv backward sends K and V
+/// once and its dK/dV accumulator twice (on, then straight home). A pass stops early only when its
+/// cargo flows the way causality looks, keys towards later queries: kv-reverse sends K and V the
+/// other way, and the q scheme sends the queries forward, so a rank meets its successor's queries
+/// (or, reversed, its predecessor's keys) last and both need the whole ring (7 hops, the
+/// accumulator 8). The outputs stay exact either way.
+#[test]
+fn a_causal_window_within_a_shard_stops_the_forward_and_kv_backward_after_two_steps() {
+    use ringbench_tests::Variant;
+    let (seq, ranks) = (64, 8);
+    let variant = Variant {
+        window: Some(seq / ranks),
+        ..Variant::default()
+    };
+    let c = ringbench_tests::case_variant(seq, (4, 2), true, 0.25, &[], variant);
+    for backward in BackwardScheme::ALL {
+        let config = RingConfig {
+            causal: true,
+            backward,
+            scale: Some(0.25),
+            ..Default::default()
+        };
+        let result = run(&c, "contiguous", ranks, config).unwrap();
+        assert_within(
+            &result,
+            &c.want,
+            TOLERANCE,
+            &format!("window 8, {backward}"),
+        );
+        let expected: &[(Phase, BlockKind, usize)] = match backward {
+            BackwardScheme::Kv => &[
+                (Phase::Forward, BlockKind::K, 1),
+                (Phase::Forward, BlockKind::V, 1),
+                (Phase::Backward, BlockKind::K, 1),
+                (Phase::Backward, BlockKind::V, 1),
+                (Phase::Backward, BlockKind::DK, 2),
+                (Phase::Backward, BlockKind::DV, 2),
+            ],
+            BackwardScheme::KvReverse => &[
+                (Phase::Forward, BlockKind::K, 1),
+                (Phase::Forward, BlockKind::V, 1),
+                (Phase::Backward, BlockKind::K, 7),
+                (Phase::Backward, BlockKind::V, 7),
+                (Phase::Backward, BlockKind::DK, 8),
+                (Phase::Backward, BlockKind::DV, 8),
+            ],
+            BackwardScheme::Q => &[
+                (Phase::Forward, BlockKind::K, 1),
+                (Phase::Forward, BlockKind::V, 1),
+                (Phase::Backward, BlockKind::Q, 7),
+                (Phase::Backward, BlockKind::DOut, 7),
+                (Phase::Backward, BlockKind::Lse, 7),
+                (Phase::Backward, BlockKind::Delta, 7),
+                (Phase::Backward, BlockKind::DQ, 8),
+            ],
+        };
+        let blocks = |phase| {
+            expected
+                .iter()
+                .filter(|e| e.0 == phase)
+                .map(|e| e.2)
+                .sum::<usize>()
+        };
+        for (rank, traffic) in result.traffic.iter().enumerate() {
+            for &(phase, kind, n) in expected {
+                assert_eq!(
+                    traffic.count(phase, kind).0,
+                    n,
+                    "{backward} rank {rank}: {kind:?}"
+                );
+            }
+            let sends = |phase| traffic.sends.iter().filter(|s| s.phase == phase).count();
+            assert_eq!(
+                sends(Phase::Forward),
+                blocks(Phase::Forward),
+                "{backward} rank {rank}"
+            );
+            assert_eq!(
+                sends(Phase::Backward),
+                blocks(Phase::Backward),
+                "{backward} rank {rank}"
+            );
+        }
+        // The engine ran two steps of each pass on every rank (all 8 of the other backwards).
+        let backward_steps = if backward == BackwardScheme::Kv { 2 } else { 8 };
+        for events in &result.events {
+            let last = |phase| {
+                events
+                    .iter()
+                    .filter(|e| e.phase == phase)
+                    .map(|e| e.step)
+                    .max()
+            };
+            assert_eq!(last(Phase::Forward), Some(1), "{backward}");
+            assert_eq!(
+                last(Phase::Backward),
+                Some(backward_steps - 1),
+                "{backward}"
+            );
+        }
+    }
+}
+
 /// The checks catch a wrong kernel whose output holds NaN: one forward tile of one rank reads all-NaN
 /// values (the engine's test hook), on both kernels, and the table's assertion fails naming the
 /// tensor. (Folded with `f64::max`, as the comparison once was, those NaNs counted as no error.)
