@@ -9,7 +9,7 @@
 //! are in `train/agentic.rs`.
 
 use crate::error::RingError;
-use crate::model::layer::{Checkpoint, LayerBackend, Trunk, run_layers};
+use crate::model::layer::{LayerBackend, Trunk, run_layers};
 use crate::model::lazy::materialize;
 use crate::model::llama::LlamaConfig;
 use crate::model::weights::DecoderLayer;
@@ -89,10 +89,7 @@ impl AgenticConfig {
             blocks: trunk.init_blocks(device),
             norm: RmsNormConfig::new(self.d_model).init(device),
             action_head: LinearConfig::new(self.d_model, self.act_dim).init(device),
-            heads: self.heads,
-            kv_heads: self.kv_heads,
-            rope_theta: self.rope_theta,
-            ffn_chunk: self.ffn_chunk,
+            trunk: trunk.trunk(),
         };
         materialize(&model);
         Ok(model)
@@ -121,10 +118,8 @@ pub struct AgenticTransformer<B: Backend> {
     blocks: Vec<DecoderLayer<B>>,
     norm: RmsNorm<B>,
     action_head: Linear<B>,
-    heads: usize,
-    kv_heads: usize,
-    rope_theta: f64,
-    ffn_chunk: usize,
+    /// What every layer needs of the config.
+    trunk: Trunk,
 }
 
 impl<B: LayerBackend> AgenticTransformer<B> {
@@ -135,18 +130,11 @@ impl<B: LayerBackend> AgenticTransformer<B> {
         positions: &[usize],
         ctx: &Arc<RingContext>,
     ) -> Result<Tensor<B, 3>, RingError> {
-        let trunk = Trunk {
-            heads: self.heads,
-            kv_heads: self.kv_heads,
-            rope_theta: self.rope_theta,
-            ffn_chunk: self.ffn_chunk,
-            checkpoint: Checkpoint::None,
-        };
         let x = run_layers(
             &self.blocks,
             self.embed.forward(features),
             positions,
-            trunk,
+            self.trunk,
             ctx,
         )?;
         Ok(self.action_head.forward(self.norm.forward(x)).tanh())

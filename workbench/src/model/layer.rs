@@ -17,7 +17,7 @@ use crate::model::norm::{flat, project, rms_norm, rms_norm_backward};
 use crate::model::rope::Rope;
 use crate::model::weights::{DecoderLayer, WeightPrimitives, Weights};
 use crate::primitive::{unwrap, wrap};
-use crate::ring::context::RingContext;
+use crate::ring::context::{Attend, RingConfig, RingContext};
 use crate::ring::engine::{self, Saved};
 use crate::ring::op::{RingBackend, RingInputs};
 use burn::backend::Autodiff;
@@ -32,8 +32,8 @@ use std::sync::Arc;
 
 pub use crate::model::checkpoint::Checkpoint;
 
-/// The trunk's hyper-parameters that a layer needs (plain fields of the modules built on it).
-#[derive(Debug, Clone, Copy)]
+/// The trunk's hyper-parameters that a layer needs (a plain field of the modules built on it).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Trunk {
     /// Query heads.
     pub heads: usize,
@@ -45,6 +45,27 @@ pub struct Trunk {
     pub ffn_chunk: usize,
     /// What the layer keeps for its backward.
     pub checkpoint: Checkpoint,
+    /// A sliding window of the windowed layers; `None`: every layer attends its whole document.
+    pub window: Option<usize>,
+    /// Which layers the window applies to: layer i when `i % window_every == 0` (1: all of them;
+    /// 2: every other one, the first windowed).
+    pub window_every: usize,
+    /// Logit soft-capping of every layer's attention.
+    pub softcap: Option<f32>,
+}
+
+impl Trunk {
+    /// What layer `layer`'s attention masks and scores by: the ring's causality and scale, the
+    /// trunk's window (on the windowed layers) and cap.
+    pub fn attend(&self, layer: usize, ring: &RingConfig) -> Attend {
+        Attend {
+            window: self
+                .window
+                .filter(|_| layer.is_multiple_of(self.window_every.max(1))),
+            softcap: self.softcap,
+            ..ring.attend()
+        }
+    }
 }
 
 /// A layer's forward and what its hand-written backward reads.
@@ -67,7 +88,7 @@ fn forward<B: RingBackend + FfnBackend>(
     w: &Weights<B>,
     x: Tensor<B, 3>,
     rope: &Rope<B>,
-    trunk: Trunk,
+    (trunk, attend): (Trunk, Attend),
     ctx: &Arc<RingContext>,
 ) -> Result<Forward<B>, RingError> {
     let [b, t, d] = x.dims();
@@ -82,9 +103,9 @@ fn forward<B: RingBackend + FfnBackend>(
         q: unwrap(q),
         k: unwrap(k),
         v: unwrap(v),
-        sinks: None,
+        sinks: w.sinks.clone().map(unwrap),
     };
-    let (out, _, saved) = B::ring_forward(inputs, ctx, ctx.config.attend())?;
+    let (out, _, saved) = B::ring_forward(inputs, ctx, attend)?;
     let out: Tensor<B, 4> = wrap(out);
     let x2 = x + project(out.clone().swap_dims(1, 2).reshape([b, t, d]), &w.wo);
     let (h2, r2) = rms_norm(x2.clone(), &w.ffn_norm, w.epsilons[1]);
@@ -121,13 +142,13 @@ fn backward<B: RingBackend + FfnBackend>(
     w: &Weights<B>,
     x: Tensor<B, 3>,
     rope: &Rope<B>,
-    trunk: Trunk,
+    (trunk, attend): (Trunk, Attend),
     ctx: &Arc<RingContext>,
     dy: Tensor<B, 3>,
 ) -> Result<(Tensor<B, 3>, Weights<B>), RingError> {
     let [b, t, d] = x.dims();
     let hd = d / trunk.heads;
-    let f = forward(w, x.clone(), rope, trunk, ctx)?;
+    let f = forward(w, x.clone(), rope, (trunk, attend), ctx)?;
     // y = x2 + ffn(norm₂(x2))
     let (dh2, dw1, dw3, dw2) = swiglu_backward(
         f.h2,
@@ -144,7 +165,7 @@ fn backward<B: RingBackend + FfnBackend>(
     let dwo = flat(a).transpose().matmul(flat(dx2.clone()));
     let da = project(dx2.clone(), &w.wo.clone().transpose());
     let d_out = da.reshape([b, t, trunk.heads, hd]).swap_dims(1, 2);
-    let engine::RingGrads { dq, dk, dv, .. } = engine::backward(ctx, &f.saved, f.out, d_out)?;
+    let engine::RingGrads { dq, dk, dv, dsinks } = engine::backward(ctx, &f.saved, f.out, d_out)?;
     // [b, heads, t, hd] → [b, t, heads · hd], RoPE undone on q and k
     let merge = |g: Tensor<B, 4>| {
         let heads = g.dims()[1];
@@ -175,6 +196,7 @@ fn backward<B: RingBackend + FfnBackend>(
             w1: dw1,
             w3: dw3,
             w2: dw2,
+            sinks: dsinks,
             epsilons: w.epsilons,
         },
     ))
@@ -184,7 +206,9 @@ fn backward<B: RingBackend + FfnBackend>(
 /// layer as one op. The default method runs its forward; the autodiff backend overrides it to
 /// register the checkpointed backward, whose state is the layer's input.
 pub trait LayerBackend: RingBackend + FfnBackend {
-    /// The layer's output for `x: [b, t, d]`; `cos`, `sin` are the RoPE tables `[1, 1, t, hd / 2]`.
+    /// The layer's output for `x: [b, t, d]`; `cos`, `sin` are the RoPE tables `[1, 1, t, hd / 2]`;
+    /// `attend` is how its attention masks and scores.
+    #[allow(clippy::too_many_arguments)]
     fn checkpointed_layer(
         x: FloatTensor<Self>,
         weights: WeightPrimitives<Self>,
@@ -192,6 +216,7 @@ pub trait LayerBackend: RingBackend + FfnBackend {
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
         trunk: Trunk,
+        attend: Attend,
         ctx: &Arc<RingContext>,
     ) -> Result<FloatTensor<Self>, RingError> {
         let rope = Rope::<Self> {
@@ -199,7 +224,7 @@ pub trait LayerBackend: RingBackend + FfnBackend {
             sin: wrap(sin),
         };
         let w = Weights::from_primitives(weights, epsilons);
-        Ok(unwrap(forward(&w, wrap(x), &rope, trunk, ctx)?.y))
+        Ok(unwrap(forward(&w, wrap(x), &rope, (trunk, attend), ctx)?.y))
     }
 }
 
@@ -211,8 +236,10 @@ impl LayerBackend for burn::backend::Cuda {}
 #[cfg(feature = "wgpu")]
 impl LayerBackend for crate::backends::Wgpu {}
 
+/// The checkpointed layer's backward, an autodiff step of `N` parents: the input and the nine
+/// weights, and the sinks when the layer has them.
 #[derive(Debug)]
-struct LayerBackward;
+struct LayerBackward<const N: usize>;
 
 #[derive(Debug, Clone)]
 struct LayerState<B: Backend> {
@@ -221,13 +248,14 @@ struct LayerState<B: Backend> {
     epsilons: [f64; 2],
     rope: Rope<B>,
     trunk: Trunk,
+    attend: Attend,
     ctx: Arc<RingContext>,
 }
 
-impl<B: LayerBackend> Backward<B, 10> for LayerBackward {
+impl<B: LayerBackend, const N: usize> Backward<B, N> for LayerBackward<N> {
     type State = LayerState<B>;
 
-    fn backward(self, ops: Ops<Self::State, 10>, grads: &mut Gradients, _: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = wrap::<B, 3>(grads.consume::<B>(&ops.node));
         let LayerState {
             x,
@@ -235,11 +263,13 @@ impl<B: LayerBackend> Backward<B, 10> for LayerBackward {
             epsilons,
             rope,
             trunk,
+            attend,
             ctx,
         } = ops.state;
         let w = Weights::from_primitives(weights, epsilons);
         let x = wrap::<B, 3>(x);
-        let (dx, dw) = backward(&w, x.clone(), &rope, trunk, &ctx, dy).unwrap_or_else(|error| {
+        let layer = (trunk, attend);
+        let (dx, dw) = backward(&w, x.clone(), &rope, layer, &ctx, dy).unwrap_or_else(|error| {
             ctx.set_backward_error(error);
             (x.zeros_like(), w.zeros_like())
         });
@@ -261,44 +291,51 @@ impl<B: LayerBackend, C: CheckpointStrategy> LayerBackend for Autodiff<B, C> {
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
         trunk: Trunk,
+        attend: Attend,
         ctx: &Arc<RingContext>,
     ) -> Result<FloatTensor<Self>, RingError> {
-        let [wa, wq, wk, wv, wo, wf, w1, w3, w2] = weights;
-        let nodes = [
-            x.node, wa.node, wq.node, wk.node, wv.node, wo.node, wf.node, w1.node, w3.node, w2.node,
-        ];
-        let inner: WeightPrimitives<B> = [
-            wa.primitive,
-            wq.primitive,
-            wk.primitive,
-            wv.primitive,
-            wo.primitive,
-            wf.primitive,
-            w1.primitive,
-            w3.primitive,
-            w2.primitive,
-        ];
+        let mut nodes = vec![x.node];
+        let mut inner: WeightPrimitives<B> = Vec::with_capacity(weights.len());
+        for w in weights {
+            nodes.push(w.node);
+            inner.push(w.primitive);
+        }
         let rope = Rope::<B> {
             cos: wrap(cos.primitive),
             sin: wrap(sin.primitive),
         };
         let w = Weights::from_primitives(inner.clone(), epsilons);
         // The forward's intermediates (the ring's saved blocks among them) are dropped here.
-        let y = unwrap(forward(&w, wrap(x.primitive.clone()), &rope, trunk, ctx)?.y);
-        match LayerBackward.prepare::<C>(nodes).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => Ok(prep.finish(
-                LayerState {
-                    x: x.primitive,
-                    weights: inner,
-                    epsilons,
-                    rope,
-                    trunk,
-                    ctx: ctx.clone(),
-                },
-                y,
-            )),
-            OpsKind::UnTracked(prep) => Ok(prep.finish(y)),
-        }
+        let y = unwrap(forward(&w, wrap(x.primitive.clone()), &rope, (trunk, attend), ctx)?.y);
+        let state = LayerState {
+            x: x.primitive,
+            weights: inner,
+            epsilons,
+            rope,
+            trunk,
+            attend,
+            ctx: ctx.clone(),
+        };
+        // Ten parents, or eleven with the sinks.
+        let kind = match nodes.len() {
+            10 => LayerBackward::<10>
+                .prepare::<C>(nodes.try_into().expect("ten"))
+                .compute_bound()
+                .stateful(),
+            _ => {
+                let nodes: [_; 11] = nodes.try_into().expect("ten, or eleven with sinks");
+                return Ok(
+                    match LayerBackward::<11>.prepare::<C>(nodes).compute_bound().stateful() {
+                        OpsKind::Tracked(prep) => prep.finish(state, y),
+                        OpsKind::UnTracked(prep) => prep.finish(y),
+                    },
+                );
+            }
+        };
+        Ok(match kind {
+            OpsKind::Tracked(prep) => prep.finish(state, y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        })
     }
 }
 
@@ -326,8 +363,9 @@ pub(crate) fn run_layers<B: LayerBackend>(
 ) -> Result<Tensor<B, 3>, RingError> {
     let d = x.dims()[2];
     let rope = Rope::<B>::new(positions, d / trunk.heads, trunk.rope_theta, &x.device());
-    for layer in layers {
+    for (i, layer) in layers.iter().enumerate() {
         let w = Weights::of(layer);
+        let attend = trunk.attend(i, &ctx.config);
         x = match trunk.checkpoint {
             Checkpoint::Block => wrap(B::checkpointed_layer(
                 unwrap(x),
@@ -336,9 +374,10 @@ pub(crate) fn run_layers<B: LayerBackend>(
                 unwrap(rope.cos.clone()),
                 unwrap(rope.sin.clone()),
                 trunk,
+                attend,
                 ctx,
             )?),
-            Checkpoint::None | Checkpoint::Ffn => forward(&w, x, &rope, trunk, ctx)?.y,
+            Checkpoint::None | Checkpoint::Ffn => forward(&w, x, &rope, (trunk, attend), ctx)?.y,
         };
     }
     Ok(x)

@@ -11,7 +11,7 @@ use crate::model::lazy::materialize;
 use crate::model::weights::DecoderLayer;
 use crate::ring::context::RingContext;
 use burn::config::Config;
-use burn::module::Module;
+use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::{Int, Tensor, backend::Backend};
 use std::sync::Arc;
@@ -46,6 +46,19 @@ pub struct LlamaConfig {
     /// hidden activations (`ffn`: the Blockwise Parallel Transformer), or only its input (`block`).
     #[config(default = "Checkpoint::None")]
     pub checkpoint: Checkpoint,
+    /// A sliding window of the windowed layers (Mistral, Gemma 2/3, gpt-oss); `None`: none.
+    #[config(default = "None")]
+    pub window: Option<usize>,
+    /// Which layers are windowed: layer i when `i % window_every == 0` (1: all; 2: every other one,
+    /// alternating with full attention as Gemma 2 and gpt-oss do).
+    #[config(default = 1)]
+    pub window_every: usize,
+    /// Logit soft-capping `C · tanh(s / C)` in every layer (Gemma 2); `None`: none.
+    #[config(default = "None")]
+    pub softcap: Option<f32>,
+    /// Learned attention sinks: one logit per query head in every layer (gpt-oss), from 0.
+    #[config(default = false)]
+    pub sinks: bool,
 }
 
 impl LlamaConfig {
@@ -68,6 +81,9 @@ impl LlamaConfig {
             rope_theta: self.rope_theta,
             ffn_chunk: self.ffn_chunk,
             checkpoint: self.checkpoint,
+            window: self.window,
+            window_every: self.window_every,
+            softcap: self.softcap,
         }
     }
 
@@ -114,6 +130,9 @@ impl LlamaConfig {
                 w1: linear(self.d_model, self.ffn_hidden()),
                 w3: linear(self.d_model, self.ffn_hidden()),
                 w2: linear(self.ffn_hidden(), self.d_model),
+                sinks: self
+                    .sinks
+                    .then(|| Param::from_tensor(Tensor::zeros([self.heads], device))),
             })
             .collect()
     }
@@ -132,11 +151,7 @@ impl LlamaConfig {
             head: LinearConfig::new(self.d_model, self.vocab)
                 .with_bias(false)
                 .init(device),
-            heads: self.heads,
-            kv_heads: self.kv_heads,
-            rope_theta: self.rope_theta,
-            ffn_chunk: self.ffn_chunk,
-            checkpoint: self.checkpoint,
+            trunk: self.trunk(),
         };
         materialize(&model);
         model
@@ -150,11 +165,8 @@ pub struct Llama<B: Backend> {
     blocks: Vec<DecoderLayer<B>>,
     norm: RmsNorm<B>,
     head: Linear<B>,
-    heads: usize,
-    kv_heads: usize,
-    rope_theta: f64,
-    ffn_chunk: usize,
-    checkpoint: Checkpoint,
+    /// What every layer needs of the config (sizes, checkpointing, window, cap).
+    trunk: Trunk,
 }
 
 impl<B: LayerBackend> Llama<B> {
@@ -165,13 +177,7 @@ impl<B: LayerBackend> Llama<B> {
         positions: &[usize],
         ctx: &Arc<RingContext>,
     ) -> Result<Tensor<B, 3>, RingError> {
-        let trunk = Trunk {
-            heads: self.heads,
-            kv_heads: self.kv_heads,
-            rope_theta: self.rope_theta,
-            ffn_chunk: self.ffn_chunk,
-            checkpoint: self.checkpoint,
-        };
+        let trunk = self.trunk;
         let x = run_layers(
             &self.blocks,
             self.embed.forward(tokens),

@@ -2,14 +2,15 @@
 //! (`Weights`), and as the primitives a custom autodiff op takes ([`WeightPrimitives`]).
 
 use crate::primitive::{unwrap, wrap};
-use burn::module::Module;
+use burn::module::{Module, Param};
 use burn::nn::{Linear, RmsNorm};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
 #[derive(Module, Debug)]
-/// One decoder layer: RMSNorm, grouped-query ring attention, RMSNorm, SwiGLU feed-forward.
+/// One decoder layer: RMSNorm, grouped-query ring attention (with learned sinks, when the model has
+/// them), RMSNorm, SwiGLU feed-forward.
 pub struct DecoderLayer<B: Backend> {
     pub(crate) attn_norm: RmsNorm<B>,
     pub(crate) wq: Linear<B>,
@@ -20,6 +21,8 @@ pub struct DecoderLayer<B: Backend> {
     pub(crate) w1: Linear<B>,
     pub(crate) w3: Linear<B>,
     pub(crate) w2: Linear<B>,
+    /// Attention sink logits `[heads]`.
+    pub(crate) sinks: Option<Param<Tensor<B, 1>>>,
 }
 
 /// A layer's parameters as tensors, in the order of [`DecoderLayer`]'s fields; linear weights are
@@ -35,12 +38,14 @@ pub(crate) struct Weights<B: Backend> {
     pub(crate) w1: Tensor<B, 2>,
     pub(crate) w3: Tensor<B, 2>,
     pub(crate) w2: Tensor<B, 2>,
+    pub(crate) sinks: Option<Tensor<B, 1>>,
     /// The two norms' ε.
     pub(crate) epsilons: [f64; 2],
 }
 
-/// The primitives of a layer's parameters, in [`DecoderLayer`]'s field order.
-pub type WeightPrimitives<B> = [FloatTensor<B>; 9];
+/// The primitives of a layer's parameters, in [`DecoderLayer`]'s field order (nine, and the sinks
+/// last when the layer has them).
+pub type WeightPrimitives<B> = Vec<FloatTensor<B>>;
 
 impl<B: Backend> Weights<B> {
     pub(crate) fn of(layer: &DecoderLayer<B>) -> Self {
@@ -54,6 +59,7 @@ impl<B: Backend> Weights<B> {
             w1: layer.w1.weight.val(),
             w3: layer.w3.weight.val(),
             w2: layer.w2.weight.val(),
+            sinks: layer.sinks.as_ref().map(Param::val),
             epsilons: [layer.attn_norm.epsilon, layer.ffn_norm.epsilon],
         }
     }
@@ -69,12 +75,13 @@ impl<B: Backend> Weights<B> {
             w1: self.w1.zeros_like(),
             w3: self.w3.zeros_like(),
             w2: self.w2.zeros_like(),
+            sinks: self.sinks.as_ref().map(Tensor::zeros_like),
             epsilons: self.epsilons,
         }
     }
 
     pub(crate) fn into_primitives(self) -> WeightPrimitives<B> {
-        [
+        let mut all = vec![
             unwrap(self.attn_norm),
             unwrap(self.wq),
             unwrap(self.wk),
@@ -84,11 +91,16 @@ impl<B: Backend> Weights<B> {
             unwrap(self.w1),
             unwrap(self.w3),
             unwrap(self.w2),
-        ]
+        ];
+        all.extend(self.sinks.map(unwrap));
+        all
     }
 
     pub(crate) fn from_primitives(p: WeightPrimitives<B>, epsilons: [f64; 2]) -> Self {
-        let [attn_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2] = p;
+        let mut p = p.into_iter();
+        let mut next = || p.next().expect("nine weights of a layer");
+        let (attn_norm, wq, wk, wv, wo) = (next(), next(), next(), next(), next());
+        let (ffn_norm, w1, w3, w2) = (next(), next(), next(), next());
         Weights {
             attn_norm: wrap(attn_norm),
             wq: wrap(wq),
@@ -99,6 +111,7 @@ impl<B: Backend> Weights<B> {
             w1: wrap(w1),
             w3: wrap(w3),
             w2: wrap(w2),
+            sinks: p.next().map(wrap),
             epsilons,
         }
     }
