@@ -105,6 +105,25 @@ where
     }
 }
 
+/// Like [`deviation`], except that an expected tensor that is zero everywhere (a gradient that
+/// cancels exactly) is measured against `zero_scale`, the magnitude of the terms that cancelled,
+/// instead of against nothing (which would make any rounding an error of 1e300).
+pub fn deviation_at_scale<G, W>(got: &[G], want: &[W], zero_scale: f64) -> Deviation
+where
+    G: Copy + Into<f64>,
+    W: Copy + Into<f64>,
+{
+    let found = deviation(got, want);
+    let all_zero = want.iter().all(|&w| w.into() == 0.0);
+    match found.wrong {
+        None if all_zero && zero_scale > 0.0 => Deviation {
+            rel: found.abs / zero_scale,
+            ..found
+        },
+        _ => found,
+    }
+}
+
 /// max |got − want| / max |want|; infinite when a value is NaN or infinite or the lengths differ.
 pub fn rel_err<G, W>(got: &[G], want: &[W]) -> f64
 where
@@ -170,6 +189,16 @@ mod tests {
         let d = deviation(&[1.0f32; 3], &[1.0f64; 4]);
         assert!(!d.within(1.0));
         assert_eq!(d.to_string(), "got 3 values where 4 were expected");
+    }
+
+    #[test]
+    fn a_reference_that_is_zero_everywhere_is_measured_against_its_terms() {
+        let d = deviation_at_scale(&[1e-8f32, -2e-8], &[0.0f64, 0.0], 4.0);
+        assert!((d.rel - 2e-8f32 as f64 / 4.0).abs() < 1e-15, "{d}");
+        // A reference with a scale of its own keeps it; a NaN still fails.
+        let d = deviation_at_scale(&[1.5f32, 0.0], &[1.0f64, 0.0], 1e6);
+        assert_eq!(d.rel, 0.5);
+        assert!(!deviation_at_scale(&[f32::NAN], &[0.0f64], 4.0).within(1.0));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 pub mod compare;
 pub mod covering;
 
-pub use compare::{Deviation, deviation, rel_err, worst};
+pub use compare::{Deviation, deviation, deviation_at_scale, rel_err, worst};
 
 use burn::tensor::backend::AutodiffBackend;
 use std::time::Duration;
@@ -194,8 +194,14 @@ pub fn deviations(result: &AttentionResult, want: &Reference) -> Vec<(&'static s
     ];
     if let Some(grads) = &result.grads {
         found.extend([
-            ("dq", deviation(&grads.dq.data, &want.dq)),
-            ("dk", deviation(&grads.dk.data, &want.dk)),
+            (
+                "dq",
+                deviation_at_scale(&grads.dq.data, &want.dq, want.dq_terms),
+            ),
+            (
+                "dk",
+                deviation_at_scale(&grads.dk.data, &want.dk, want.dk_terms),
+            ),
             ("dv", deviation(&grads.dv.data, &want.dv)),
         ]);
         match &grads.dsinks {
@@ -237,6 +243,12 @@ pub struct Reference {
     pub dv: Vec<f64>,
     /// With sinks, their gradient `[heads]`; empty without.
     pub dsinks: Vec<f64>,
+    /// The largest sum of the magnitudes of the terms of one element of dq, and of dk
+    /// (scale · p · (|dP| + |δ|) · |k| summed over the keys): the scale a gradient is computed at.
+    /// A gradient that cancels to exactly zero (every query sees one key, so p = 1 and dP = δ) has no
+    /// scale of its own, and its error is measured against this one ([`deviations`]).
+    pub dq_terms: f64,
+    pub dk_terms: f64,
 }
 
 /// The inputs of a reference: q, d_out `[b, s, h, d]`; k, v `[b, s, hk, d]`.
@@ -338,7 +350,10 @@ pub fn reference_variant(
         dk: vec![0.0; b * s * hk * d],
         dv: vec![0.0; b * s * hk * d],
         dsinks: vec![0.0; if variant.sinks.is_some() { h } else { 0 }],
+        dq_terms: 0.0,
+        dk_terms: 0.0,
     };
+    let (mut dq_terms, mut dk_terms) = (vec![0.0; b * s * h * d], vec![0.0; b * s * hk * d]);
     let dot = |x: &[f32], y: &[f32]| -> f64 {
         x.iter()
             .zip(y)
@@ -392,6 +407,7 @@ pub fn reference_variant(
                 }
                 for (n, &j) in visible.iter().enumerate() {
                     let ds = p[n] * (dp[n] - delta);
+                    let ds_terms = scale * p[n] * (dp[n].abs() + delta.abs());
                     let ds = if tanh.is_empty() {
                         ds
                     } else {
@@ -403,10 +419,14 @@ pub fn reference_variant(
                         r.dq[kq] += scale * ds * f64::from(k[kk]);
                         r.dk[kk] += scale * ds * f64::from(q[kq]);
                         r.dv[kk] += p[n] * f64::from(d_out[kq]);
+                        dq_terms[kq] += ds_terms * f64::from(k[kk]).abs();
+                        dk_terms[kk] += ds_terms * f64::from(q[kq]).abs();
                     }
                 }
             }
         }
     }
+    r.dq_terms = worst(dq_terms);
+    r.dk_terms = worst(dk_terms);
     r
 }

@@ -278,6 +278,36 @@ fn variants_table() {
     assert_eq!(runs, design.len());
 }
 
+/// A window of one token: every query sees only itself, so out = v, and dq and dk cancel to zero
+/// exactly (p = 1, dP = δ). Their computed values are rounding noise, which the comparison measures
+/// against the terms that cancelled (`Reference::dq_terms`), not against a scale of zero; a wrong
+/// mask (a second visible key) would make them as large as those terms.
+#[test]
+fn a_window_of_one_attends_each_query_to_itself() {
+    use ringbench_tests::Variant;
+    let variant = Variant {
+        window: Some(1),
+        ..Variant::default()
+    };
+    for causal in [true, false] {
+        let c = ringbench_tests::case_variant(32, (4, 2), causal, 0.25, &[], variant.clone());
+        assert!(c.want.dq.iter().chain(&c.want.dk).all(|&x| x == 0.0));
+        for strategy in ["contiguous", "zigzag"] {
+            for kernel in Kernel::ALL {
+                let config = RingConfig {
+                    causal,
+                    kernel,
+                    scale: Some(0.25),
+                    ..Default::default()
+                };
+                let result = run(&c, strategy, 4, config).unwrap();
+                let label = format!("window 1, {strategy}, {kernel:?}, causal {causal}");
+                assert_within(&result, &c.want, TOLERANCE, &label);
+            }
+        }
+    }
+}
+
 /// A causal window no wider than a shard (W = S / N = 8 on 8 contiguous ranks of 8 tokens) lets each
 /// rank see only its own keys and its predecessor's: the ring stops after two steps. Each rank's
 /// forward sends one K and one V block (not N − 1 = 7 of each), and the kv backward sends K and V

@@ -231,19 +231,32 @@ fn windows_sinks_and_softcap_train_alike_on_one_and_four_ranks() {
         };
         let partition = strategies::by_name(strategy).unwrap();
         let stop = AtomicBool::new(false);
-        train(model(Checkpoint::None), partition, &options, batch_for, |_| {}, &stop)
-            .unwrap()
-            .losses
+        train(
+            model(Checkpoint::None),
+            partition,
+            &options,
+            batch_for,
+            |_| {},
+            &stop,
+        )
+        .unwrap()
+        .losses
     };
     let (one, four) = (losses(1, "contiguous"), losses(4, "zigzag"));
     for (step, (a, b)) in one.iter().zip(&four).enumerate() {
-        assert!((a - b).abs() <= 1e-4 * a.abs(), "step {step}: 1 rank {a}, 4 ranks {b}");
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs(),
+            "step {step}: 1 rank {a}, 4 ranks {b}"
+        );
     }
     let (loss, plain) = gradient(&model(Checkpoint::None), 4, "zigzag");
     let (l, block) = gradient(&model(Checkpoint::Block), 4, "zigzag");
     assert!((l - loss).abs() <= 1e-6 * loss.abs(), "loss {l} vs {loss}");
     let diff = max_rel(&block, &plain);
-    assert!(diff <= 1e-6, "block-checkpointed gradient differs by {diff:.3e}");
+    assert!(
+        diff <= 1e-6,
+        "block-checkpointed gradient differs by {diff:.3e}"
+    );
     // Each layer's sinks are its last parameter: [4] values; some of their gradient is not zero.
     let sizes = tensor_sizes(&model(Checkpoint::None));
     let mut start = 0;

@@ -1,9 +1,11 @@
 //! Kind `balance`: the causal load balance of the partition strategies, one forward ring pass
 //! simulated on a hardware profile, with tile costs from exact FLOP counts or timed on this machine.
 
+use super::axes::grid;
 use super::documents::Documents;
 use super::experiment::{Card, Check, Column, Experiment, Plan, Point, PointContext};
 use super::shape::{ModelShape, TileCosts};
+use super::window::WindowSpec;
 use crate::hardware::{Profile, profile, profile_names};
 use crate::plot::{Axis, Chart, Panel, Scale, panels};
 use crate::results::{Record, Table};
@@ -39,6 +41,8 @@ struct Sweep {
     /// Packed documents: `"none"` (one sequence), `"longtail:MAX"` (lengths from 1 to MAX with a
     /// long tail) or `"random:MEAN"` (lengths around MEAN), filling the sequence ([`Documents`]).
     documents: Option<Vec<String>>,
+    /// Sliding windows: `"none"`, a number of tokens, or `"S/n"` ([`WindowSpec`]).
+    windows: Option<Vec<String>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -51,6 +55,12 @@ struct Row {
     documents: Option<String>,
     /// Documents in the sequence (1: not packed).
     document_count: usize,
+    /// Empty unless the sweep has windows.
+    window: Option<String>,
+    /// The window in tokens (empty: none).
+    window_tokens: Option<usize>,
+    /// The steps the causal forward pass needs: N, or fewer when no rank can see further.
+    ring_steps: usize,
     tile_costs: &'static str,
     work_max_over_mean: f64,
     makespan_ms: f64,
@@ -76,14 +86,41 @@ pub fn profiles(spec: &SpecText, names: &[String]) -> Result<Vec<&'static Profil
         .collect()
 }
 
-/// One sweep point: strategy, ranks, block size, profile, documents (by the sweep's name for them).
-type BalancePoint = (
-    &'static dyn Partition,
-    usize,
-    usize,
-    &'static Profile,
-    Option<Documents>,
-);
+/// One sweep point.
+#[derive(Clone, Copy)]
+struct BalancePoint {
+    strategy: &'static dyn Partition,
+    ranks: usize,
+    block: usize,
+    profile: &'static Profile,
+    /// `None` when the sweep has no documents axis.
+    documents: Option<Documents>,
+    /// `None` when the sweep has no windows axis.
+    window: Option<WindowSpec>,
+}
+
+impl BalancePoint {
+    /// The same point with another strategy (the contiguous baseline).
+    fn with(self, strategy: &'static dyn Partition) -> Self {
+        BalancePoint { strategy, ..self }
+    }
+
+    fn len(&self) -> usize {
+        self.ranks * self.block
+    }
+
+    /// The causal mask, windowed when the point has a window.
+    fn mask(&self) -> Mask {
+        Mask {
+            causal: true,
+            window: self.window.and_then(|w| w.tokens(self.len())),
+        }
+    }
+
+    fn doc_lens(&self) -> Vec<usize> {
+        self.documents.map_or(Vec::new(), |d| d.lengths(self.len()))
+    }
+}
 
 struct BalancePlan {
     points: Vec<BalancePoint>,
@@ -101,10 +138,20 @@ const CARD: Card = Card {
         "block_sizes",
         "profiles",
         "documents",
+        "windows",
     ],
-    key_columns: &["strategy", "ranks", "block_size", "profile", "documents"],
+    key_columns: &[
+        "strategy",
+        "ranks",
+        "block_size",
+        "profile",
+        "documents",
+        "window",
+    ],
     columns: &[
         Column::exact("document_count"),
+        Column::exact("window_tokens"),
+        Column::exact("ring_steps"),
         Column::exact("tile_costs"),
         Column::exact("work_max_over_mean"),
         Column::exact("makespan_ms"),
@@ -147,7 +194,9 @@ impl Experiment for Balance {
         let blocks = spec.list("sweep", "block_sizes", &s.block_sizes)?;
         let profiles = profiles(spec, spec.list("sweep", "profiles", &s.profiles)?)?;
         let documents = Documents::axis(spec, &s.documents)?;
-        if parsed.model.tile_costs == TileCosts::Measured
+        let windows = WindowSpec::axis(spec, &s.windows)?;
+        let measured = parsed.model.tile_costs == TileCosts::Measured;
+        if measured
             && documents
                 .iter()
                 .any(|d| matches!(d, Some(Documents::LongTail(_) | Documents::Random(_))))
@@ -158,21 +207,35 @@ impl Experiment for Balance {
                 "packed documents need tile_costs = \"flops\" (tiles are timed without documents)",
             ));
         }
-        let mut points = Vec::new();
-        for &docs in &documents {
-            for &p in &profiles {
-                for &block in blocks {
-                    for &n in ranks {
-                        // Contiguous first: it is every other strategy's baseline.
-                        let mut order = strategies.clone();
-                        order.sort_by_key(|s| s.name() != strategies::Contiguous.name());
-                        for strategy in order {
-                            points.push((strategy, n, block, p, docs));
-                        }
-                    }
-                }
-            }
+        if measured && windows.iter().flatten().any(|w| *w != WindowSpec::None) {
+            return Err(spec.error(
+                "sweep",
+                "windows",
+                "sliding windows need tile_costs = \"flops\" (tiles are timed without them)",
+            ));
         }
+        // Contiguous first: it is every other strategy's baseline.
+        let mut order = strategies.clone();
+        order.sort_by_key(|s| s.name() != strategies::Contiguous.name());
+        let lens = [
+            documents.len(),
+            windows.len(),
+            profiles.len(),
+            blocks.len(),
+            ranks.len(),
+            order.len(),
+        ];
+        let points = grid(&lens)
+            .into_iter()
+            .map(|i| BalancePoint {
+                documents: documents[i[0]],
+                window: windows[i[1]],
+                profile: profiles[i[2]],
+                block: blocks[i[3]],
+                ranks: ranks[i[4]],
+                strategy: order[i[5]],
+            })
+            .collect();
         Ok(Box::new(BalancePlan {
             points,
             model: parsed.model,
@@ -181,17 +244,20 @@ impl Experiment for Balance {
     }
 
     fn figure(&self, table: &Table, dir: &Path) -> Result<()> {
-        // A panel per block size, profile and documents; a line per strategy.
+        // A panel per block size, profile, documents and window; a line per strategy.
         let mut lines: BTreeMap<(String, String), Vec<(f64, f64)>> = BTreeMap::new();
         for row in &table.rows {
-            let panel = format!(
-                "c = {}, {}{}",
+            let mut panel = format!(
+                "c = {}, {}",
                 row.get("block_size").unwrap_or(""),
                 row.get("profile").unwrap_or(""),
-                row.get("documents")
-                    .filter(|d| !d.is_empty())
-                    .map_or(String::new(), |d| format!(", {d}"))
             );
+            if let Some(d) = row.get("documents").filter(|d| !d.is_empty()) {
+                panel += &format!(", {d}");
+            }
+            if let Some(w) = row.get("window").filter(|w| !w.is_empty()) {
+                panel += &format!(", window {w}");
+            }
             lines
                 .entry((panel, row.get("strategy").unwrap_or("").to_owned()))
                 .or_default()
@@ -206,31 +272,33 @@ impl Experiment for Balance {
     }
 }
 
-fn key(strategy: &str, ranks: usize, block: usize, p: &Profile, docs: Option<Documents>) -> Record {
+fn key(point: &BalancePoint) -> Record {
     let mut key = Record::new([
-        ("strategy", strategy.to_string()),
-        ("ranks", ranks.to_string()),
-        ("block_size", block.to_string()),
-        ("profile", p.name.to_string()),
+        ("strategy", point.strategy.name().to_string()),
+        ("ranks", point.ranks.to_string()),
+        ("block_size", point.block.to_string()),
+        ("profile", point.profile.name.to_string()),
     ]);
-    // A sweep without documents keys its rows as it always did.
-    if let Some(docs) = docs {
+    // A sweep without documents or windows keys its rows as it always did.
+    if let Some(docs) = point.documents {
         key.0.push(("documents".into(), docs.name()));
+    }
+    if let Some(window) = point.window {
+        key.0.push(("window".into(), window.name()));
     }
     key
 }
 
 impl Plan for BalancePlan {
     fn points(&self) -> Vec<Point> {
-        self.points
-            .iter()
-            .map(|&(s, n, c, p, docs)| Point::single(key(s.name(), n, c, p, docs)))
-            .collect()
+        self.points.iter().map(|p| Point::single(key(p))).collect()
     }
 
     fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
-        let (strategy, ranks, block, p, docs) = self.points[index];
-        let doc_lens = docs.map_or(Vec::new(), |d| d.lengths(ranks * block));
+        let point = self.points[index];
+        let (strategy, ranks, block, p) = (point.strategy, point.ranks, point.block, point.profile);
+        let doc_lens = point.doc_lens();
+        let mask = point.mask();
         let contiguous = &strategies::Contiguous;
         // Contiguous is its own baseline; any other strategy reads contiguous's makespan from the
         // table when it is there (measured tiles are noisy: one baseline per point), else
@@ -238,27 +306,26 @@ impl Plan for BalancePlan {
         let baseline = if strategy.name() == contiguous.name() {
             None
         } else {
-            match context
-                .table
-                .find(&key(contiguous.name(), ranks, block, p, docs))
-            {
+            match context.table.find(&key(&point.with(contiguous))) {
                 Some(row) => Some(row.num("makespan_ms") / 1e3),
-                None => Some(
-                    self.simulate_pass(contiguous, ranks, block, p, &doc_lens)?
-                        .1,
-                ),
+                None => Some(self.simulate_pass(&point.with(contiguous))?.makespan),
             }
         };
-        let (work, makespan, overlap_efficiency) =
-            self.simulate_pass(strategy, ranks, block, p, &doc_lens)?;
+        let Pass {
+            work,
+            makespan,
+            overlap_efficiency,
+            steps,
+        } = self.simulate_pass(&point)?;
         let mean = work.iter().sum::<u64>() as f64 / ranks as f64;
         let max = *work.iter().max().unwrap_or(&0) as f64;
-        // Contiguous's busiest rank: (2N − 1)/N of the mean for one sequence; counted when packed.
-        let contiguous_max = if doc_lens.is_empty() {
+        // Contiguous's busiest rank: (2N − 1)/N of the mean for one sequence; counted when packed
+        // or windowed.
+        let contiguous_max = if doc_lens.is_empty() && mask.window.is_none() {
             (2 * ranks - 1) as f64 / ranks as f64 * mean
         } else {
             let layout = contiguous.layout(ranks * block, ranks)?;
-            *work_per_rank(&layout, &doc_lens, Mask::causal(true))
+            *work_per_rank(&layout, &doc_lens, mask)
                 .iter()
                 .max()
                 .unwrap_or(&0) as f64
@@ -268,8 +335,11 @@ impl Plan for BalancePlan {
             ranks,
             block_size: block,
             profile: p.name,
-            documents: docs.map(Documents::name),
+            documents: point.documents.map(Documents::name),
             document_count: doc_lens.len().max(1),
+            window: point.window.map(WindowSpec::name),
+            window_tokens: mask.window,
+            ring_steps: steps,
             tile_costs: match self.model.tile_costs {
                 TileCosts::Flops => "flops",
                 TileCosts::Measured => "measured",
@@ -284,23 +354,40 @@ impl Plan for BalancePlan {
     }
 }
 
+/// One simulated pass.
+struct Pass {
+    /// Visible (q, k) pairs per rank.
+    work: Vec<u64>,
+    /// Seconds.
+    makespan: f64,
+    /// The busiest rank's compute over the makespan.
+    overlap_efficiency: f64,
+    /// Ring steps run: one past the last at which some rank sees its block (as the engine stops).
+    steps: usize,
+}
+
 impl BalancePlan {
-    /// (causal work per rank, makespan seconds, overlap efficiency) of one simulated pass.
-    fn simulate_pass(
-        &mut self,
-        partition: &dyn Partition,
-        ranks: usize,
-        block: usize,
-        p: &Profile,
-        doc_lens: &[usize],
-    ) -> Result<(Vec<u64>, f64, f64)> {
+    /// One simulated causal forward pass of `point`.
+    fn simulate_pass(&mut self, point: &BalancePoint) -> Result<Pass> {
+        let (partition, ranks, block, p) =
+            (point.strategy, point.ranks, point.block, point.profile);
+        let (doc_lens, mask) = (point.doc_lens(), point.mask());
         let m = &self.model;
-        let layout = partition.layout_packed(ranks * block, doc_lens, ranks)?;
+        let layout = partition.layout_packed(ranks * block, &doc_lens, ranks)?;
         let win: Vec<Vec<Window>> = layout
             .positions
             .iter()
-            .map(|mine| windows(mine, layout.seq_len, doc_lens, Mask::causal(true)))
+            .map(|mine| windows(mine, layout.seq_len, &doc_lens, mask))
             .collect();
+        // The engine's rule: a ring pass stops once no rank can see the blocks further along.
+        let sees = |r: usize, s: usize| {
+            let owner = Direction::Cw.owner(r, s, ranks);
+            visible_pairs(&win[r], &layout.positions[owner]) > 0
+        };
+        let steps = (0..ranks)
+            .rev()
+            .find(|&s| (0..ranks).any(|r| sees(r, s)))
+            .map_or(1, |last| last + 1);
         let measured = match m.tile_costs {
             TileCosts::Flops => None,
             TileCosts::Measured => {
@@ -322,7 +409,7 @@ impl BalancePlan {
             (m.heads * m.head_dim) as f64 / (m.measured_heads * m.measured_head_dim) as f64;
         let compute: Vec<Vec<f64>> = (0..ranks)
             .map(|r| {
-                (0..ranks)
+                (0..steps)
                     .map(|s| match &measured {
                         // Time on this machine → FLOPs at the model's shape → time on the profile.
                         Some((t, matmul)) => t[r][s] * matmul * shape_ratio / p.flops,
@@ -339,10 +426,11 @@ impl BalancePlan {
         if !sim.makespan.is_finite() {
             return Err(anyhow!("simulated makespan is not finite"));
         }
-        Ok((
-            work_per_rank(&layout, doc_lens, Mask::causal(true)),
-            sim.makespan,
-            sim.overlap_efficiency,
-        ))
+        Ok(Pass {
+            work: work_per_rank(&layout, &doc_lens, mask),
+            makespan: sim.makespan,
+            overlap_efficiency: sim.overlap_efficiency,
+            steps,
+        })
     }
 }

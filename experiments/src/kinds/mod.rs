@@ -14,6 +14,7 @@ mod mfu;
 mod overlap;
 mod shape;
 mod train;
+mod window;
 
 pub use experiment::{Card, Check, Column, Experiment, Plan, Point, PointContext};
 

@@ -19,10 +19,35 @@ pub struct Heads {
     pub head_dim: usize,
 }
 
+/// What a check packs and attends with at the length it runs (its documents and sliding window
+/// scale with it); the cap and whether there are sinks are the point's.
+pub struct CheckVariant<'a> {
+    /// The documents of a sequence of this length (empty: one).
+    pub doc_lens: &'a dyn Fn(usize) -> Vec<usize>,
+    /// The sliding window at this length, if any.
+    pub window: &'a dyn Fn(usize) -> Option<usize>,
+    /// Logit soft-capping.
+    pub softcap: Option<f32>,
+    /// Whether each query head has a sink logit (the check draws them).
+    pub sinks: bool,
+}
+
+impl CheckVariant<'_> {
+    /// One sequence, no window, cap or sinks.
+    pub fn plain() -> CheckVariant<'static> {
+        CheckVariant {
+            doc_lens: &|_| Vec::new(),
+            window: &|_| None,
+            softcap: None,
+            sinks: false,
+        }
+    }
+}
+
 /// `strategy` on `ranks` ranks with `config`, at about `tokens_per_rank` tokens per rank (the
-/// shortest length from there that the strategy accepts; packed as `doc_lens` says for that length),
-/// against the float64 reference: the largest error of out, lse, dq, dk, dv, each relative to its
-/// tensor's scale. Runs on backend `backend`.
+/// shortest length from there that the strategy accepts, packed and windowed as `variant` says for
+/// that length), against the float64 reference: the largest error of out, lse, dq, dk, dv (and the
+/// sinks' gradient), each relative to its tensor's scale. Runs on backend `backend`.
 pub fn max_rel_error(
     backend: BackendName,
     strategy: &dyn Partition,
@@ -30,7 +55,7 @@ pub fn max_rel_error(
     shape: Heads,
     config: RingConfig,
     tokens_per_rank: usize,
-    doc_lens: &dyn Fn(usize) -> Vec<usize>,
+    variant: &CheckVariant,
 ) -> Result<f64> {
     against_reference(
         backend,
@@ -39,7 +64,7 @@ pub fn max_rel_error(
         shape,
         config,
         tokens_per_rank,
-        doc_lens,
+        variant,
         config.causal,
     )
 }
@@ -54,7 +79,7 @@ fn against_reference(
     shape: Heads,
     config: RingConfig,
     tokens_per_rank: usize,
-    doc_lens: &dyn Fn(usize) -> Vec<usize>,
+    variant: &CheckVariant,
     causal: bool,
 ) -> Result<f64> {
     let start = tokens_per_rank.max(1) * ranks;
@@ -69,12 +94,13 @@ fn against_reference(
             )
         })?;
     let (b, h, hk, d) = (1, shape.heads, shape.kv_heads, shape.head_dim);
-    let doc_lens = doc_lens(s);
+    let doc_lens = (variant.doc_lens)(s);
     let mut rng = ringbench_tests::Rng::new(0x5EED ^ s as u64);
     let q = rng.vec(b * s * h * d, 1.0);
     let k = rng.vec(b * s * hk * d, 1.0);
     let v = rng.vec(b * s * hk * d, 1.0);
     let d_out = rng.vec(b * s * h * d, 1.0);
+    let sinks = variant.sinks.then(|| rng.vec(h, 2.0));
     let tensor = |data: &[f32], heads: usize| HostTensor::new(vec![b, s, heads, d], data.to_vec());
     let (qt, kt, vt, dt) = (
         tensor(&q, h),
@@ -82,6 +108,7 @@ fn against_reference(
         tensor(&v, hk),
         tensor(&d_out, h),
     );
+    let window = (variant.window)(s);
     let result = run_attention_on(
         backend,
         &AttentionJob {
@@ -91,25 +118,33 @@ fn against_reference(
             d_out: Some(&dt),
             ranks,
             strategy,
-            config,
+            config: RingConfig {
+                window,
+                softcap: variant.softcap,
+                ..config
+            },
             timeout: Duration::from_secs(600),
             fault: None,
             link: None,
             doc_lens: &doc_lens,
-            sinks: None,
+            sinks: sinks.as_deref(),
         },
     )?;
-    let want = ringbench_tests::reference_packed(
-        &q,
-        &k,
-        &v,
-        &d_out,
-        [b, s, h, d],
-        hk,
-        causal,
-        1.0 / (d as f64).sqrt(),
-        &doc_lens,
-    );
+    let inputs = ringbench_tests::Inputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        d_out: &d_out,
+        dims: [b, s, h, d],
+        kv_heads: hk,
+    };
+    let scale = config.scale.map_or(1.0 / (d as f64).sqrt(), f64::from);
+    let reference = ringbench_tests::Variant {
+        window,
+        softcap: variant.softcap.map(f64::from),
+        sinks,
+    };
+    let want = ringbench_tests::reference_variant(inputs, causal, scale, &doc_lens, &reference);
     if result.grads.is_none() {
         return Err(anyhow!("the check asked for gradients"));
     }
@@ -145,7 +180,7 @@ mod tests {
             shape,
             config,
             16,
-            &|_| Vec::new(),
+            &CheckVariant::plain(),
             causal,
         )
         .unwrap()

@@ -325,7 +325,11 @@ impl<B: LayerBackend, C: CheckpointStrategy> LayerBackend for Autodiff<B, C> {
             _ => {
                 let nodes: [_; 11] = nodes.try_into().expect("ten, or eleven with sinks");
                 return Ok(
-                    match LayerBackward::<11>.prepare::<C>(nodes).compute_bound().stateful() {
+                    match LayerBackward::<11>
+                        .prepare::<C>(nodes)
+                        .compute_bound()
+                        .stateful()
+                    {
                         OpsKind::Tracked(prep) => prep.finish(state, y),
                         OpsKind::UnTracked(prep) => prep.finish(y),
                     },

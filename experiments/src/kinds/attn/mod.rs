@@ -8,6 +8,7 @@ mod point;
 use super::axes::{RingAxes, grid};
 use super::documents::Documents;
 use super::experiment::{Card, Check, Column, Experiment, Plan};
+use super::window::WindowSpec;
 use crate::backend::BackendName;
 use crate::plot::{Axis, Chart, Panel, Scale, panels};
 use crate::results::Table;
@@ -56,6 +57,38 @@ struct Sweep {
     documents: Option<Vec<String>>,
     /// Backends (`flex`, `wgpu`, `cuda`); absent: flex, and not a column.
     backends: Option<Vec<String>>,
+    /// Sliding windows: `"none"`, a number of tokens, or `"S/n"` ([`WindowSpec`]); absent: not a
+    /// column.
+    windows: Option<Vec<String>>,
+    /// Logit caps: `"none"` or a number above 0; absent: not a column.
+    softcaps: Option<Vec<String>>,
+    /// Attention sinks off or on (seeded logits, one a query head); absent: not a column.
+    sinks: Option<Vec<bool>>,
+}
+
+/// `[sweep] softcaps`: `[None]` when absent, else each `"none"` or cap above 0.
+fn softcaps(spec: &SpecText, names: &Option<Vec<String>>) -> Result<Vec<Option<Option<f32>>>> {
+    let Some(names) = names else {
+        return Ok(vec![None]);
+    };
+    spec.list("sweep", "softcaps", &Some(names.clone()))?
+        .iter()
+        .map(|n| match n.as_str() {
+            "none" => Ok(Some(None)),
+            _ => n
+                .parse::<f32>()
+                .ok()
+                .filter(|c| c.is_finite() && *c > 0.0)
+                .map(|c| Some(Some(c)))
+                .ok_or_else(|| {
+                    spec.error(
+                        "sweep",
+                        "softcaps",
+                        &format!("'{n}' is not \"none\" or a number above 0"),
+                    )
+                }),
+        })
+        .collect()
 }
 
 #[derive(Debug, Deserialize)]
@@ -106,6 +139,9 @@ const KEYS: &[&str] = &[
     "kernel",
     "documents",
     "backend",
+    "window",
+    "softcap",
+    "sinks",
 ];
 
 const CARD: Card = Card {
@@ -122,10 +158,14 @@ const CARD: Card = Card {
         "kernels",
         "documents",
         "backends",
+        "windows",
+        "softcaps",
+        "sinks",
     ],
     key_columns: KEYS,
     columns: &[
         Column::exact("document_count"),
+        Column::exact("window_tokens"),
         Column::exact("heads"),
         Column::exact("head_dim"),
         Column::exact("batch"),
@@ -214,11 +254,24 @@ impl Experiment for Attn {
                 })
                 .collect::<Result<_>>()?,
         };
-        // Rank counts outermost after documents and backends: one-rank rows come first, the
-        // baselines of the others' ring_over_single.
+        let windows = WindowSpec::axis(spec, &s.windows)?;
+        let softcaps = softcaps(spec, &s.softcaps)?;
+        let sinks: Vec<Option<bool>> = match &s.sinks {
+            None => vec![None],
+            some => spec
+                .list("sweep", "sinks", some)?
+                .iter()
+                .map(|&b| Some(b))
+                .collect(),
+        };
+        // Rank counts outermost after documents, backends and the variants: one-rank rows come
+        // first, the baselines of the others' ring_over_single.
         let lens = [
             documents.len(),
             backends.len(),
+            windows.len(),
+            softcaps.len(),
+            sinks.len(),
             ranks.len(),
             seq_lens.len(),
             causal.len(),
@@ -233,14 +286,17 @@ impl Experiment for Attn {
             .map(|i| AttnPoint {
                 documents: documents[i[0]],
                 backend: backends[i[1]],
-                ranks: ranks[i[2]],
-                seq_len: seq_lens[i[3]],
-                causal: causal[i[4]],
-                kv_heads: kv_heads[i[5]],
-                kernel: kernels[i[6]],
-                strategy: strategies[i[7]],
-                forward: forward[i[8]],
-                backward: backward[i[9]],
+                window: windows[i[2]],
+                softcap: softcaps[i[3]],
+                sinks: sinks[i[4]],
+                ranks: ranks[i[5]],
+                seq_len: seq_lens[i[6]],
+                causal: causal[i[7]],
+                kv_heads: kv_heads[i[8]],
+                kernel: kernels[i[9]],
+                strategy: strategies[i[10]],
+                forward: forward[i[11]],
+                backward: backward[i[12]],
             })
             .collect();
         Ok(Box::new(AttnPlan {
@@ -267,12 +323,16 @@ impl Experiment for Attn {
                 get("kv_heads"),
                 get("kernel")
             );
-            for extra in ["documents", "backend"]
-                .map(get)
-                .iter()
-                .filter(|e| !e.is_empty())
-            {
-                panel += &format!(", {extra}");
+            for (column, label) in [
+                ("documents", ""),
+                ("backend", ""),
+                ("window", "window "),
+                ("softcap", "cap "),
+                ("sinks", "sinks "),
+            ] {
+                if let Some(value) = row.get(column).filter(|v| !v.is_empty()) {
+                    panel += &format!(", {label}{value}");
+                }
             }
             let slot = best
                 .entry((panel, get("strategy").to_owned(), get("ranks").to_owned()))

@@ -6,15 +6,15 @@ use super::{Measure, Shape};
 use crate::backend::{BackendName, run_attention_on};
 use crate::kinds::documents::Documents;
 use crate::kinds::experiment::{Plan, Point, PointContext};
+use crate::kinds::window::WindowSpec;
 use crate::measure::baseline::{matmul_gflops_of, random};
-use crate::measure::exactness::{Heads, max_rel_error};
+use crate::measure::exactness::{CheckVariant, Heads, max_rel_error};
 use crate::measure::timing::fastest_after_warm_up;
 use crate::results::Record;
 use anyhow::Result;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 use strategies::Partition;
-use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM, sequence_pairs};
 use workbench::ring::jobs::{AttentionJob, AttentionResult};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
@@ -32,6 +32,12 @@ pub(super) struct AttnPoint {
     pub(super) documents: Option<Documents>,
     /// `None` when the sweep has no backends axis (then flex).
     pub(super) backend: Option<BackendName>,
+    /// `None` when the sweep has no windows axis.
+    pub(super) window: Option<WindowSpec>,
+    /// `None` when the sweep has no softcaps axis; `Some(None)`: no cap.
+    pub(super) softcap: Option<Option<f32>>,
+    /// `None` when the sweep has no sinks axis.
+    pub(super) sinks: Option<bool>,
 }
 
 /// One row; every measured column is empty on a skipped row.
@@ -51,6 +57,14 @@ struct Row {
     document_count: Option<usize>,
     /// Empty unless the sweep has a backends axis.
     backend: Option<String>,
+    /// Empty unless the sweep has a windows axis.
+    window: Option<String>,
+    /// The window in tokens (empty: none).
+    window_tokens: Option<usize>,
+    /// Empty unless the sweep has a softcaps axis.
+    softcap: Option<String>,
+    /// Empty unless the sweep has a sinks axis.
+    sinks: Option<bool>,
     /// The most bytes any rank's ring step moved between host and device in fwd+bwd.
     host_device_bytes_per_step: Option<u64>,
     heads: usize,
@@ -103,7 +117,21 @@ pub(super) fn key(p: &AttnPoint) -> Record {
     if let Some(backend) = p.backend {
         key.0.push(("backend".into(), backend.to_string()));
     }
+    if let Some(window) = p.window {
+        key.0.push(("window".into(), window.name()));
+    }
+    if let Some(cap) = p.softcap {
+        key.0.push(("softcap".into(), cap_name(cap)));
+    }
+    if let Some(sinks) = p.sinks {
+        key.0.push(("sinks".into(), sinks.to_string()));
+    }
     key
+}
+
+/// A cap as the spec and the table name it.
+fn cap_name(cap: Option<f32>) -> String {
+    cap.map_or("none".into(), |c| c.to_string())
 }
 
 /// Why a point cannot run, as the typed error says it; `None` if it can. A length the strategy
@@ -144,6 +172,10 @@ impl Plan for AttnPlan {
             documents: p.documents.map(Documents::name),
             document_count: p.documents.map(|d| d.lengths(p.seq_len).len().max(1)),
             backend: p.backend.map(|b| b.to_string()),
+            window: p.window.map(WindowSpec::name),
+            window_tokens: p.window.and_then(|w| w.tokens(p.seq_len)),
+            softcap: p.softcap.map(cap_name),
+            sinks: p.sinks,
             heads,
             head_dim,
             batch,
@@ -159,8 +191,8 @@ impl Plan for AttnPlan {
             backward: p.backward,
             kernel: p.kernel,
             scale: None,
-            window: None,
-            softcap: None,
+            window: p.window.and_then(|w| w.tokens(p.seq_len)),
+            softcap: p.softcap.flatten(),
             lockstep: false,
         };
         let (b, s, h, hk, d) = (batch, p.seq_len, heads, p.kv_heads, head_dim);
@@ -169,6 +201,7 @@ impl Plan for AttnPlan {
         let v = random(vec![b, s, hk, d], 3);
         let d_out = random(vec![b, s, h, d], 4);
         let doc_lens = p.documents.map_or(Vec::new(), |d| d.lengths(s));
+        let sinks = (p.sinks == Some(true)).then(|| random(vec![h], 5).data);
         let job = |with_grad: bool| AttentionJob {
             q: &q,
             k: &k,
@@ -181,16 +214,21 @@ impl Plan for AttnPlan {
             fault: None,
             link: None,
             doc_lens: &doc_lens,
-            sinks: None,
+            sinks: sinks.as_deref(),
         };
         let backend = p.backend.unwrap_or_default();
         let (fwd, _) = fastest(backend, &job(false), self.measure.repeats)?;
         let (fwd_bwd, result) = fastest(backend, &job(true), self.measure.repeats)?;
         // The baseline is re-measured beside every row: these machines are shared and noisy.
         let matmul = matmul_gflops_of(backend, 1024)?;
-        let flops = ((FORWARD_PER_PAIR_DIM + BACKWARD_PER_PAIR_DIM)
-            * sequence_pairs(s, p.causal)
-            * (b * h * d) as u64) as f64;
+        // Useful FLOPs as the engine counted them: every rank's tiles, forward and backward, over
+        // the pairs they could see (documents and windows leave fewer than the sequence's).
+        let flops = result
+            .events
+            .iter()
+            .flatten()
+            .map(|e| e.flops as f64)
+            .sum::<f64>();
         let n = p.ranks as f64;
         let busy: Vec<f64> = result
             .events
@@ -249,7 +287,12 @@ impl Plan for AttnPlan {
             },
             config,
             self.measure.check_tokens_per_rank,
-            &|len| p.documents.map_or(Vec::new(), |d| d.lengths(len)),
+            &CheckVariant {
+                doc_lens: &|len| p.documents.map_or(Vec::new(), |d| d.lengths(len)),
+                window: &|len| p.window.and_then(|w| w.tokens(len)),
+                softcap: p.softcap.flatten(),
+                sinks: p.sinks == Some(true),
+            },
         )?);
         Ok(vec![Record::of(&row)?])
     }
