@@ -90,3 +90,37 @@ fn wgpu_ring_steps_stay_on_the_device() {
         }
     }
 }
+
+/// The variants on the device: a sliding window shorter than a shard (5, causal) and one crossing
+/// packed documents (20, not causal), a logit cap of 4 and sinks, on every strategy, N ∈ {2, 4}, each
+/// backward scheme once per strategy and window, against the float64 reference within 1e-5 (dsinks
+/// included): the generic kernel's tanh, its sink terms and its windowed masks as device tensors.
+#[test]
+fn wgpu_windows_softcap_and_sinks() {
+    use ringbench_tests::{Variant, case_variant};
+    let device = WgpuDevice::DefaultDevice;
+    let mut runs = 0;
+    for (window, causal, docs) in [(5, true, &[][..]), (20, false, &[10, 20, 18][..])] {
+        let variant = Variant {
+            window: Some(window),
+            softcap: Some(4.0),
+            sinks: Some(vec![-1.5, 0.5, 1.0, -0.25]),
+        };
+        let c = case_variant(SEQ, (4, 2), causal, 0.25, docs, variant);
+        for (i, strategy) in names().into_iter().enumerate() {
+            for ranks in [2, 4] {
+                let backward = BackwardScheme::ALL[(i + ranks) % 3];
+                let label =
+                    format!("window {window} causal={causal} {strategy} N={ranks} {backward}");
+                let config = generic(causal, Direction::Cw, backward);
+                let result = run_case::<OnWgpu>(&c, strategy, ranks, config, &device)
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                assert_within(&result, &c.want, TOLERANCE, &label);
+                let grads = result.grads.as_ref().expect("gradients");
+                assert_eq!(grads.dsinks.as_ref().map(Vec::len), Some(4), "{label}");
+                runs += 1;
+            }
+        }
+    }
+    assert_eq!(runs, 2 * names().len() * 2);
+}
