@@ -59,7 +59,7 @@ pub struct AttnArgs {
     /// Logit soft-capping: scores become C·tanh(s/C) before masking (C > 0). Default: none.
     #[arg(long, allow_hyphen_values = true)]
     pub softcap: Option<f32>,
-    /// Attention sinks: a .npy of one logit per query head ([heads], float32 or float64), joining
+    /// Attention sinks: a .npy of one logit per query head (shape `[heads]`, float32 or float64), joining
     /// every row's softmax denominator; with --do, dsinks.npy is written too.
     #[arg(long)]
     pub sinks: Option<PathBuf>,
