@@ -6,6 +6,7 @@ use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use workbench::dtype::{Dtype, Precision};
 use workbench::ring::jobs::{
     AttentionJob, AttentionResult, Fault, HostTensor, run_attention_on_devices,
 };
@@ -63,6 +64,14 @@ pub struct AttnArgs {
     /// every row's softmax denominator; with --do, dsinks.npy is written too.
     #[arg(long)]
     pub sinks: Option<PathBuf>,
+    /// Element type of q, k, v and dO (rounded on entry), of every block that travels, of P and dS
+    /// in their products, and of the outputs: f32 or bf16 (the .npy files are float32 either way).
+    #[arg(long, default_value = "f32")]
+    pub dtype: Dtype,
+    /// Element type of each rank's running output and gradient accumulators between ring steps (a
+    /// travelling accumulator is sent in it): f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub merge: Dtype,
     /// Packed documents: their lengths, comma-separated, summing to seq (a query attends only within
     /// its document). Default: one document.
     #[arg(long)]
@@ -230,6 +239,10 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
             window: args.window,
             softcap: args.softcap,
             lockstep: false,
+            precision: Precision {
+                dtype: args.dtype,
+                merge: args.merge,
+            },
         },
         timeout: Duration::from_secs_f64(args.timeout),
         fault: args
@@ -287,8 +300,12 @@ fn write_outputs(args: &AttnArgs, result: &AttentionResult) -> Result<()> {
             args.strategy, args.ranks, result.padded_len
         )
     };
+    let precision = match (args.dtype, args.merge) {
+        (Dtype::F32, Dtype::F32) => String::new(),
+        (dtype, merge) => format!(", {dtype} operands and blocks, {merge} merge"),
+    };
     println!(
-        "wrote {} to {} ({} ranks, {} on {}{padded}; their ring steps moved {} bytes between host and device; this process ran {} of them, which sent {} bytes)",
+        "wrote {} to {} ({} ranks, {} on {}{precision}{padded}; their ring steps moved {} bytes between host and device; this process ran {} of them, which sent {} bytes)",
         written.join(", "),
         args.out.display(),
         args.ranks,

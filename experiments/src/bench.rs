@@ -201,6 +201,7 @@ fn bench_attn<I: RingBackend>(args: &BenchAttnArgs, devices: &[I::Device]) -> Re
                     window: None,
                     softcap: None,
                     lockstep: false,
+                    precision: Default::default(),
                 },
                 timeout: Duration::from_secs(3600),
                 fault: None,

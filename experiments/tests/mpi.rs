@@ -25,10 +25,17 @@ fn mpirun<S: AsRef<std::ffi::OsStr>>(ranks: usize, args: &[S]) -> Output {
         .expect("running mpirun (apt-get install openmpi-bin)")
 }
 
+/// Also in bf16 (operands, blocks and merge): its process sends exactly half the bytes of the f32
+/// run's, as the threads do (`tests/tests/precision.rs`).
 #[test]
 fn attention_over_four_processes_matches_threads() {
     let dir = temp_dir("attn");
-    for (strategy, bwd) in [("zigzag", "kv"), ("striped", "q")] {
+    let mut rank0_bytes = Vec::new();
+    for (strategy, bwd, dtype) in [
+        ("zigzag", "kv", "f32"),
+        ("striped", "q", "f32"),
+        ("zigzag", "kv", "bf16"),
+    ] {
         let run = |out: &Path, mpi: bool| {
             let o = out.to_string_lossy();
             let args = attn_on_fixture(
@@ -41,6 +48,10 @@ fn attention_over_four_processes_matches_threads() {
                     "--bwd",
                     bwd,
                     "--causal",
+                    "--dtype",
+                    dtype,
+                    "--merge",
+                    dtype,
                     "--out",
                     &o,
                 ],
@@ -58,8 +69,8 @@ fn attention_over_four_processes_matches_threads() {
             String::from_utf8_lossy(&output.stdout).into_owned()
         };
         let (a, b) = (
-            dir.join(format!("{strategy}-threads")),
-            dir.join(format!("{strategy}-mpi")),
+            dir.join(format!("{strategy}-{dtype}-threads")),
+            dir.join(format!("{strategy}-{dtype}-mpi")),
         );
         let (threads, mpi) = (run(&a, false), run(&b, true));
         // Had rank detection failed, each of the 4 processes would have run all 4 ranks as threads
@@ -79,6 +90,7 @@ fn attention_over_four_processes_matches_threads() {
             one > 0 && 4 * one == all,
             "{strategy}: rank 0 sent {one} of {all} bytes"
         );
+        rank0_bytes.push(one);
         for name in ["out.npy", "lse.npy", "dq.npy", "dk.npy", "dv.npy"] {
             let (x, y) = (
                 npy::read(&a.join(name)).unwrap(),
@@ -87,10 +99,15 @@ fn attention_over_four_processes_matches_threads() {
             let d = ringbench_tests::deviation(&x.data, &y.data);
             assert!(
                 d.wrong.is_none() && d.abs <= 1e-6,
-                "{strategy} {name}: threads vs MPI: {d}"
+                "{strategy} {dtype} {name}: threads vs MPI: {d}"
             );
         }
     }
+    assert_eq!(
+        2 * rank0_bytes[2],
+        rank0_bytes[0],
+        "bf16 sends half of f32's bytes"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 

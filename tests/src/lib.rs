@@ -14,7 +14,7 @@ use std::time::Duration;
 use workbench::ring::context::StepEvent;
 use workbench::ring::jobs::{AttentionJob, AttentionResult, HostTensor, run_attention};
 use workbench::transport::Phase;
-use workbench::{RingBackend, RingConfig, RingError};
+use workbench::{Dtype, RingBackend, RingConfig, RingError};
 
 /// float32's unit roundoff, 2⁻²⁴.
 pub const F32_UNIT_ROUNDOFF: f64 = 5.960_464_477_539_063e-8;
@@ -82,6 +82,21 @@ pub fn case_with(
 /// [`case_with`] attending with `variant`'s window, cap and sinks.
 pub fn case_variant(
     seq: usize,
+    heads: (usize, usize),
+    causal: bool,
+    scale: f64,
+    doc_lens: &[usize],
+    variant: Variant,
+) -> Case {
+    case_in(Dtype::F32, seq, heads, causal, scale, doc_lens, variant)
+}
+
+/// [`case_variant`] with q, k, v and dO rounded to `dtype` before anything else: its reference is
+/// that of the rounded inputs, which a ring in `dtype` then keeps exactly (the algorithm's own
+/// error, apart from the inputs' rounding).
+pub fn case_in(
+    dtype: Dtype,
+    seq: usize,
     (heads, kv_heads): (usize, usize),
     causal: bool,
     scale: f64,
@@ -91,10 +106,13 @@ pub fn case_variant(
     let mut rng = Rng::new((seq * 131 + heads * 7 + usize::from(causal)) as u64);
     let q_shape = vec![BATCH, seq, heads, HEAD_DIM];
     let kv_shape = vec![BATCH, seq, kv_heads, HEAD_DIM];
-    let q = rng.vec(q_shape.iter().product(), 2.0);
-    let k = rng.vec(kv_shape.iter().product(), 2.0);
-    let v = rng.vec(kv_shape.iter().product(), 1.0);
-    let d_out = rng.vec(q_shape.iter().product(), 1.0);
+    let mut q = rng.vec(q_shape.iter().product(), 2.0);
+    let mut k = rng.vec(kv_shape.iter().product(), 2.0);
+    let mut v = rng.vec(kv_shape.iter().product(), 1.0);
+    let mut d_out = rng.vec(q_shape.iter().product(), 1.0);
+    for x in [&mut q, &mut k, &mut v, &mut d_out] {
+        dtype.round(x);
+    }
     let want = reference_variant(
         Inputs {
             q: &q,
@@ -243,10 +261,14 @@ pub struct Reference {
     pub dv: Vec<f64>,
     /// With sinks, their gradient `[heads]`; empty without.
     pub dsinks: Vec<f64>,
-    /// The largest sum of the magnitudes of the terms of one element of dq, and of dk
-    /// (scale · p · (|dP| + |δ|) · |k| summed over the keys): the scale a gradient is computed at.
-    /// A gradient that cancels to exactly zero (every query sees one key, so p = 1 and dP = δ) has no
-    /// scale of its own, and its error is measured against this one ([`deviations`]).
+    /// The largest sum of the magnitudes of the terms of one element of each tensor: out, Σ p·|v|;
+    /// dv, Σ p·|dO|; dq and dk, scale · p · (Σ|dO|·|v| + Σ|dO|·|out|) · |k| (or |q|), the
+    /// magnitudes dP and δ are summed from. The scale a tensor is computed at, which bounds it: a
+    /// rounding of every term by u moves an element by at most u times its terms. A gradient that
+    /// cancels to exactly zero (every query sees one key, so p = 1 and dP = δ) has no scale of its
+    /// own, and its error is measured against this one ([`deviations`]).
+    pub out_terms: f64,
+    pub dv_terms: f64,
     pub dq_terms: f64,
     pub dk_terms: f64,
 }
@@ -350,10 +372,19 @@ pub fn reference_variant(
         dk: vec![0.0; b * s * hk * d],
         dv: vec![0.0; b * s * hk * d],
         dsinks: vec![0.0; if variant.sinks.is_some() { h } else { 0 }],
+        out_terms: 0.0,
+        dv_terms: 0.0,
         dq_terms: 0.0,
         dk_terms: 0.0,
     };
     let (mut dq_terms, mut dk_terms) = (vec![0.0; b * s * h * d], vec![0.0; b * s * hk * d]);
+    let (mut out_terms, mut dv_terms) = (vec![0.0; b * s * h * d], vec![0.0; b * s * hk * d]);
+    let abs_dot = |x: &[f32], y: &[f32]| -> f64 {
+        x.iter()
+            .zip(y)
+            .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
+            .sum()
+    };
     let dot = |x: &[f32], y: &[f32]| -> f64 {
         x.iter()
             .zip(y)
@@ -402,12 +433,19 @@ pub fn reference_variant(
                     .map(|&j| dot(dov, &v[ki(bi, j, kh)..ki(bi, j, kh) + d]))
                     .collect();
                 let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                // Σ|dO|·|out| over the row, out as the magnitudes of its terms bound it.
+                let delta_abs: f64 = visible
+                    .iter()
+                    .zip(&p)
+                    .map(|(&j, pj)| pj * abs_dot(dov, &v[ki(bi, j, kh)..ki(bi, j, kh) + d]))
+                    .sum();
                 if let Some(sink) = sink {
                     r.dsinks[hi] -= (sink - max).exp() / sum * delta;
                 }
                 for (n, &j) in visible.iter().enumerate() {
                     let ds = p[n] * (dp[n] - delta);
-                    let ds_terms = scale * p[n] * (dp[n].abs() + delta.abs());
+                    let dp_abs = abs_dot(dov, &v[ki(bi, j, kh)..ki(bi, j, kh) + d]);
+                    let ds_terms = scale * p[n] * (dp_abs + delta_abs);
                     let ds = if tanh.is_empty() {
                         ds
                     } else {
@@ -421,11 +459,15 @@ pub fn reference_variant(
                         r.dv[kk] += p[n] * f64::from(d_out[kq]);
                         dq_terms[kq] += ds_terms * f64::from(k[kk]).abs();
                         dk_terms[kk] += ds_terms * f64::from(q[kq]).abs();
+                        out_terms[kq] += p[n] * f64::from(v[kk]).abs();
+                        dv_terms[kk] += p[n] * f64::from(d_out[kq]).abs();
                     }
                 }
             }
         }
     }
+    r.out_terms = worst(out_terms);
+    r.dv_terms = worst(dv_terms);
     r.dq_terms = worst(dq_terms);
     r.dk_terms = worst(dk_terms);
     r

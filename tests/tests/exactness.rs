@@ -87,6 +87,7 @@ fn check_case(c: &Case, name: &str, causal: bool) -> (usize, usize) {
                         window: None,
                         softcap: None,
                         lockstep: false,
+                        precision: Default::default(),
                     };
                     let result =
                         run(c, strategy, ranks, config).unwrap_or_else(|e| panic!("{label}: {e}"));
@@ -616,6 +617,7 @@ fn fused_kernel_across_sub_tiles() {
                         window: None,
                         softcap: None,
                         lockstep: false,
+                        precision: Default::default(),
                     };
                     let label = format!(
                         "S={seq} causal={causal} {strategy} N={ranks} {forward} {backward} {kernel} scale={scale}"

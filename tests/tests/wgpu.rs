@@ -29,6 +29,7 @@ fn generic(causal: bool, forward: Direction, backward: BackwardScheme) -> RingCo
         window: None,
         softcap: None,
         lockstep: false,
+        precision: Default::default(),
     }
 }
 

@@ -44,6 +44,7 @@ fn main() {
     let how = Scores {
         scale: 1.0 / (d as f32).sqrt(),
         softcap: None,
+        precision: workbench::dtype::Precision::F32,
     };
     for _ in 0..repeats {
         let start = Instant::now();

@@ -1,10 +1,13 @@
 //! Blocks: the payload that travels between ranks and that tile kernels read, detached from any
 //! autodiff graph, held on the host (the fused CPU kernel, MPI and NCCL staging) or as a tensor of
-//! the rank's backend (the generic kernel). Below both the ring and the transports, which share it.
+//! the rank's backend (the generic kernel), in f32 or bf16 ([`Dtype`]). Below both the ring and the
+//! transports, which share it.
 
+use crate::dtype::{self, Dtype};
 use crate::host::{self, HostRead};
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive, backend::Backend};
+use burn::tensor::{DType, FloatDType, Tensor, TensorPrimitive, backend::Backend};
+use half::bf16;
 use std::any::Any;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -43,6 +46,8 @@ pub enum BlockKind {
 enum Values {
     /// Host f32, row-major.
     Host(Vec<f32>),
+    /// Host bf16, row-major: half the bytes, read as f32 (exactly).
+    HostBf16(Vec<bf16>),
     /// A float tensor of some backend, type-erased so that transports need not know the backend.
     Device(DeviceValues),
 }
@@ -53,11 +58,18 @@ enum Values {
 struct DeviceValues {
     flat: Arc<dyn Any + Send + Sync>,
     read: fn(&(dyn Any + Send + Sync)) -> Vec<f32>,
+    /// The tensor's element type.
+    dtype: Dtype,
 }
 
+/// The tensor behind `values` when it is one of `B`'s, as f32 (a bf16 tensor is widened, exactly).
 fn flat_of<B: Backend>(values: &(dyn Any + Send + Sync)) -> Option<Tensor<B, 1>> {
     let primitive = values.downcast_ref::<FloatTensor<B>>()?.clone();
-    Some(Tensor::from_primitive(TensorPrimitive::Float(primitive)))
+    let flat = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(primitive));
+    Some(match flat.dtype() {
+        DType::F32 => flat,
+        _ => flat.cast(FloatDType::F32),
+    })
 }
 
 fn read_device<B: HostRead>(values: &(dyn Any + Send + Sync)) -> Vec<f32> {
@@ -65,7 +77,7 @@ fn read_device<B: HostRead>(values: &(dyn Any + Send + Sync)) -> Vec<f32> {
 }
 
 #[derive(Clone)]
-/// A block of f32 values and its shape, on the host or on a device.
+/// A block of values (f32 or bf16) and its shape, on the host or on a device.
 pub struct Block {
     /// What it carries.
     pub kind: BlockKind,
@@ -77,18 +89,24 @@ pub struct Block {
 impl std::fmt::Debug for Block {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let place = match &self.values {
-            Values::Host(_) => "host",
+            Values::Host(_) | Values::HostBf16(_) => "host",
             Values::Device(_) => "device",
         };
-        write!(f, "Block({:?}, {:?}, {place})", self.kind, self.shape)
+        let dtype = self.dtype();
+        write!(
+            f,
+            "Block({:?}, {:?}, {dtype}, {place})",
+            self.kind, self.shape
+        )
     }
 }
 
 impl PartialEq for Block {
-    /// Same kind, shape and values (device values are read to compare).
+    /// Same kind, shape, element type and values (device values are read to compare).
     fn eq(&self, other: &Self) -> bool {
         self.kind == other.kind
             && self.shape == other.shape
+            && self.dtype() == other.dtype()
             && self.host_values() == other.host_values()
     }
 }
@@ -104,6 +122,25 @@ impl Block {
         }
     }
 
+    /// A host block of bf16 `data` shaped `shape`.
+    pub fn host_bf16(kind: BlockKind, shape: Vec<usize>, data: Vec<bf16>) -> Self {
+        debug_assert_eq!(shape.iter().product::<usize>(), data.len());
+        Self {
+            kind,
+            shape,
+            values: Values::HostBf16(data),
+        }
+    }
+
+    /// The values as bf16 on the host: borrowed when they are kept so, else rounded (device values
+    /// read first, counted).
+    pub fn host_bf16_values(&self) -> Cow<'_, [bf16]> {
+        match &self.values {
+            Values::HostBf16(data) => Cow::Borrowed(data),
+            _ => Cow::Owned(dtype::to_bf16(&self.host_values())),
+        }
+    }
+
     /// A host block of zeros.
     pub fn zeros(kind: BlockKind, shape: Vec<usize>) -> Self {
         let len = shape.iter().product();
@@ -113,7 +150,12 @@ impl Block {
     /// A block of zeros on `device`.
     pub fn zeros_on<B: HostRead>(kind: BlockKind, shape: Vec<usize>, device: &B::Device) -> Self {
         let len = shape.iter().product::<usize>();
-        Self::flat_on_device(kind, shape, Tensor::<B, 1>::zeros([len], device))
+        Self::flat_on_device(
+            kind,
+            shape,
+            Tensor::<B, 1>::zeros([len], device),
+            Dtype::F32,
+        )
     }
 
     /// A block like this one (kind, shape, host or `device`) whose every value is NaN: a test hook's
@@ -122,7 +164,7 @@ impl Block {
         let shape = self.shape.clone();
         if self.is_on_device() {
             let nan = Tensor::<B, 1>::full([self.len()], f32::NAN, device);
-            Self::flat_on_device(self.kind, shape, nan)
+            Self::flat_on_device(self.kind, shape, nan, Dtype::F32)
         } else {
             Self::host(self.kind, shape, vec![f32::NAN; self.len()])
         }
@@ -132,10 +174,19 @@ impl Block {
     pub fn on_device<B: HostRead, const D: usize>(kind: BlockKind, tensor: Tensor<B, D>) -> Self {
         let shape = tensor.dims().to_vec();
         let flat = tensor.reshape([shape.iter().product::<usize>()]);
-        Self::flat_on_device(kind, shape, flat)
+        let dtype = match flat.dtype() {
+            DType::BF16 => Dtype::Bf16,
+            _ => Dtype::F32,
+        };
+        Self::flat_on_device(kind, shape, flat, dtype)
     }
 
-    fn flat_on_device<B: HostRead>(kind: BlockKind, shape: Vec<usize>, flat: Tensor<B, 1>) -> Self {
+    fn flat_on_device<B: HostRead>(
+        kind: BlockKind,
+        shape: Vec<usize>,
+        flat: Tensor<B, 1>,
+        dtype: Dtype,
+    ) -> Self {
         let primitive: FloatTensor<B> = flat.into_primitive().tensor();
         Self {
             kind,
@@ -143,6 +194,7 @@ impl Block {
             values: Values::Device(DeviceValues {
                 flat: Arc::new(primitive),
                 read: read_device::<B>,
+                dtype,
             }),
         }
     }
@@ -158,22 +210,71 @@ impl Block {
         matches!(self.values, Values::Device(_))
     }
 
-    /// The values on the host: borrowed when they are there, read from the device (counted) when not.
+    /// The element type its values are kept (and sent) in.
+    pub fn dtype(&self) -> Dtype {
+        match &self.values {
+            Values::Host(_) => Dtype::F32,
+            Values::HostBf16(_) => Dtype::Bf16,
+            Values::Device(d) => d.dtype,
+        }
+    }
+
+    /// The block kept in `dtype`: its values rounded to it (bf16: to the nearest, ties to even) and
+    /// stored at its size, on the host or as a tensor of `B` of that type on its device; widening a
+    /// bf16 block to f32 is exact. A device block needs a backend that stores and computes `dtype`
+    /// (`RingConfig::check` asks before a pass).
+    pub fn in_dtype<B: HostRead>(self, dtype: Dtype, device: &B::Device) -> Block {
+        if self.dtype() == dtype {
+            return self;
+        }
+        let Block {
+            kind,
+            shape,
+            values,
+        } = self;
+        let values = match (values, dtype) {
+            (Values::Host(data), Dtype::Bf16) => Values::HostBf16(dtype::to_bf16(&data)),
+            (Values::HostBf16(data), Dtype::F32) => Values::Host(dtype::from_bf16(&data)),
+            (Values::Device(d), _) => {
+                let flat = flat_of::<B>(d.flat.as_ref())
+                    .expect("a device block is converted on its own backend")
+                    .to_device(device);
+                let target = match dtype {
+                    Dtype::F32 => FloatDType::F32,
+                    Dtype::Bf16 => FloatDType::BF16,
+                };
+                return Self::flat_on_device(kind, shape, flat.cast(target), dtype);
+            }
+            (values, _) => values,
+        };
+        Block {
+            kind,
+            shape,
+            values,
+        }
+    }
+
+    /// The values on the host, as f32: borrowed when they are there in f32, widened from bf16, or
+    /// read from the device (counted).
     pub fn host_values(&self) -> Cow<'_, [f32]> {
         match &self.values {
             Values::Host(data) => Cow::Borrowed(data),
+            Values::HostBf16(data) => Cow::Owned(dtype::from_bf16(data)),
             Values::Device(d) => Cow::Owned((d.read)(d.flat.as_ref())),
         }
     }
 
-    /// Mutable host values; a device block is first read to the host (counted) and stays there.
+    /// Mutable host f32 values; a device block is first read to the host (counted) and a bf16 one
+    /// widened, and it stays so (an f32 host block) until [`Block::in_dtype`] narrows it again.
     pub fn host_values_mut(&mut self) -> &mut [f32] {
-        if let Values::Device(d) = &self.values {
-            self.values = Values::Host((d.read)(d.flat.as_ref()));
+        match &self.values {
+            Values::Device(d) => self.values = Values::Host((d.read)(d.flat.as_ref())),
+            Values::HostBf16(data) => self.values = Values::Host(dtype::from_bf16(data)),
+            Values::Host(_) => {}
         }
         match &mut self.values {
             Values::Host(data) => data,
-            Values::Device(_) => unreachable!("read to the host above"),
+            _ => unreachable!("made an f32 host block above"),
         }
     }
 
@@ -214,9 +315,9 @@ impl Block {
         self.len() == 0
     }
 
-    /// Bytes of its values.
+    /// Bytes of its values, at its element type's size.
     pub fn bytes(&self) -> u64 {
-        (self.len() * std::mem::size_of::<f32>()) as u64
+        (self.len() * self.dtype().size()) as u64
     }
 
     /// A copy in this rank's own memory of `device`: a device block's values added to fresh zeros
@@ -227,21 +328,28 @@ impl Block {
         }
         let mut copy = Self::zeros_on::<B>(self.kind, self.shape.clone(), device);
         copy.add_assign::<B>(self, device);
-        copy
+        copy.in_dtype::<B>(self.dtype(), device)
     }
 
     /// Elementwise `self += other` (shapes were fixed when the accumulator was created): on the device
-    /// when `self` is a device block, on the host when it is a host block.
+    /// when `self` is a device block, on the host when it is a host block. The sum is taken in f32
+    /// and kept in `self`'s element type (a bf16 accumulator rounds it: a merge in bf16).
     pub fn add_assign<B: HostRead>(&mut self, other: &Block, device: &B::Device) {
         debug_assert_eq!(self.shape, other.shape);
+        let dtype = self.dtype();
         if self.is_on_device() {
             let sum = self.flat::<B>(device) + other.flat::<B>(device);
-            *self = Self::flat_on_device(self.kind, std::mem::take(&mut self.shape), sum);
+            *self =
+                Self::flat_on_device(self.kind, std::mem::take(&mut self.shape), sum, Dtype::F32);
         } else {
             let other = other.host_values();
             for (a, b) in self.host_values_mut().iter_mut().zip(other.iter()) {
                 *a += b;
             }
+        }
+        if dtype != Dtype::F32 {
+            *self = std::mem::replace(self, Block::zeros(self.kind, Vec::new()))
+                .in_dtype::<B>(dtype, device);
         }
     }
 }

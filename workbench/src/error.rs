@@ -174,6 +174,16 @@ pub enum RingError {
         /// What it must be.
         expected: &'static str,
     },
+    /// An element type the backend's device cannot keep blocks in.
+    #[error(
+        "{dtype} blocks on the device need a backend that stores and computes {dtype}; {backend} on this device does not (use --dtype f32 --merge f32, or the fused kernel on the CPU)"
+    )]
+    DtypeUnsupported {
+        /// The element type.
+        dtype: &'static str,
+        /// The backend.
+        backend: String,
+    },
     /// An injected fault aimed at a rank the job does not have.
     #[error("fault injected at rank {rank}, but the job has ranks 0 to {last}", last = ranks - 1)]
     FaultRank {

@@ -17,6 +17,7 @@
 
 pub mod backends;
 pub mod block;
+pub mod dtype;
 pub mod error;
 pub mod host;
 pub mod kernels;
@@ -37,6 +38,7 @@ pub mod prelude {
     pub use crate::train::{Objective, StepLog, TrainOptions, Trained, Training, train_objective};
 }
 
+pub use dtype::Dtype;
 pub use error::{RingError, TransportError};
 pub use host::HostRead;
 pub use model::layer::LayerBackend;

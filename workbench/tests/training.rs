@@ -133,6 +133,7 @@ const RING: RingConfig = RingConfig {
     softcap: None,
     kernel: workbench::Kernel::Fused,
     lockstep: false,
+    precision: workbench::dtype::Precision::F32,
 };
 
 /// Step 0's global loss and all-reduced gradient on `ranks` ranks of `strategy`.

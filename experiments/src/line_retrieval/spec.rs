@@ -182,6 +182,7 @@ impl RingSpec {
             window: None,
             softcap: None,
             lockstep: false,
+            precision: Default::default(),
         })
     }
 }

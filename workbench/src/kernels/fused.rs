@@ -392,6 +392,8 @@ impl OnlineSoftmax {
                                 scale_row(&mut acc[r * d..(r + 1) * d], correction);
                             }
                         }
+                        // P enters the product in the operands' type; its sum l stays f32.
+                        how.precision.dtype.round(s);
                         matmul(
                             &mut acc[r0 * d..],
                             s,
@@ -405,6 +407,9 @@ impl OnlineSoftmax {
                     }
                 }
             }
+            // Between ring steps the output is kept in the merge's type (the row max and sum, like
+            // lse, stay f32).
+            how.precision.merge.round(acc);
         });
     }
 
@@ -529,18 +534,7 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                     for (i, row) in p.chunks_mut(nc).enumerate() {
                         exp_shift(row, lse[r0 + i]);
                     }
-                    // dV += Pᵀ dO
-                    matmul(
-                        &mut dv[c0 * d..],
-                        p,
-                        (1, nc),
-                        &d_out[r0 * d..],
-                        (d, 1),
-                        (nc, d, nr),
-                        1.0,
-                        true,
-                    );
-                    // dP = dO Vᵀ, then dS = P ∘ (dP − δ)
+                    // dP = dO Vᵀ, then dS = P ∘ (dP − δ) from P as computed
                     matmul(
                         ds,
                         &d_out[r0 * d..],
@@ -560,6 +554,21 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                             *g *= 1.0 - t * t;
                         }
                     }
+                    // P and dS enter their products in the operands' type.
+                    let dtype = t.how.precision.dtype;
+                    dtype.round(p);
+                    dtype.round(ds);
+                    // dV += Pᵀ dO
+                    matmul(
+                        &mut dv[c0 * d..],
+                        p,
+                        (1, nc),
+                        &d_out[r0 * d..],
+                        (d, 1),
+                        (nc, d, nr),
+                        1.0,
+                        true,
+                    );
                     // dQ += scale · dS K;  dK += scale · dSᵀ Q
                     matmul(
                         &mut dq[r0 * d..],

@@ -14,9 +14,10 @@ use super::device_mask::DeviceShard;
 use super::mask::{Visibility, Window};
 use super::tile::{BackwardTile, ForwardTile, Queries, Scores, TileDims, TileKernel, Travelling};
 use crate::block::{Block, BlockKind};
+use crate::dtype::Dtype;
 use crate::error::RingError;
 use crate::host::HostRead;
-use burn::tensor::{Tensor, backend::Backend};
+use burn::tensor::{FloatDType, Tensor, backend::Backend};
 use std::sync::Arc;
 
 /// A tile's scores `scale · q kᵀ`, soft-capped when `how` says (`C · tanh(s / C)`), with the mask
@@ -47,6 +48,15 @@ fn scores<B: Backend>(
     (s, tanh)
 }
 
+/// `x` with its values rounded to `dtype` (a cast there and back: the engine checked that the
+/// backend computes in it).
+fn rounded<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: Dtype) -> Tensor<B, D> {
+    match dtype {
+        Dtype::F32 => x,
+        Dtype::Bf16 => x.cast(FloatDType::BF16).cast(FloatDType::F32),
+    }
+}
+
 /// `p · v` where p is `[b, h, tq, tk]` and v is `[b, hk, tk, d]`: `[b, h, tq, d]`.
 fn grouped_matmul<B: Backend>(p: Tensor<B, 4>, v: &Tensor<B, 4>) -> Tensor<B, 4> {
     let [b, h, tq, tk] = p.dims();
@@ -73,6 +83,8 @@ pub fn block_attention<B: Backend>(
     let m_safe = m.clone().mask_fill(m.is_inf(), 0.0);
     let p = (s - m_safe.clone()).exp();
     let l = p.clone().sum_dim(3);
+    // P enters the product in the operands' type; its sum l stays f32.
+    let p = rounded(p, how.precision.dtype);
     let o = grouped_matmul(p, v) / l.clone().clamp_min(f32::MIN_POSITIVE);
     let lse = m_safe + l.log();
     (o, lse.squeeze_dim(3))
@@ -115,7 +127,8 @@ pub fn block_attention_backward<B: Backend>(
     let rows = (h / hk) * tq;
     let (s, tanh) = scores(q, k, bias, how);
     let p = (s - lse.clone().unsqueeze_dim(3)).exp(); // [b, h, tq, tk]
-    let p_g = p.clone().reshape([b, hk, rows, tk]);
+    let dtype = how.precision.dtype;
+    let p_g = rounded(p.clone(), dtype).reshape([b, hk, rows, tk]);
     let do_g = d_out.clone().reshape([b, hk, rows, d]);
     let dv = p_g.swap_dims(2, 3).matmul(do_g.clone());
     let dp = do_g
@@ -127,7 +140,8 @@ pub fn block_attention_backward<B: Backend>(
         Some(t) => ds * (t.clone() * t).neg().add_scalar(1.0),
         None => ds,
     };
-    let ds_g = ds.reshape([b, hk, rows, tk]) * how.scale;
+    // dS enters its products in the operands' type.
+    let ds_g = rounded(ds, dtype).reshape([b, hk, rows, tk]) * how.scale;
     let dq = ds_g.clone().matmul(k.clone()).reshape([b, h, tq, d]);
     let dk = ds_g
         .swap_dims(2, 3)
@@ -210,10 +224,12 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
         );
         let bias = bias(tile.visibility, &state.shard, tile.keys.prepared);
         let part = block_attention(&state.q, &k, &v, bias, state.how);
-        state.acc = Some(match state.acc.take() {
+        let (out, lse) = match state.acc.take() {
             None => part,
             Some(prev) => merge_block(prev, part),
-        });
+        };
+        // Between ring steps the output is kept in the merge's type; lse stays f32.
+        state.acc = Some((rounded(out, state.how.precision.merge), lse));
     }
 
     fn forward_finish(
@@ -322,6 +338,7 @@ mod wgpu_tests {
     const SCORES: Scores = Scores {
         scale: 0.3,
         softcap: None,
+        precision: crate::dtype::Precision::F32,
     };
 
     /// Two tiles of `[2, 4, 24, 16]` and their merge: outputs and log-sum-exps.

@@ -7,6 +7,7 @@
 
 use super::mask::{Visibility, Window};
 use crate::block::{Block, BlockKind};
+use crate::dtype::Precision;
 use crate::error::RingError;
 use crate::host::HostRead;
 use burn::tensor::Tensor;
@@ -47,13 +48,18 @@ impl TileDims {
 }
 
 /// How a tile's scores are made from `q · kᵀ`: scaled, then soft-capped when asked
-/// (`s = C · tanh(s / C)`, before masking; its backward multiplies by `1 − (s / C)²`).
+/// (`s = C · tanh(s / C)`, before masking; its backward multiplies by `1 − (s / C)²`); and in which
+/// element types its probabilities enter the products and its accumulators are kept.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Scores {
     /// Softmax scale.
     pub scale: f32,
     /// The cap `C > 0`, if any.
     pub softcap: Option<f32>,
+    /// With `dtype` bf16, P (forward and backward) and dS are rounded to bf16 before they enter a
+    /// matmul; with `merge` bf16, the forward accumulator's output is rounded to bf16 after every
+    /// tile (the engine keeps the backward's accumulators in bf16 itself).
+    pub precision: Precision,
 }
 
 /// A shard's queries as a kernel sees them: their key windows on the host, and what the kernel

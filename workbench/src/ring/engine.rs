@@ -5,6 +5,7 @@
 //! Forward and every backward scheme are one `ring_pass` each with a different cargo.
 
 use crate::block::{Block, BlockKind};
+use crate::dtype::{Dtype, Precision};
 use crate::error::RingError;
 use crate::host::{self, HostRead};
 use crate::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM};
@@ -16,7 +17,7 @@ use crate::kernels::{
 use crate::ring::context::{Attend, BackwardScheme, Direction, RingContext, StepEvent, Windows};
 use crate::ring::ledger::{Charge, Ledger};
 use crate::transport::{Comm, Phase};
-use burn::tensor::{Tensor, backend::Backend};
+use burn::tensor::{DType, FloatDType, Tensor, backend::Backend};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -147,14 +148,52 @@ fn parallel_units(ctx: &RingContext) -> bool {
     ctx.config.lockstep || ctx.world() < cores
 }
 
+/// `tensor` with its values rounded to `dtype` (an f32 tensor of bf16 values): by a cast there and
+/// back where the backend computes in bf16, else through the host (counted).
+fn rounded<B: HostRead, const D: usize>(tensor: Tensor<B, D>, dtype: Dtype) -> Tensor<B, D> {
+    match dtype {
+        Dtype::F32 => tensor,
+        Dtype::Bf16 if B::supports_dtype(&tensor.device(), DType::BF16) => {
+            tensor.cast(FloatDType::BF16).cast(FloatDType::F32)
+        }
+        Dtype::Bf16 => {
+            let (shape, device) = (tensor.dims(), tensor.device());
+            let mut values = host::read(tensor);
+            dtype.round(&mut values);
+            host::place(values, shape, &device)
+        }
+    }
+}
+
+/// Whether the blocks a kernel keeps on `device` can be kept in `precision`'s types: host blocks
+/// always can; device blocks need a backend that stores and computes bf16.
+fn check_precision<B: HostRead>(
+    precision: Precision,
+    on_device: bool,
+    device: &B::Device,
+) -> Result<(), RingError> {
+    if precision.uses_bf16() && on_device && !B::supports_dtype(device, DType::BF16) {
+        return Err(RingError::DtypeUnsupported {
+            dtype: Dtype::Bf16.name(),
+            backend: std::any::type_name::<B>()
+                .rsplit("::")
+                .next()
+                .unwrap_or("this backend")
+                .to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// How `attend` makes scores for heads of `head_dim`: its scale (1/sqrt(head_dim) by default) and
-/// cap.
-fn scores_of(attend: Attend, head_dim: usize) -> Scores {
+/// cap, in the ring's `precision`.
+fn scores_of(attend: Attend, head_dim: usize, precision: Precision) -> Scores {
     Scores {
         scale: attend
             .scale
             .unwrap_or_else(|| 1.0 / (head_dim as f32).sqrt()),
         softcap: attend.softcap,
+        precision,
     }
 }
 
@@ -291,12 +330,17 @@ impl<B: HostRead> WithKernel<B> for Forward<'_, B> {
         } = self;
         let [b, h, t, d] = q.dims();
         let kv_heads = k.dims()[1];
-        let how = scores_of(attend, d);
+        let precision = ctx.config.precision;
+        let how = scores_of(attend, d, precision);
         let device = q.device();
         let rank = ctx.rank();
         let windows = ctx.windows(attend.mask());
         let shards = shards(kernel, ctx, &windows, &device)?;
-        let q_block = Arc::new(kernel.operand(BlockKind::Q, q));
+        let q_block = kernel.operand(BlockKind::Q, q);
+        check_precision::<B>(precision, q_block.is_on_device(), &device)?;
+        // The operands are rounded once, on entry, and kept (and sent) in their type.
+        let operand = |block: Block| Arc::new(block.in_dtype::<B>(precision.dtype, &device));
+        let q_block = operand(q_block);
         let win_q = &windows[rank];
         let queries = Queries {
             windows: win_q,
@@ -305,8 +349,8 @@ impl<B: HostRead> WithKernel<B> for Forward<'_, B> {
         let mut state = kernel.forward_start(&q_block, kv_heads, queries, how, parallel_units(ctx));
         let steps = steps_needed(ctx, &windows, ctx.config.forward, Travelling::Keys);
         let (k, v) = (
-            Arc::new(kernel.operand(BlockKind::K, k)),
-            Arc::new(kernel.operand(BlockKind::V, v)),
+            operand(kernel.operand(BlockKind::K, k)),
+            operand(kernel.operand(BlockKind::V, v)),
         );
         let ledger = ctx.ledger();
         let rows = (b * h * t * std::mem::size_of::<f32>()) as u64;
@@ -365,6 +409,8 @@ impl<B: HostRead> WithKernel<B> for Forward<'_, B> {
         )?;
         let sinks = sinks.map(|s| Arc::new(kernel.operand(BlockKind::Sinks, s)));
         let (out, lse) = kernel.forward_finish(state, sinks.as_deref(), &device);
+        // The output in the operands' type, as a bf16 kernel writes it; lse stays f32.
+        let out = rounded(out, precision.dtype);
         let saved = Saved {
             q: q_block,
             k,
@@ -461,9 +507,12 @@ impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
         let device = out.device();
         let [b, h, t, d] = out.dims();
         let kv_heads = k.shape[1];
-        let how = scores_of(*attend, d);
+        let precision = ctx.config.precision;
+        let how = scores_of(*attend, d, precision);
         let parallel = parallel_units(ctx);
-        let d_out = kernel.operand(BlockKind::DOut, d_out);
+        let d_out = kernel
+            .operand(BlockKind::DOut, d_out)
+            .in_dtype::<B>(precision.dtype, &device);
         let delta = kernel.delta(&d_out, out);
         let dsinks = sinks.as_ref().map(|s| {
             kernel
@@ -473,7 +522,12 @@ impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
         let (d_out, delta) = (Arc::new(d_out), Arc::new(delta));
         let windows = ctx.windows(attend.mask());
         let shards = shards(kernel, ctx, &windows, &device)?;
-        let zeros = |kind: BlockKind, shape: &[usize]| kernel.zeros(kind, shape.to_vec(), &device);
+        // Accumulators are kept (and a travelling one sent) in the merge's type.
+        let zeros = |kind: BlockKind, shape: &[usize]| {
+            kernel
+                .zeros(kind, shape.to_vec(), &device)
+                .in_dtype::<B>(precision.merge, &device)
+        };
         let dims = TileDims {
             batch: b,
             heads: h,
@@ -566,7 +620,15 @@ impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
                         scores: how,
                         parallel,
                     };
-                    kernel.backward_tile(&tile, &mut stay, travelling)
+                    let travelling_part = kernel.backward_tile(&tile, &mut stay, travelling);
+                    // A kernel may have widened what stays to accumulate in f32: kept in the
+                    // merge's type between steps.
+                    for block in &mut stay {
+                        let widened =
+                            std::mem::replace(block, Block::zeros(block.kind, Vec::new()));
+                        *block = widened.in_dtype::<B>(precision.merge, &device);
+                    }
+                    travelling_part
                 });
                 ctx.record(StepEvent {
                     phase: Phase::Backward,
@@ -587,10 +649,12 @@ impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
         };
         let mut next = || grads.next().expect("dQ, dK and dV: one block each");
         let (dq, dk, dv) = (next(), next(), next());
+        // The gradients in the operands' type, as a bf16 kernel returns them.
+        let grad = |block: Block| rounded(block.into_tensor::<B, 4>(&device), precision.dtype);
         Ok(RingGrads {
-            dq: dq.into_tensor(&device),
-            dk: dk.into_tensor(&device),
-            dv: dv.into_tensor(&device),
+            dq: grad(dq),
+            dk: grad(dk),
+            dv: grad(dv),
             dsinks,
         })
     }

@@ -1,6 +1,7 @@
 //! A ring's options: the direction blocks travel, what travels in the backward, the kernel (all of
 //! [`RingConfig`]), and what one call masks and scales by ([`Attend`]).
 
+use crate::dtype::Precision;
 use crate::error::RingError;
 use crate::kernels::Kernel;
 use std::fmt;
@@ -116,6 +117,8 @@ pub struct RingConfig {
     pub softcap: Option<f32>,
     /// Which implementation computes the tiles.
     pub kernel: Kernel,
+    /// The element types of operands, travelling blocks and accumulators (default: all f32).
+    pub precision: Precision,
     /// Measurement mode: ranks compute their tiles one at a time (a process-wide lock), so that N
     /// thread ranks sharing a few cores do not slow each other's tile timings. Communication is not
     /// serialized.

@@ -194,6 +194,7 @@ impl Plan for AttnPlan {
             window: p.window.and_then(|w| w.tokens(p.seq_len)),
             softcap: p.softcap.flatten(),
             lockstep: false,
+            precision: Default::default(),
         };
         let (b, s, h, hk, d) = (batch, p.seq_len, heads, p.kv_heads, head_dim);
         let q = random(vec![b, s, h, d], 1);

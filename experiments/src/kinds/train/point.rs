@@ -61,6 +61,7 @@ impl Plan for TrainPlan {
             window: None,
             softcap: None,
             lockstep: false,
+            precision: Default::default(),
         };
         let schedule = Schedule {
             steps: t.steps,
