@@ -58,6 +58,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("mfu_quick", "mfu"),
     ("memory_model", "memory_model"),
     ("ablation_quick", "ablation"),
+    ("precision_quick", "precision"),
     ("train_quick", "train"),
 ];
 

@@ -124,6 +124,28 @@ where
     }
 }
 
+/// ‖got − want‖₂ / ‖want‖₂: the error of the tensor as a whole (a growth a few elements' maximum
+/// hides shows here); infinite when a value is NaN or infinite or the lengths differ.
+pub fn rms_rel_err<G, W>(got: &[G], want: &[W]) -> f64
+where
+    G: Copy + Into<f64>,
+    W: Copy + Into<f64>,
+{
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        let (g, w): (f64, f64) = (g.into(), w.into());
+        if !g.is_finite() || !w.is_finite() {
+            return f64::INFINITY;
+        }
+        diff += (g - w) * (g - w);
+        norm += w * w;
+    }
+    (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
+}
+
 /// max |got − want| / max |want|; infinite when a value is NaN or infinite or the lengths differ.
 pub fn rel_err<G, W>(got: &[G], want: &[W]) -> f64
 where
@@ -199,6 +221,15 @@ mod tests {
         let d = deviation_at_scale(&[1.5f32, 0.0], &[1.0f64, 0.0], 1e6);
         assert_eq!(d.rel, 0.5);
         assert!(!deviation_at_scale(&[f32::NAN], &[0.0f64], 4.0).within(1.0));
+    }
+
+    #[test]
+    fn the_rms_error_is_relative_to_the_norm_and_fails_on_nan() {
+        assert!(
+            (rms_rel_err(&[1.0f32, 1.0], &[1.0f64, 2.0]) - (1.0f64 / 5.0).sqrt()).abs() < 1e-12
+        );
+        assert_eq!(rms_rel_err(&[f32::NAN], &[1.0f64]), f64::INFINITY);
+        assert_eq!(rms_rel_err(&[1.0f32], &[1.0f64, 2.0]), f64::INFINITY);
     }
 
     #[test]

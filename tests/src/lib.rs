@@ -7,7 +7,7 @@
 pub mod compare;
 pub mod covering;
 
-pub use compare::{Deviation, deviation, deviation_at_scale, rel_err, worst};
+pub use compare::{Deviation, deviation, deviation_at_scale, rel_err, rms_rel_err, worst};
 
 use burn::tensor::backend::AutodiffBackend;
 use std::time::Duration;

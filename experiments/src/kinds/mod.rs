@@ -12,6 +12,7 @@ mod memory;
 mod memory_model;
 mod mfu;
 mod overlap;
+mod precision;
 mod shape;
 mod train;
 mod window;
@@ -28,6 +29,7 @@ pub const KINDS: &[&dyn Experiment] = &[
     &memory::Memory,
     &mfu::Mfu,
     &memory_model::MemoryModel,
+    &precision::PrecisionKind,
     &exorl::Exorl,
 ];
 

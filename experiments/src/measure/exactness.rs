@@ -6,6 +6,7 @@ use anyhow::{Result, anyhow};
 use std::time::Duration;
 use strategies::Partition;
 use workbench::RingConfig;
+use workbench::dtype::Dtype;
 use workbench::ring::jobs::{AttentionJob, HostTensor};
 
 /// The attention shape of a check.
@@ -44,10 +45,21 @@ impl CheckVariant<'_> {
     }
 }
 
+/// A check's largest error of out, lse, dq, dk, dv (and the sinks' gradient), each relative to its
+/// tensor's scale.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CheckErrors {
+    /// Against the reference of the inputs rounded to the run's element type (f32: the inputs
+    /// themselves): the algorithm's own error.
+    pub own: f64,
+    /// Against the reference of the original f32 inputs: the total error, the inputs' rounding
+    /// included (the same as `own` in f32).
+    pub total: f64,
+}
+
 /// `strategy` on `ranks` ranks with `config`, at about `tokens_per_rank` tokens per rank (the
 /// shortest length from there that the strategy accepts, packed and windowed as `variant` says for
-/// that length), against the float64 reference: the largest error of out, lse, dq, dk, dv (and the
-/// sinks' gradient), each relative to its tensor's scale. Runs on backend `backend`.
+/// that length), against the float64 references ([`CheckErrors`]). Runs on backend `backend`.
 pub fn max_rel_error(
     backend: BackendName,
     strategy: &dyn Partition,
@@ -56,7 +68,7 @@ pub fn max_rel_error(
     config: RingConfig,
     tokens_per_rank: usize,
     variant: &CheckVariant,
-) -> Result<f64> {
+) -> Result<CheckErrors> {
     against_reference(
         backend,
         strategy,
@@ -81,7 +93,7 @@ fn against_reference(
     tokens_per_rank: usize,
     variant: &CheckVariant,
     causal: bool,
-) -> Result<f64> {
+) -> Result<CheckErrors> {
     let start = tokens_per_rank.max(1) * ranks;
     let s = (start..start + 4 * ranks * tokens_per_rank.max(1))
         .find(|&s| strategy.validate(s, ranks).is_ok())
@@ -130,30 +142,43 @@ fn against_reference(
             sinks: sinks.as_deref(),
         },
     )?;
-    let inputs = ringbench_tests::Inputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        d_out: &d_out,
-        dims: [b, s, h, d],
-        kv_heads: hk,
-    };
+    if result.grads.is_none() {
+        return Err(anyhow!("the check asked for gradients"));
+    }
     let scale = config.scale.map_or(1.0 / (d as f64).sqrt(), f64::from);
     let reference = ringbench_tests::Variant {
         window,
         softcap: variant.softcap.map(f64::from),
         sinks,
     };
-    let want = ringbench_tests::reference_variant(inputs, causal, scale, &doc_lens, &reference);
-    if result.grads.is_none() {
-        return Err(anyhow!("the check asked for gradients"));
-    }
-    // A NaN or infinity anywhere is an infinite error (the column reads `inf`), never a small one.
-    Ok(ringbench_tests::worst(
-        ringbench_tests::deviations(&result, &want)
-            .into_iter()
-            .map(|(_, d)| d.rel),
-    ))
+    // The largest error against the reference of the inputs rounded to `dtype`. A NaN or infinity
+    // anywhere is an infinite error (the column reads `inf`), never a small one.
+    let error_against = |dtype: Dtype| {
+        let mut x = [q.clone(), k.clone(), v.clone(), d_out.clone()];
+        for values in &mut x {
+            dtype.round(values);
+        }
+        let inputs = ringbench_tests::Inputs {
+            q: &x[0],
+            k: &x[1],
+            v: &x[2],
+            d_out: &x[3],
+            dims: [b, s, h, d],
+            kv_heads: hk,
+        };
+        let want = ringbench_tests::reference_variant(inputs, causal, scale, &doc_lens, &reference);
+        ringbench_tests::worst(
+            ringbench_tests::deviations(&result, &want)
+                .into_iter()
+                .map(|(_, d)| d.rel),
+        )
+    };
+    let own = error_against(config.precision.dtype);
+    let total = match config.precision.dtype {
+        Dtype::F32 => own,
+        _ => error_against(Dtype::F32),
+    };
+    Ok(CheckErrors { own, total })
 }
 
 #[cfg(test)]
@@ -184,6 +209,7 @@ mod tests {
             causal,
         )
         .unwrap()
+        .own
     }
 
     #[test]

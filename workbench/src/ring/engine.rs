@@ -175,11 +175,7 @@ fn check_precision<B: HostRead>(
     if precision.uses_bf16() && on_device && !B::supports_dtype(device, DType::BF16) {
         return Err(RingError::DtypeUnsupported {
             dtype: Dtype::Bf16.name(),
-            backend: std::any::type_name::<B>()
-                .rsplit("::")
-                .next()
-                .unwrap_or("this backend")
-                .to_string(),
+            backend: B::name(device),
         });
     }
     Ok(())

@@ -15,6 +15,7 @@ use anyhow::Result;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 use strategies::Partition;
+use workbench::dtype::{Dtype, Precision};
 use workbench::ring::jobs::{AttentionJob, AttentionResult};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
@@ -38,6 +39,10 @@ pub(super) struct AttnPoint {
     pub(super) softcap: Option<Option<f32>>,
     /// `None` when the sweep has no sinks axis.
     pub(super) sinks: Option<bool>,
+    /// `None` when the sweep has no dtypes axis (then f32).
+    pub(super) dtype: Option<Dtype>,
+    /// `None` when the sweep has no merges axis (then f32).
+    pub(super) merge: Option<Dtype>,
 }
 
 /// One row; every measured column is empty on a skipped row.
@@ -65,6 +70,10 @@ struct Row {
     softcap: Option<String>,
     /// Empty unless the sweep has a sinks axis.
     sinks: Option<bool>,
+    /// Empty unless the sweep has a dtypes axis.
+    dtype: Option<String>,
+    /// Empty unless the sweep has a merges axis.
+    merge: Option<String>,
     /// The most bytes any rank's ring step moved between host and device in fwd+bwd.
     host_device_bytes_per_step: Option<u64>,
     heads: usize,
@@ -89,8 +98,12 @@ struct Row {
     /// length, causality, heads, kernel, documents and backend).
     ring_over_single: Option<f64>,
     /// Largest error of out, lse, dq, dk, dv against float64, each relative to its scale, on the
-    /// same point at `check_tokens_per_rank` tokens per rank.
+    /// same point at `check_tokens_per_rank` tokens per rank; with bf16 operands, against the
+    /// reference of the rounded inputs (the algorithm's own error).
     max_rel_error: Option<f64>,
+    /// With a dtypes axis: the same against the reference of the original f32 inputs (the inputs'
+    /// rounding included).
+    total_rel_error: Option<f64>,
 }
 
 pub(super) struct AttnPlan {
@@ -125,6 +138,12 @@ pub(super) fn key(p: &AttnPoint) -> Record {
     }
     if let Some(sinks) = p.sinks {
         key.0.push(("sinks".into(), sinks.to_string()));
+    }
+    if let Some(dtype) = p.dtype {
+        key.0.push(("dtype".into(), dtype.to_string()));
+    }
+    if let Some(merge) = p.merge {
+        key.0.push(("merge".into(), merge.to_string()));
     }
     key
 }
@@ -176,6 +195,8 @@ impl Plan for AttnPlan {
             window_tokens: p.window.and_then(|w| w.tokens(p.seq_len)),
             softcap: p.softcap.map(cap_name),
             sinks: p.sinks,
+            dtype: p.dtype.map(|d| d.to_string()),
+            merge: p.merge.map(|d| d.to_string()),
             heads,
             head_dim,
             batch,
@@ -194,7 +215,10 @@ impl Plan for AttnPlan {
             window: p.window.and_then(|w| w.tokens(p.seq_len)),
             softcap: p.softcap.flatten(),
             lockstep: false,
-            precision: Default::default(),
+            precision: Precision {
+                dtype: p.dtype.unwrap_or_default(),
+                merge: p.merge.unwrap_or_default(),
+            },
         };
         let (b, s, h, hk, d) = (batch, p.seq_len, heads, p.kv_heads, head_dim);
         let q = random(vec![b, s, h, d], 1);
@@ -277,7 +301,7 @@ impl Plan for AttnPlan {
             .iter()
             .flat_map(|t| t.host_device.iter().map(|r| r.bytes))
             .max();
-        row.max_rel_error = Some(max_rel_error(
+        let errors = max_rel_error(
             backend,
             p.strategy,
             p.ranks,
@@ -294,7 +318,9 @@ impl Plan for AttnPlan {
                 softcap: p.softcap.flatten(),
                 sinks: p.sinks == Some(true),
             },
-        )?);
+        )?;
+        row.max_rel_error = Some(errors.own);
+        row.total_rel_error = p.dtype.map(|_| errors.total);
         Ok(vec![Record::of(&row)?])
     }
 }

@@ -10,6 +10,8 @@ struct Row {
     backward: String,
     ranks: usize,
     seed: u64,
+    /// Empty unless the sweep has a dtypes axis.
+    dtype: Option<String>,
     task: String,
     steps: usize,
     first_loss: f64,
@@ -33,13 +35,17 @@ pub(super) fn prompts(task: &Task, train: &TrainSection, seed: u64) -> Prompts {
 }
 
 fn key(run: &Run) -> Record {
-    Record::new([
+    let mut key = Record::new([
         ("strategy", run.strategy.name().to_string()),
         ("forward", run.forward.to_string()),
         ("backward", run.backward.to_string()),
         ("ranks", run.ranks.to_string()),
         ("seed", run.seed.to_string()),
-    ])
+    ]);
+    if let Some(dtype) = run.dtype {
+        key.0.push(("dtype".into(), dtype.to_string()));
+    }
+    key
 }
 
 impl Plan for TrainPlan {
@@ -61,7 +67,10 @@ impl Plan for TrainPlan {
             window: None,
             softcap: None,
             lockstep: false,
-            precision: Default::default(),
+            precision: Precision {
+                dtype: run.dtype.unwrap_or_default(),
+                merge: Dtype::F32,
+            },
         };
         let schedule = Schedule {
             steps: t.steps,
@@ -102,13 +111,14 @@ impl Plan for TrainPlan {
         let losses = trained.losses;
         let curves_path = context.dir.join(CURVES);
         let mut curves = Table::read(&curves_path)?;
-        // The sweep's first run with this seed is the baseline (from this run or an earlier one).
+        // The sweep's first run with this seed and element type is the baseline (from this run or
+        // an earlier one).
         let first = self
             .runs
             .iter()
-            .find(|r| r.seed == run.seed)
+            .find(|r| r.seed == run.seed && r.dtype == run.dtype)
             .expect("this run's seed");
-        let baseline = match self.baselines.get(&run.seed) {
+        let baseline = match self.baselines.get(&(run.seed, run.dtype)) {
             Some(b) => b.clone(),
             None if std::ptr::eq(first, &self.runs[index]) => losses.clone(),
             None => {
@@ -131,7 +141,8 @@ impl Plan for TrainPlan {
                 b
             }
         };
-        self.baselines.insert(run.seed, baseline.clone());
+        self.baselines
+            .insert((run.seed, run.dtype), baseline.clone());
         // A NaN loss is an infinite difference (`worst`), not none.
         let max_rel_loss_diff = ringbench_tests::worst(
             losses
@@ -159,6 +170,7 @@ impl Plan for TrainPlan {
             backward: run.backward.to_string(),
             ranks: run.ranks,
             seed: run.seed,
+            dtype: run.dtype.map(|d| d.to_string()),
             task: self.task.name.clone(),
             steps: losses.len(),
             first_loss: losses.first().copied().unwrap_or(f64::NAN),
