@@ -198,7 +198,7 @@ impl Experiment for PrecisionKind {
             &spec.list_or("sweep", "kernels", &s.kernels, vec!["fused".into()])?,
         )?;
         let shape = parsed.attention;
-        if shape.heads == 0 || shape.kv_heads == 0 || shape.heads % shape.kv_heads != 0 {
+        if shape.heads == 0 || shape.kv_heads == 0 || !shape.heads.is_multiple_of(shape.kv_heads) {
             return Err(spec.error(
                 "attention",
                 "kv_heads",
