@@ -30,6 +30,11 @@ pub struct AttnArgs {
     /// Ranks (threads), or the world size under a launcher.
     #[arg(long, default_value_t = 1)]
     pub ranks: usize,
+    /// Head × context parallelism: groups of U ranks split the heads by an all-to-all (Ulysses) and
+    /// the ranks/U groups run the ring; U divides the ranks and the query heads, and divides the
+    /// key/value heads or is a multiple of them (replicated). 1: the ring alone.
+    #[arg(long, default_value_t = 1)]
+    pub ulysses: usize,
     /// Partition strategy by name.
     #[arg(long, visible_alias = "strategies", default_value = "zigzag")]
     pub strategy: String,
@@ -229,6 +234,7 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
         v: &v,
         d_out: d_out.as_ref(),
         ranks: args.ranks,
+        ulysses: args.ulysses,
         strategy: strategies::by_name(&args.strategy)?,
         config: RingConfig {
             causal: args.causal,
@@ -304,8 +310,12 @@ fn write_outputs(args: &AttnArgs, result: &AttentionResult) -> Result<()> {
         (Dtype::F32, Dtype::F32) => String::new(),
         (dtype, merge) => format!(", {dtype} operands and blocks, {merge} merge"),
     };
+    let grid = match args.ulysses {
+        1 => String::new(),
+        u => format!(" as {u} Ulysses x {} ring", args.ranks / u),
+    };
     println!(
-        "wrote {} to {} ({} ranks, {} on {}{precision}{padded}; their ring steps moved {} bytes between host and device; this process ran {} of them, which sent {} bytes)",
+        "wrote {} to {} ({} ranks{grid}, {} on {}{precision}{padded}; their ring steps moved {} bytes between host and device; this process ran {} of them, which sent {} bytes)",
         written.join(", "),
         args.out.display(),
         args.ranks,

@@ -191,6 +191,7 @@ fn bench_attn<I: RingBackend>(args: &BenchAttnArgs, devices: &[I::Device]) -> Re
                 v: &v,
                 d_out: with_grad.then_some(&d_out),
                 ranks,
+                ulysses: 1,
                 strategy: partition,
                 config: RingConfig {
                     causal,

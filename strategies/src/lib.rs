@@ -18,7 +18,7 @@ mod zigzag;
 pub use contiguous::Contiguous;
 pub use doc_zigzag::DocZigZag;
 pub use error::PartitionError;
-pub use partition::{Layout, Partition, check_ranks, padded_len};
+pub use partition::{Layout, Partition, check_ranks, padded_grid_len, padded_len};
 pub use registry::{by_name, names, register};
 pub use striped::Striped;
 pub use work::{Mask, Window, visible_pairs, windows, work_per_rank};

@@ -107,6 +107,31 @@ impl Layout {
             })
     }
 
+    /// The layout of a grid of `self.ranks() × parts` ranks (head × context parallelism): rank
+    /// `r · parts + i` owns the `i`-th of `parts` consecutive pieces of rank `r`'s positions here
+    /// (piece `i` is local rows `i·t/parts .. (i+1)·t/parts`), so that the `parts` ranks of group `r`
+    /// together hold rank `r`'s shard, in its order. An error if a shard has fewer than `parts` rows.
+    pub fn split_ranks(&self, parts: usize) -> Result<Layout, PartitionError> {
+        check_ranks(parts)?;
+        let mut positions = Vec::with_capacity(self.ranks() * parts);
+        for (rank, owned) in self.positions.iter().enumerate() {
+            if owned.len() < parts {
+                return Err(PartitionError::EmptyShard {
+                    strategy: self.strategy,
+                    rank: rank * parts + owned.len(),
+                });
+            }
+            let t = owned.len();
+            positions
+                .extend((0..parts).map(|i| owned[i * t / parts..(i + 1) * t / parts].to_vec()));
+        }
+        Ok(Layout {
+            strategy: self.strategy,
+            seq_len: self.seq_len,
+            positions,
+        })
+    }
+
     /// Splits rows of a sequence (`row_len` values per token, tokens in global order) into shards.
     pub fn shard<T: Copy>(&self, global: &[T], row_len: usize) -> Vec<Vec<T>> {
         self.positions
@@ -185,5 +210,29 @@ pub fn padded_len(
             from,
             to,
             ranks,
+        })
+}
+
+/// The smallest length ≥ `len` that `partition` accepts for `ring` ranks and whose shards split into
+/// `parts` equal pieces ([`Layout::split_ranks`]): with `parts > 1` a multiple of `ring · parts`;
+/// `parts = 1` is [`padded_len`].
+pub fn padded_grid_len(
+    partition: &dyn Partition,
+    len: usize,
+    ring: usize,
+    parts: usize,
+) -> Result<usize, PartitionError> {
+    check_ranks(ring)?;
+    check_ranks(parts)?;
+    let (from, to) = (len.max(1), 2 * len.max(1) + 64 * ring * parts);
+    (from..=to)
+        .find(|&l| {
+            (parts == 1 || l.is_multiple_of(ring * parts)) && partition.validate(l, ring).is_ok()
+        })
+        .ok_or(PartitionError::NoLengthAccepted {
+            strategy: partition.name(),
+            from,
+            to,
+            ranks: ring * parts,
         })
 }

@@ -146,6 +146,7 @@ pub fn job<'a>(c: &'a Case, strategy: &str, ranks: usize, config: RingConfig) ->
         v: &c.v,
         d_out: Some(&c.d_out),
         ranks,
+        ulysses: 1,
         strategy: strategies::by_name(strategy).expect("a registered strategy"),
         // The case's window and cap: its reference was computed with them.
         config: RingConfig {

@@ -23,6 +23,8 @@ pub enum BlockKind {
     Q,
     /// The output's gradient.
     DOut,
+    /// The output (it travels only in head × context parallelism's all-to-all).
+    Out,
     /// The forward's log-sum-exp.
     Lse,
     /// δ = rowsum(dO ∘ O).

@@ -184,6 +184,16 @@ pub enum RingError {
         /// The backend.
         backend: String,
     },
+    /// A Ulysses degree the ranks or the heads do not allow (head × context parallelism).
+    #[error("ulysses = {ulysses} on {ranks} ranks: {rule}")]
+    Ulysses {
+        /// The Ulysses degree asked for.
+        ulysses: usize,
+        /// All ranks.
+        ranks: usize,
+        /// The rule it breaks, with the numbers.
+        rule: String,
+    },
     /// An injected fault aimed at a rank the job does not have.
     #[error("fault injected at rank {rank}, but the job has ranks 0 to {last}", last = ranks - 1)]
     FaultRank {

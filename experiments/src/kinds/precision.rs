@@ -419,6 +419,7 @@ impl Plan for PrecisionPlan {
                 v: &v,
                 d_out: Some(&d_out),
                 ranks: p.ranks,
+                ulysses: 1,
                 strategy: p.strategy,
                 config: RingConfig {
                     causal: p.causal,

@@ -129,6 +129,7 @@ fn against_reference(
             v: &vt,
             d_out: Some(&dt),
             ranks,
+            ulysses: 1,
             strategy,
             config: RingConfig {
                 window,

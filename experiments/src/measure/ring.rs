@@ -33,6 +33,7 @@ fn forward_job<'a>(
         v: &qkv[2],
         d_out: None,
         ranks,
+        ulysses: 1,
         strategy,
         config,
         timeout: TIMEOUT,

@@ -8,7 +8,8 @@ pub use crate::kernels::Kernel;
 use crate::kernels::mask::{Mask, Window, windows};
 use crate::ring::ledger::Ledger;
 pub use crate::ring::options::{Attend, BackwardScheme, Direction, RingConfig};
-use crate::transport::{Comm, Traffic, run_ranks_with};
+use crate::ring::ulysses::HeadParallel;
+use crate::transport::{Comm, Group, Traffic, run_ranks_with};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -47,36 +48,136 @@ pub struct RingContext {
     /// mask asked for so far, each made when first asked for.
     windows: Mutex<Vec<(Mask, Windows)>>,
     rank: usize,
+    /// The ranks of this ring, in ring order (every rank of the communicator but under head × context
+    /// parallelism, where it is this rank's column of the grid).
+    group: Group,
     comm: Arc<Mutex<Comm>>,
     events: Mutex<Vec<StepEvent>>,
     backward_error: Mutex<Option<RingError>>,
     ledger: Arc<Ledger>,
     /// Test hook: the forward step whose tile reads all-NaN values.
     poisoned_step: Option<usize>,
+    /// Head × context parallelism: this rank's Ulysses group and the ring its attention runs on.
+    heads: Option<HeadParallel>,
+}
+
+/// What every context of one rank shares, and builds contexts from.
+struct Shared {
+    config: RingConfig,
+    comm: Arc<Mutex<Comm>>,
+    ledger: Arc<Ledger>,
+    /// The world rank.
+    rank: usize,
+    /// The world's ranks.
+    world: usize,
+}
+
+impl Shared {
+    /// The context of this rank on `ring_layout` with Ulysses degree `ulysses` (rank counts checked
+    /// by the caller), its positions holding `sequence`.
+    fn build(
+        &self,
+        ring_layout: Arc<Layout>,
+        ulysses: usize,
+        sequence: Arc<Sequence>,
+        poisoned_step: Option<usize>,
+    ) -> Result<RingContext, RingError> {
+        let context = |layout, rank, group, heads| RingContext {
+            config: self.config,
+            layout,
+            sequence: sequence.clone(),
+            windows: Mutex::default(),
+            rank,
+            group,
+            comm: self.comm.clone(),
+            events: Mutex::new(Vec::new()),
+            backward_error: Mutex::new(None),
+            ledger: self.ledger.clone(),
+            poisoned_step,
+            heads,
+        };
+        let world = Group::world(self.rank, self.world);
+        if ulysses == 1 {
+            return Ok(context(ring_layout, self.rank, world, None));
+        }
+        let layout = Arc::new(ring_layout.split_ranks(ulysses)?);
+        let (shard, member) = (self.rank / ulysses, self.rank % ulysses);
+        let group = |members: Vec<usize>| {
+            Group::of(members, self.rank).expect("a rank is a member of its grid row and column")
+        };
+        let ring_group = group(
+            (0..ring_layout.ranks())
+                .map(|s| s * ulysses + member)
+                .collect(),
+        );
+        let ulysses_group = group((0..ulysses).map(|m| shard * ulysses + m).collect());
+        let ring = context(ring_layout, shard, ring_group, None);
+        let heads = HeadParallel {
+            group: ulysses_group,
+            ring: Arc::new(ring),
+        };
+        Ok(context(layout, self.rank, world, Some(heads)))
+    }
+}
+
+/// An error unless `world` ranks make a grid of `ring` × `ulysses`.
+fn check_grid_ranks(world: usize, ring: usize, ulysses: usize) -> Result<(), RingError> {
+    if ulysses == 0 {
+        return Err(RingError::Ulysses {
+            ulysses,
+            ranks: world,
+            rule: "the Ulysses degree must be at least 1".into(),
+        });
+    }
+    if world != ring * ulysses {
+        return Err(RingError::WorldMismatch {
+            world,
+            layout: ring * ulysses,
+        });
+    }
+    Ok(())
 }
 
 impl RingContext {
     /// This rank's context over `comm`; the transport's and the layout's rank counts must agree.
     pub fn new(comm: Comm, layout: Arc<Layout>, config: RingConfig) -> Result<Self, RingError> {
-        if comm.world() != layout.ranks() {
-            return Err(RingError::WorldMismatch {
-                world: comm.world(),
-                layout: layout.ranks(),
-            });
-        }
-        let sequence = Arc::new(Sequence::unpadded(layout.seq_len));
-        Ok(Self {
+        Self::grid(comm, layout, config, 1)
+    }
+
+    /// This rank's context on a grid of `ring_layout.ranks() × ulysses` ranks (head × context
+    /// parallelism): world rank `r` is member `r % ulysses` of Ulysses group `r / ulysses`, which
+    /// holds ring shard `r / ulysses` of `ring_layout` in `ulysses` consecutive pieces
+    /// ([`Layout::split_ranks`]); the ranks with the same member index form a ring over the shards.
+    /// Each attention call turns the group's sequence pieces into head shards (an all-to-all), runs
+    /// the ring on its heads, and turns the results back. `ulysses = 1` is the ring alone.
+    pub fn grid(
+        comm: Comm,
+        ring_layout: Arc<Layout>,
+        config: RingConfig,
+        ulysses: usize,
+    ) -> Result<Self, RingError> {
+        let (rank, world) = (comm.rank(), comm.world());
+        check_grid_ranks(world, ring_layout.ranks(), ulysses)?;
+        let sequence = Arc::new(Sequence::unpadded(ring_layout.seq_len));
+        let shared = Shared {
             config,
-            windows: Mutex::default(),
-            sequence,
-            layout,
-            rank: comm.rank(),
             comm: Arc::new(Mutex::new(comm)),
-            events: Mutex::new(Vec::new()),
-            backward_error: Mutex::new(None),
             ledger: Arc::default(),
-            poisoned_step: None,
-        })
+            rank,
+            world,
+        };
+        shared.build(ring_layout, ulysses, sequence, None)
+    }
+
+    /// The parts every context of this rank shares.
+    fn shared(&self) -> Shared {
+        Shared {
+            config: self.config,
+            comm: self.comm.clone(),
+            ledger: self.ledger.clone(),
+            rank: self.rank,
+            world: self.group.size(),
+        }
     }
 
     /// This rank.
@@ -89,46 +190,64 @@ impl RingContext {
         &self.ledger
     }
 
-    /// A context over another layout sharing this one's communicator (its tags and traffic) and
-    /// ledger; its positions hold one unpadded document ([`RingContext::with_sequence`] says
-    /// otherwise).
+    /// The Ulysses degree: how many ranks share each ring shard, by heads (1: the ring alone).
+    pub fn ulysses(&self) -> usize {
+        self.heads.as_ref().map_or(1, |h| h.group.size())
+    }
+
+    /// The ranks of each ring: all of them, divided by the Ulysses degree.
+    pub fn ring_ranks(&self) -> usize {
+        self.heads
+            .as_ref()
+            .map_or(self.layout.ranks(), |h| h.ring.layout.ranks())
+    }
+
+    /// Under head × context parallelism, this rank's Ulysses group and its ring.
+    pub(crate) fn heads(&self) -> Option<&HeadParallel> {
+        self.heads.as_ref()
+    }
+
+    /// A context over another layout sharing this one's communicator (its tags and traffic), ledger
+    /// and Ulysses degree; `layout` is the ring's (over [`RingContext::ring_ranks`] ranks). Its
+    /// positions hold one unpadded document ([`RingContext::with_sequence`] says otherwise).
     pub fn with_layout(&self, layout: Arc<Layout>) -> Result<Self, RingError> {
-        if self.world() != layout.ranks() {
-            return Err(RingError::WorldMismatch {
-                world: self.world(),
-                layout: layout.ranks(),
-            });
-        }
+        let ulysses = self.ulysses();
+        check_grid_ranks(self.world(), layout.ranks(), ulysses)?;
         // A new layout holds a new sequence: one document, no padding, until `with_sequence`.
         let sequence = Arc::new(Sequence::unpadded(layout.seq_len));
-        Ok(Self {
-            config: self.config,
-            windows: Mutex::default(),
-            sequence,
-            layout,
-            rank: self.rank,
-            comm: self.comm.clone(),
-            events: Mutex::new(Vec::new()),
-            backward_error: Mutex::new(None),
-            ledger: self.ledger.clone(),
-            poisoned_step: None,
-        })
+        self.shared().build(layout, ulysses, sequence, None)
+    }
+
+    /// The layout the ring runs on: this context's own, or, under head × context parallelism, the
+    /// ring's over whole shards.
+    fn ring_layout(&self) -> Arc<Layout> {
+        self.heads
+            .as_ref()
+            .map_or_else(|| self.layout.clone(), |h| h.ring.layout.clone())
     }
 
     /// This context over a layout whose positions hold `sequence`: its documents mask attention
     /// between them, and positions at or past its length are padding that no real query sees.
-    pub fn with_sequence(mut self, sequence: Sequence) -> Result<Self, RingError> {
+    pub fn with_sequence(self, sequence: Sequence) -> Result<Self, RingError> {
         sequence.check(self.layout.seq_len)?;
-        self.windows = Mutex::default();
-        self.sequence = Arc::new(sequence);
-        Ok(self)
+        self.shared().build(
+            self.ring_layout(),
+            self.ulysses(),
+            Arc::new(sequence),
+            self.poisoned_step,
+        )
     }
 
     /// Test hook ([`FaultKind::PoisonTile`](crate::ring::jobs::FaultKind::PoisonTile)): the forward
     /// tile of ring step `step` reads values that are all NaN.
-    pub fn with_poisoned_tile(mut self, step: usize) -> Self {
-        self.poisoned_step = Some(step);
-        self
+    pub fn with_poisoned_tile(self, step: usize) -> Self {
+        let rebuilt = self.shared().build(
+            self.ring_layout(),
+            self.ulysses(),
+            self.sequence.clone(),
+            Some(step),
+        );
+        rebuilt.expect("the same layout and sequence built this context")
     }
 
     /// Whether the forward tile of ring step `step` is poisoned (a test hook).
@@ -162,6 +281,11 @@ impl RingContext {
         &self.layout.positions[rank]
     }
 
+    /// The ranks of this ring.
+    pub fn group(&self) -> &Group {
+        &self.group
+    }
+
     pub(crate) fn comm(&self) -> MutexGuard<'_, Comm> {
         lock(&self.comm)
     }
@@ -182,6 +306,9 @@ impl RingContext {
 
     /// This rank's step events, handing them over.
     pub fn take_events(&self) -> Vec<StepEvent> {
+        if let Some(heads) = &self.heads {
+            return heads.ring.take_events();
+        }
         std::mem::take(&mut *lock(&self.events))
     }
 
@@ -192,7 +319,11 @@ impl RingContext {
 
     /// The error of the last backward pass, if it failed (its gradients are then zeros).
     pub fn take_backward_error(&self) -> Option<RingError> {
-        lock(&self.backward_error).take()
+        let ring = self
+            .heads
+            .as_ref()
+            .and_then(|h| h.ring.take_backward_error());
+        lock(&self.backward_error).take().or(ring)
     }
 
     /// Runs a collective on this rank's communicator (gradient all-reduce, barrier).

@@ -16,7 +16,7 @@ use crate::kernels::{
 };
 use crate::ring::context::{Attend, BackwardScheme, Direction, RingContext, StepEvent, Windows};
 use crate::ring::ledger::{Charge, Ledger};
-use crate::transport::{Comm, Phase};
+use crate::transport::{GroupComm, Phase};
 use burn::tensor::{DType, FloatDType, Tensor, backend::Backend};
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,7 +37,7 @@ use std::time::Instant;
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn ring_pass<B: HostRead>(
     device: &B::Device,
-    comm: &mut Comm,
+    comm: &mut GroupComm<'_>,
     ledger: &Arc<Ledger>,
     phase: Phase,
     (direction, steps): (Direction, usize),
@@ -354,7 +354,8 @@ impl<B: HostRead> WithKernel<B> for Forward<'_, B> {
         let saved_charge = ledger.charge(q_block.bytes() + k.bytes() + v.bytes() + rows);
         let _accumulators = ledger.charge(rows * d as u64 + 2 * rows);
         let cargo = vec![k.clone(), v.clone()];
-        let mut comm = ctx.comm();
+        let mut world = ctx.comm();
+        let mut comm = world.in_group(ctx.group());
         ring_pass::<B>(
             &device,
             &mut comm,
@@ -566,7 +567,8 @@ impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
         let contribution_bytes: u64 = accumulator.iter().map(Block::bytes).sum();
         let tile_bytes = contribution_bytes + kernel.workspace_bytes(&dims, true);
         let steps = steps_needed(ctx, &windows, direction, travelling);
-        let mut comm = ctx.comm();
+        let mut world = ctx.comm();
+        let mut comm = world.in_group(ctx.group());
         let home = ring_pass::<B>(
             &device,
             &mut comm,

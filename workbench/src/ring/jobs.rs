@@ -30,7 +30,10 @@ pub struct AttentionJob<'a> {
     pub d_out: Option<&'a HostTensor>,
     /// Ranks to run.
     pub ranks: usize,
-    /// Which positions each rank owns.
+    /// Head × context parallelism: groups of this many ranks split the heads (Ulysses) and the
+    /// `ranks / ulysses` groups form the rings ([`RingContext::grid`]); 1: the ring alone.
+    pub ulysses: usize,
+    /// Which positions each rank owns (in a grid: each ring's shards).
     pub strategy: &'a dyn Partition,
     /// The ring's options.
     pub config: RingConfig,
@@ -100,6 +103,8 @@ fn check_job(job: &AttentionJob) -> Result<([usize; 4], usize), RingError> {
         });
     }
     job.config.attend().check()?;
+    strategies::check_ranks(job.ranks)?;
+    crate::ring::ulysses::check_heads(job.ulysses, job.ranks, h, hk)?;
     if let Some(sinks) = job.sinks {
         if sinks.len() != h {
             return Err(RingError::Shape {
@@ -149,7 +154,10 @@ fn check_job(job: &AttentionJob) -> Result<([usize; 4], usize), RingError> {
 /// The job's split: the layout (padded to a length the strategy accepts), what its positions hold,
 /// and the dimensions every rank checks its shards against.
 struct Plan {
+    /// Every rank's positions (in a grid, its piece of its ring shard).
     layout: Arc<Layout>,
+    /// The rings' layout: over `ranks / ulysses` ranks, the same as `layout` without a grid.
+    ring_layout: Arc<Layout>,
     sequence: Sequence,
     /// `[batch, seq, heads, head_dim]`.
     dims: [usize; 4],
@@ -163,14 +171,22 @@ fn plan_job(job: &AttentionJob) -> Result<Plan, RingError> {
         doc_lens: job.doc_lens.to_vec(),
     };
     // A length the strategy cannot split is padded at the end: padded keys lie outside every real
-    // query's window, padded queries' rows are dropped, and their dO rows are zero.
-    let padded = strategies::padded_len(job.strategy, dims[1], job.ranks)?;
+    // query's window, padded queries' rows are dropped, and their dO rows are zero. In a grid, every
+    // ring shard also splits into equal pieces.
+    let ring_ranks = job.ranks / job.ulysses;
+    let padded = strategies::padded_grid_len(job.strategy, dims[1], ring_ranks, job.ulysses)?;
     sequence.check(padded)?;
+    let ring_layout = Arc::new(
+        job.strategy
+            .layout_packed(padded, job.doc_lens, ring_ranks)?,
+    );
+    let layout = match job.ulysses {
+        1 => ring_layout.clone(),
+        u => Arc::new(ring_layout.split_ranks(u)?),
+    };
     Ok(Plan {
-        layout: Arc::new(
-            job.strategy
-                .layout_packed(padded, job.doc_lens, job.ranks)?,
-        ),
+        layout,
+        ring_layout,
         sequence,
         dims,
         kv_heads,
@@ -198,7 +214,7 @@ where
     {
         comm.inject_fault(step);
     }
-    let mut ctx = RingContext::new(comm, plan.layout.clone(), job.config)?
+    let mut ctx = RingContext::grid(comm, plan.ring_layout.clone(), job.config, job.ulysses)?
         .with_sequence(plan.sequence.clone())?;
     if let Some(Fault {
         step,

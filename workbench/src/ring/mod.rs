@@ -1,7 +1,8 @@
 //! The ring algorithm (Liu et al. 2023, §3): the schedule written once (`engine`), the ring's
 //! options ([`options`]) and each rank's context ([`context`]), the bytes a rank holds ([`ledger`]),
 //! ring attention as a Burn autodiff op ([`op`]), and one-call jobs over N ranks ([`jobs`], with
-//! injected faults) on host arrays ([`host_tensor`]).
+//! injected faults) on host arrays ([`host_tensor`]); head × context parallelism wraps the ring in a
+//! Ulysses all-to-all ([`ulysses`]).
 //! What travels is [`crate::block`]; what computes a tile is a [`crate::kernels::TileKernel`].
 
 pub mod context;
@@ -12,5 +13,6 @@ pub mod jobs;
 pub mod ledger;
 pub mod op;
 pub mod options;
+pub mod ulysses;
 
 pub use engine::Saved;

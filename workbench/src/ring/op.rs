@@ -6,6 +6,7 @@ use crate::host::HostRead;
 use crate::primitive::{unwrap, wrap};
 use crate::ring::context::{Attend, RingContext};
 use crate::ring::engine::{self, Saved};
+use crate::ring::ulysses::{self, ExchangeBackward, ExchangeState, HeadsExchange, Way};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
@@ -43,6 +44,16 @@ pub trait RingBackend: HostRead {
         let (out, lse, saved) =
             engine::forward::<Self>(ctx, wrap(q), wrap(k), wrap(v), sinks.map(wrap), attend)?;
         Ok((unwrap(out), unwrap(lse), saved))
+    }
+
+    /// One all-to-all of head × context parallelism ([`HeadsExchange`]) on `x` `[b, heads, tokens,
+    /// d]`; the autodiff backend registers the other way as its backward.
+    fn heads_exchange(
+        x: FloatTensor<Self>,
+        plan: &Arc<HeadsExchange>,
+        way: Way,
+    ) -> Result<FloatTensor<Self>, RingError> {
+        ulysses::exchange_on_host::<Self>(x, plan, way)
     }
 }
 
@@ -137,6 +148,43 @@ impl<B: RingBackend, C: CheckpointStrategy> RingBackend for Autodiff<B, C> {
         };
         Ok((out, <Self as AutodiffBackend>::from_inner(lse), saved))
     }
+
+    fn heads_exchange(
+        x: FloatTensor<Self>,
+        plan: &Arc<HeadsExchange>,
+        way: Way,
+    ) -> Result<FloatTensor<Self>, RingError> {
+        let input: [usize; 4] = wrap::<Self, 4>(x.clone()).dims();
+        let out = B::heads_exchange(x.primitive, plan, way)?;
+        let state = ExchangeState {
+            plan: plan.clone(),
+            way,
+            input,
+        };
+        Ok(
+            match ExchangeBackward
+                .prepare::<C>([x.node])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish(state, out),
+                OpsKind::UnTracked(prep) => prep.finish(out),
+            },
+        )
+    }
+}
+
+impl<B: RingBackend> Backward<B, 1> for ExchangeBackward {
+    type State = ExchangeState;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let grad_in = ops.state.backward::<B>(grad);
+        let [parent] = ops.parents;
+        if let Some(node) = parent {
+            grads.register::<B>(node.id, grad_in);
+        }
+    }
 }
 
 /// Ring attention of this rank's shards, masked and scaled as the context's options say:
@@ -166,6 +214,9 @@ pub fn ring_attention_with<B: RingBackend>(
     ctx: &Arc<RingContext>,
     attend: Attend,
 ) -> Result<(Tensor<B, 4>, Tensor<B, 3>), RingError> {
+    if let Some(grid) = ctx.heads() {
+        return ulysses::attention(q, k, v, sinks, ctx, grid, attend);
+    }
     let inputs = RingInputs {
         q: unwrap(q),
         k: unwrap(k),

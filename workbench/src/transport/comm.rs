@@ -12,6 +12,9 @@ pub enum Phase {
     Backward,
     /// All-reduces and barriers.
     Collective,
+    /// Head × context parallelism's all-to-all (Ulysses): sequence shards to head shards and back,
+    /// forward and backward (the block's kind says which tensor).
+    AllToAll,
 }
 
 /// One block sent by this rank.

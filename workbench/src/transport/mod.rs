@@ -1,8 +1,10 @@
-//! The transport seam: point-to-point ring exchange plus the collectives training needs.
+//! The transport seam: point-to-point ring exchange, the all-to-all of a group of ranks, and the
+//! collectives training needs.
 //!
 //! Transports move blocks; [`Comm`] wraps any transport and counts traffic once for all of them.
 
 mod comm;
+mod group;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 #[cfg(feature = "nccl")]
@@ -12,6 +14,7 @@ mod threads;
 mod wire;
 
 pub use comm::{Comm, HostDeviceRecord, Phase, SendRecord, Traffic};
+pub use group::{Group, GroupComm};
 pub use threads::{
     Link, ThreadTransport, run_ranks, run_ranks_with, thread_ring, thread_ring_with,
 };

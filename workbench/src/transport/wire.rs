@@ -9,7 +9,8 @@ use crate::error::TransportError;
 use half::bf16;
 use std::sync::Arc;
 
-const KINDS: [BlockKind; 12] = [
+/// Every kind, at its code on the wire ([`code`] is the inverse).
+const KINDS: [BlockKind; 13] = [
     BlockKind::K,
     BlockKind::V,
     BlockKind::Q,
@@ -22,7 +23,28 @@ const KINDS: [BlockKind; 12] = [
     BlockKind::Reduce,
     BlockKind::Sinks,
     BlockKind::DSinks,
+    BlockKind::Out,
 ];
+
+/// A kind's code on the wire: its index in [`KINDS`]. The match is exhaustive, so that a new kind
+/// cannot travel as another.
+fn code(kind: BlockKind) -> usize {
+    match kind {
+        BlockKind::K => 0,
+        BlockKind::V => 1,
+        BlockKind::Q => 2,
+        BlockKind::DOut => 3,
+        BlockKind::Lse => 4,
+        BlockKind::Delta => 5,
+        BlockKind::DK => 6,
+        BlockKind::DV => 7,
+        BlockKind::DQ => 8,
+        BlockKind::Reduce => 9,
+        BlockKind::Sinks => 10,
+        BlockKind::DSinks => 11,
+        BlockKind::Out => 12,
+    }
+}
 
 /// Words a block's values take: one an f32, one a pair of bf16 (the last one half empty when the
 /// count is odd).
@@ -37,7 +59,7 @@ fn words(dtype: Dtype, len: usize) -> usize {
 pub(crate) fn encode(payload: &Payload) -> Vec<f32> {
     let mut header = vec![payload.len() as f32];
     for b in payload {
-        header.push(KINDS.iter().position(|c| *c == b.kind).unwrap_or(0) as f32);
+        header.push(code(b.kind) as f32);
         header.push(Dtype::ALL.iter().position(|d| *d == b.dtype()).unwrap_or(0) as f32);
         header.push(b.shape.len() as f32);
         header.extend(b.shape.iter().map(|&d| d as f32));
@@ -125,5 +147,12 @@ mod tests {
         assert_eq!(back[1].bytes(), 14);
         // A message cut short is an error naming the peer, not a panic.
         assert!(decode(&message[..message.len() - 1], 0, 1).is_err());
+    }
+
+    #[test]
+    fn every_kind_has_its_own_code() {
+        for (at, &kind) in KINDS.iter().enumerate() {
+            assert_eq!(code(kind), at, "{kind:?}");
+        }
     }
 }

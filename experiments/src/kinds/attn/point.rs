@@ -233,6 +233,7 @@ impl Plan for AttnPlan {
             v: &v,
             d_out: with_grad.then_some(&d_out),
             ranks: p.ranks,
+            ulysses: 1,
             strategy: p.strategy,
             config,
             timeout: Duration::from_secs(3600),
