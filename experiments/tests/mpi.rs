@@ -26,15 +26,19 @@ fn mpirun<S: AsRef<std::ffi::OsStr>>(ranks: usize, args: &[S]) -> Output {
 }
 
 /// Also in bf16 (operands, blocks and merge): its process sends exactly half the bytes of the f32
-/// run's, as the threads do (`tests/tests/precision.rs`).
+/// run's, as the threads do (`tests/tests/precision.rs`). And on Ulysses × ring grids: 2 × 2 (the
+/// fixture's 2 kv heads split) and 4 × 1 (pure Ulysses, kv heads replicated), whose all-to-alls
+/// cross processes.
 #[test]
 fn attention_over_four_processes_matches_threads() {
     let dir = temp_dir("attn");
     let mut rank0_bytes = Vec::new();
-    for (strategy, bwd, dtype) in [
-        ("zigzag", "kv", "f32"),
-        ("striped", "q", "f32"),
-        ("zigzag", "kv", "bf16"),
+    for (strategy, bwd, dtype, ulysses) in [
+        ("zigzag", "kv", "f32", "1"),
+        ("striped", "q", "f32", "1"),
+        ("zigzag", "kv", "bf16", "1"),
+        ("zigzag", "q", "f32", "2"),
+        ("striped", "kv-reverse", "f32", "4"),
     ] {
         let run = |out: &Path, mpi: bool| {
             let o = out.to_string_lossy();
@@ -52,6 +56,8 @@ fn attention_over_four_processes_matches_threads() {
                     dtype,
                     "--merge",
                     dtype,
+                    "--ulysses",
+                    ulysses,
                     "--out",
                     &o,
                 ],
@@ -69,8 +75,8 @@ fn attention_over_four_processes_matches_threads() {
             String::from_utf8_lossy(&output.stdout).into_owned()
         };
         let (a, b) = (
-            dir.join(format!("{strategy}-{dtype}-threads")),
-            dir.join(format!("{strategy}-{dtype}-mpi")),
+            dir.join(format!("{strategy}-{dtype}-u{ulysses}-threads")),
+            dir.join(format!("{strategy}-{dtype}-u{ulysses}-mpi")),
         );
         let (threads, mpi) = (run(&a, false), run(&b, true));
         // Had rank detection failed, each of the 4 processes would have run all 4 ranks as threads
@@ -99,7 +105,7 @@ fn attention_over_four_processes_matches_threads() {
             let d = ringbench_tests::deviation(&x.data, &y.data);
             assert!(
                 d.wrong.is_none() && d.abs <= 1e-6,
-                "{strategy} {dtype} {name}: threads vs MPI: {d}"
+                "{strategy} {dtype} ulysses={ulysses} {name}: threads vs MPI: {d}"
             );
         }
     }

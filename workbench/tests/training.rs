@@ -53,6 +53,7 @@ fn model_with(checkpoint: Checkpoint) -> workbench::model::Llama<B> {
 fn options(ranks: usize, backward: BackwardScheme) -> TrainOptions {
     TrainOptions {
         ranks,
+        ulysses: 1,
         ring: RingConfig {
             causal: true,
             forward: Direction::Ccw,
@@ -73,11 +74,24 @@ fn options(ranks: usize, backward: BackwardScheme) -> TrainOptions {
 }
 
 fn run(ranks: usize, strategy: &str, backward: BackwardScheme) -> (Vec<f64>, Vec<f32>) {
+    run_grid(ranks, 1, strategy, backward)
+}
+
+/// [`run`] on a grid of `ranks / ulysses` rings × `ulysses` ranks splitting the heads.
+fn run_grid(
+    ranks: usize,
+    ulysses: usize,
+    strategy: &str,
+    backward: BackwardScheme,
+) -> (Vec<f64>, Vec<f32>) {
     let partition = strategies::by_name(strategy).unwrap();
     let trained = train(
         model(),
         partition,
-        &options(ranks, backward),
+        &TrainOptions {
+            ulysses,
+            ..options(ranks, backward)
+        },
         batch_for,
         |_| {},
         &AtomicBool::new(false),
@@ -105,21 +119,24 @@ fn losses_and_parameters_agree_across_rank_counts() {
     // divides each update by the gradient's RMS, so a relative change ε of the gradient moves each
     // update by about ε of itself; 30 steps add up to 30·ε ≈ 3e-5 relative in the parameters and the
     // losses they give.
-    for (ranks, strategy, backward) in [
-        (4, "zigzag", BackwardScheme::Q),
-        (8, "striped", BackwardScheme::KvReverse),
+    // And a 2 × 2 grid (2 ranks split the model's 4 query and 2 kv heads, 2 rings of 2): the
+    // all-to-alls move values exactly, so only the same orders of sums change.
+    for (ranks, ulysses, strategy, backward) in [
+        (4, 1, "zigzag", BackwardScheme::Q),
+        (8, 1, "striped", BackwardScheme::KvReverse),
+        (4, 2, "zigzag", BackwardScheme::Kv),
     ] {
-        let (losses, params) = run(ranks, strategy, backward);
+        let (losses, params) = run_grid(ranks, ulysses, strategy, backward);
         for (step, (a, b)) in losses.iter().zip(&base_losses).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-4 * b.abs(),
-                "N={ranks} {strategy} step {step}: loss {a} vs {b}"
+                "N={ranks} U={ulysses} {strategy} step {step}: loss {a} vs {b}"
             );
         }
         let diff = max_rel(&params, &base_params);
         assert!(
             diff <= 1e-4,
-            "N={ranks} {strategy}: parameters differ by {diff:.3e}"
+            "N={ranks} U={ulysses} {strategy}: parameters differ by {diff:.3e}"
         );
     }
 }

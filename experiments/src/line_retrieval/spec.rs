@@ -139,6 +139,7 @@ impl Schedule {
     pub fn options(&self, ranks: usize, ring: RingConfig) -> TrainOptions {
         TrainOptions {
             ranks,
+            ulysses: 1,
             ring,
             steps: self.steps,
             lr: self.lr,

@@ -13,7 +13,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use std::sync::Arc;
 
-use strategies::{Layout, Partition, padded_len};
+use strategies::{Layout, Partition, padded_grid_len};
 
 /// One training sequence: token ids, and the weight of predicting each next token.
 ///
@@ -97,7 +97,7 @@ pub(crate) struct Batch {
 pub(crate) fn assemble(
     examples: &[Example],
     partition: &dyn Partition,
-    ranks: usize,
+    (ring, ulysses): (usize, usize),
     pad: u32,
     pack: bool,
 ) -> Result<Batch, TrainError> {
@@ -129,7 +129,7 @@ pub(crate) fn assemble(
         (rows, Vec::new())
     };
     let longest = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-    let len = padded_len(partition, longest, ranks)?;
+    let len = padded_grid_len(partition, longest, ring, ulysses)?;
     let mut batch = Batch {
         batch: rows.len(),
         len,
@@ -168,7 +168,7 @@ pub(crate) fn assembled<'a, F: Fn(usize) -> Vec<Example>>(
         assemble(
             &batch_for(step),
             partition,
-            options.ranks,
+            (options.ring_ranks(), options.ulysses),
             options.pad_token,
             options.pack,
         )

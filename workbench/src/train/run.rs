@@ -24,6 +24,9 @@ use strategies::Partition;
 pub struct TrainOptions {
     /// In-process ranks (threads), or the world size under MPI.
     pub ranks: usize,
+    /// Head × context parallelism: groups of this many ranks split the heads, the `ranks / ulysses`
+    /// groups run the rings ([`RingContext::grid`]); 1: the ring alone.
+    pub ulysses: usize,
     /// The ring's options; training always attends causally.
     pub ring: RingConfig,
     /// Optimizer steps.
@@ -55,6 +58,7 @@ impl Default for TrainOptions {
     fn default() -> Self {
         Self {
             ranks: 1,
+            ulysses: 1,
             ring: RingConfig::default(),
             steps: 100,
             lr: 1e-3,
@@ -67,6 +71,26 @@ impl Default for TrainOptions {
             timeout: Duration::from_secs(60),
             pack: false,
         }
+    }
+}
+
+impl TrainOptions {
+    /// The ranks of each ring: `ranks / ulysses`.
+    pub fn ring_ranks(&self) -> usize {
+        self.ranks / self.ulysses.max(1)
+    }
+
+    /// An error unless `ulysses` is at least 1 and divides the ranks (the heads are checked by the
+    /// first attention call, which knows them).
+    fn check_grid(&self) -> Result<(), RingError> {
+        if self.ulysses == 0 || !self.ranks.is_multiple_of(self.ulysses) {
+            return Err(RingError::Ulysses {
+                ulysses: self.ulysses,
+                ranks: self.ranks,
+                rule: format!("the Ulysses degree must divide the {} ranks", self.ranks),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -211,6 +235,7 @@ where
 {
     // Zero ranks would start no rank thread, so no rank would ever see a layout: check here.
     strategies::check_ranks(options.ranks)?;
+    options.check_grid()?;
     // Every rank forks this model: its lazily initialized parameters must exist before the forks.
     materialize(&model);
     let results = run_ranks(options.ranks, options.timeout, |comm| {
@@ -242,6 +267,7 @@ where
     L: Fn(&StepLog),
 {
     strategies::check_ranks(options.ranks)?;
+    options.check_grid()?;
     if comm.world() != options.ranks {
         return Err(RingError::WorldMismatch {
             world: comm.world(),
@@ -282,10 +308,11 @@ where
     let first = next.as_ref().expect("just set");
     let (first_len, first_docs) = (objective.seq_len(first), objective.doc_lens(first));
     let mut ctx = Arc::new(
-        RingContext::new(
+        RingContext::grid(
             comm,
-            Arc::new(partition.layout_packed(first_len, first_docs, options.ranks)?),
+            Arc::new(partition.layout_packed(first_len, first_docs, options.ring_ranks())?),
             ring,
+            options.ulysses,
         )?
         .with_sequence(Sequence {
             len: first_len,
@@ -309,7 +336,7 @@ where
         }
         let (len, docs) = (objective.seq_len(&batch), objective.doc_lens(&batch));
         if len != ctx.layout.seq_len || docs != ctx.sequence().doc_lens {
-            let layout = Arc::new(partition.layout_packed(len, docs, options.ranks)?);
+            let layout = Arc::new(partition.layout_packed(len, docs, options.ring_ranks())?);
             let sequence = Sequence {
                 len,
                 doc_lens: docs.to_vec(),

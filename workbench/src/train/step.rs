@@ -105,7 +105,7 @@ where
 {
     strategies::check_ranks(ranks)?;
     materialize(model);
-    let batch = assemble(examples, partition, ranks, 0, false)?;
+    let batch = assemble(examples, partition, (ranks, 1), 0, false)?;
     let layout = Arc::new(partition.layout(batch.len, ranks)?);
     let results = run_ranks(ranks, timeout, |comm| -> Result<_, TrainError> {
         let ctx = Arc::new(RingContext::new(
