@@ -61,6 +61,7 @@ fn train_policy(
         seeded::<Train, _>(seed, &device, || cfg.init(&device)).map_err(anyhow::Error::from)?;
     let options = TrainOptions {
         ranks,
+        ulysses: 1,
         ring: RingConfig {
             kernel: Kernel::Fused,
             ..Default::default()

@@ -163,6 +163,7 @@ pub fn train_steps(
     let model = seeded::<Train, _>(0, &device, || config.init::<Train>(&device));
     let options = TrainOptions {
         ranks,
+        ulysses: 1,
         ring: RingConfig {
             kernel,
             ..Default::default()
