@@ -12,6 +12,11 @@
 //!
 //! Latencies are order-of-magnitude figures (NVLink and ICI a few µs, InfiniBand ~5 µs); they matter
 //! only for tiny blocks.
+//!
+//! Nodes (for head × context parallelism, whose all-to-all crosses them or not): a DGX/HGX node holds
+//! 8 GPUs behind NVLink, each GPU with its own NIC: 200 Gb/s HDR (25 GB/s) on A100 systems, 400 Gb/s
+//! NDR (50 GB/s) on H100/H200 systems. The `-infiniband` profile puts every rank on its own node.
+//! A TPU slice's chips all talk over ICI: one node as large as any ring here.
 
 /// One accelerator and its ring link.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -26,6 +31,10 @@ pub struct Profile {
     pub latency_s: f64,
     /// The paper's minimal block size c_min = F/B (tokens) where it reports one (Table 2).
     pub paper_c_min: Option<f64>,
+    /// Ranks that share a node (and `link_bytes_per_s` between them).
+    pub node_ranks: usize,
+    /// One-way bandwidth of a rank to a rank on another node, bytes/s.
+    pub inter_node_bytes_per_s: f64,
 }
 
 /// Every profile.
@@ -36,6 +45,8 @@ pub const PROFILES: &[Profile] = &[
         link_bytes_per_s: 300e9,
         latency_s: 3e-6,
         paper_c_min: Some(1.0e3),
+        node_ranks: 8,
+        inter_node_bytes_per_s: 25e9,
     },
     Profile {
         name: "a100-infiniband",
@@ -43,6 +54,8 @@ pub const PROFILES: &[Profile] = &[
         link_bytes_per_s: 12.5e9,
         latency_s: 5e-6,
         paper_c_min: Some(24.5e3),
+        node_ranks: 1,
+        inter_node_bytes_per_s: 12.5e9,
     },
     Profile {
         name: "tpu-v3",
@@ -50,6 +63,8 @@ pub const PROFILES: &[Profile] = &[
         link_bytes_per_s: 112e9,
         latency_s: 3e-6,
         paper_c_min: Some(1.1e3),
+        node_ranks: 4096,
+        inter_node_bytes_per_s: 112e9,
     },
     Profile {
         name: "tpu-v4",
@@ -57,6 +72,8 @@ pub const PROFILES: &[Profile] = &[
         link_bytes_per_s: 268e9,
         latency_s: 3e-6,
         paper_c_min: Some(1.0e3),
+        node_ranks: 4096,
+        inter_node_bytes_per_s: 268e9,
     },
     Profile {
         name: "tpu-v5e",
@@ -64,6 +81,8 @@ pub const PROFILES: &[Profile] = &[
         link_bytes_per_s: 186e9,
         latency_s: 3e-6,
         paper_c_min: Some(1.1e3),
+        node_ranks: 4096,
+        inter_node_bytes_per_s: 186e9,
     },
     Profile {
         name: "h100-nvlink",
@@ -71,6 +90,8 @@ pub const PROFILES: &[Profile] = &[
         link_bytes_per_s: 450e9,
         latency_s: 3e-6,
         paper_c_min: None,
+        node_ranks: 8,
+        inter_node_bytes_per_s: 50e9,
     },
     Profile {
         name: "h200-nvlink",
@@ -78,6 +99,8 @@ pub const PROFILES: &[Profile] = &[
         link_bytes_per_s: 450e9,
         latency_s: 3e-6,
         paper_c_min: None,
+        node_ranks: 8,
+        inter_node_bytes_per_s: 50e9,
     },
 ];
 

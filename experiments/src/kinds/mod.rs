@@ -7,6 +7,7 @@ mod balance;
 mod documents;
 mod exorl;
 pub mod experiment;
+mod hybrid;
 mod knee;
 mod memory;
 mod memory_model;
@@ -30,6 +31,7 @@ pub const KINDS: &[&dyn Experiment] = &[
     &mfu::Mfu,
     &memory_model::MemoryModel,
     &precision::PrecisionKind,
+    &hybrid::Hybrid,
     &exorl::Exorl,
 ];
 

@@ -57,13 +57,14 @@ pub struct CheckErrors {
     pub total: f64,
 }
 
-/// `strategy` on `ranks` ranks with `config`, at about `tokens_per_rank` tokens per rank (the
-/// shortest length from there that the strategy accepts, packed and windowed as `variant` says for
-/// that length), against the float64 references ([`CheckErrors`]). Runs on backend `backend`.
+/// `strategy` on `ranks` ranks (groups of `ulysses` of them splitting the heads: 1, the ring alone)
+/// with `config`, at about `tokens_per_rank` tokens per rank (the shortest length from there that the
+/// strategy accepts on the grid, packed and windowed as `variant` says for that length), against the
+/// float64 references ([`CheckErrors`]). Runs on backend `backend`.
 pub fn max_rel_error(
     backend: BackendName,
     strategy: &dyn Partition,
-    ranks: usize,
+    (ranks, ulysses): (usize, usize),
     shape: Heads,
     config: RingConfig,
     tokens_per_rank: usize,
@@ -72,7 +73,7 @@ pub fn max_rel_error(
     against_reference(
         backend,
         strategy,
-        ranks,
+        (ranks, ulysses),
         shape,
         config,
         tokens_per_rank,
@@ -87,7 +88,7 @@ pub fn max_rel_error(
 fn against_reference(
     backend: BackendName,
     strategy: &dyn Partition,
-    ranks: usize,
+    (ranks, ulysses): (usize, usize),
     shape: Heads,
     config: RingConfig,
     tokens_per_rank: usize,
@@ -95,16 +96,8 @@ fn against_reference(
     causal: bool,
 ) -> Result<CheckErrors> {
     let start = tokens_per_rank.max(1) * ranks;
-    let s = (start..start + 4 * ranks * tokens_per_rank.max(1))
-        .find(|&s| strategy.validate(s, ranks).is_ok())
-        .ok_or_else(|| {
-            anyhow!(
-                "{} accepts no length from {start} to {} on {} ranks for the float64 check",
-                strategy.name(),
-                start + 4 * ranks * tokens_per_rank,
-                ranks
-            )
-        })?;
+    let s = strategies::padded_grid_len(strategy, start, ranks / ulysses.max(1), ulysses.max(1))
+        .map_err(|e| anyhow!("the float64 check: {e}"))?;
     let (b, h, hk, d) = (1, shape.heads, shape.kv_heads, shape.head_dim);
     let doc_lens = (variant.doc_lens)(s);
     let mut rng = ringbench_tests::Rng::new(0x5EED ^ s as u64);
@@ -129,7 +122,7 @@ fn against_reference(
             v: &vt,
             d_out: Some(&dt),
             ranks,
-            ulysses: 1,
+            ulysses,
             strategy,
             config: RingConfig {
                 window,
@@ -202,7 +195,7 @@ mod tests {
         against_reference(
             BackendName::Flex,
             &strategies::ZigZag,
-            ranks,
+            (ranks, 1),
             shape,
             config,
             16,

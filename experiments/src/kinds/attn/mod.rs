@@ -69,6 +69,10 @@ struct Sweep {
     dtypes: Option<Vec<String>>,
     /// Element types of the accumulators between ring steps; absent: f32, not a column.
     merges: Option<Vec<String>>,
+    /// Head × context parallelism: ranks in a group splitting the heads (Ulysses), the rest ring;
+    /// absent: 1 (the ring alone), not a column. A degree that does not divide a point's ranks or
+    /// heads makes that row `skipped`.
+    ulysses: Option<Vec<usize>>,
 }
 
 /// `[sweep] dtypes` or `merges`: `[None]` when absent, else each name parsed.
@@ -161,6 +165,7 @@ const KEYS: &[&str] = &[
     "sinks",
     "dtype",
     "merge",
+    "ulysses",
 ];
 
 const CARD: Card = Card {
@@ -182,6 +187,7 @@ const CARD: Card = Card {
         "sinks",
         "dtypes",
         "merges",
+        "ulysses",
     ],
     key_columns: KEYS,
     columns: &[
@@ -194,6 +200,7 @@ const CARD: Card = Card {
         Column::exact("padded_len"),
         Column::exact("bytes_per_rank"),
         Column::exact("messages_per_rank"),
+        Column::exact("all_to_all_bytes_per_rank"),
         Column::exact("host_device_bytes_per_step"),
         Column::measured("fwd_seconds"),
         Column::measured("fwd_bwd_seconds"),
@@ -300,6 +307,23 @@ impl Experiment for Attn {
                 .map(|&b| Some(b))
                 .collect(),
         };
+        let ulysses: Vec<Option<usize>> = match &s.ulysses {
+            None => vec![None],
+            some => {
+                let degrees = spec.list("sweep", "ulysses", some)?;
+                if let Some(&bad) = degrees.iter().find(|&&u| u == 0) {
+                    return Err(spec.error(
+                        "sweep",
+                        "ulysses",
+                        &format!("a Ulysses degree is at least 1, got {bad}"),
+                    ));
+                }
+                // U = 1 first: its one-rank rows are the others' ring_over_single baselines.
+                let mut degrees = degrees.to_vec();
+                degrees.sort_unstable();
+                degrees.into_iter().map(Some).collect()
+            }
+        };
         // Rank counts outermost after documents, backends and the variants: one-rank rows come
         // first, the baselines of the others' ring_over_single.
         let lens = [
@@ -310,6 +334,7 @@ impl Experiment for Attn {
             sinks.len(),
             dtypes_axis.len(),
             merges.len(),
+            ulysses.len(),
             ranks.len(),
             seq_lens.len(),
             causal.len(),
@@ -329,14 +354,15 @@ impl Experiment for Attn {
                 sinks: sinks[i[4]],
                 dtype: dtypes_axis[i[5]],
                 merge: merges[i[6]],
-                ranks: ranks[i[7]],
-                seq_len: seq_lens[i[8]],
-                causal: causal[i[9]],
-                kv_heads: kv_heads[i[10]],
-                kernel: kernels[i[11]],
-                strategy: strategies[i[12]],
-                forward: forward[i[13]],
-                backward: backward[i[14]],
+                ulysses: ulysses[i[7]],
+                ranks: ranks[i[8]],
+                seq_len: seq_lens[i[9]],
+                causal: causal[i[10]],
+                kv_heads: kv_heads[i[11]],
+                kernel: kernels[i[12]],
+                strategy: strategies[i[13]],
+                forward: forward[i[14]],
+                backward: backward[i[15]],
             })
             .collect();
         Ok(Box::new(AttnPlan {

@@ -43,6 +43,8 @@ pub(super) struct AttnPoint {
     pub(super) dtype: Option<Dtype>,
     /// `None` when the sweep has no merges axis (then f32).
     pub(super) merge: Option<Dtype>,
+    /// `None` when the sweep has no ulysses axis (then 1: the ring alone).
+    pub(super) ulysses: Option<usize>,
 }
 
 /// One row; every measured column is empty on a skipped row.
@@ -74,6 +76,8 @@ struct Row {
     dtype: Option<String>,
     /// Empty unless the sweep has a merges axis.
     merge: Option<String>,
+    /// Empty unless the sweep has a ulysses axis: ranks in a group splitting the heads.
+    ulysses: Option<usize>,
     /// The most bytes any rank's ring step moved between host and device in fwd+bwd.
     host_device_bytes_per_step: Option<u64>,
     heads: usize,
@@ -92,10 +96,12 @@ struct Row {
     bytes_per_rank: Option<f64>,
     /// Messages one rank sent in the forward and backward (mean over ranks).
     messages_per_rank: Option<f64>,
+    /// Of `bytes_per_rank`, what the Ulysses all-to-alls sent (with a ulysses axis).
+    all_to_all_bytes_per_rank: Option<f64>,
     /// Busiest rank's tile compute time over the mean (forward and backward): the measured balance.
     busy_max_over_mean: Option<f64>,
     /// fwd+bwd seconds over the same point's one-rank row (same strategy, direction, scheme,
-    /// length, causality, heads, kernel, documents and backend).
+    /// length, causality, heads, kernel, documents and backend; with a ulysses axis, its U = 1 row).
     ring_over_single: Option<f64>,
     /// Largest error of out, lse, dq, dk, dv against float64, each relative to its scale, on the
     /// same point at `check_tokens_per_rank` tokens per rank; with bf16 operands, against the
@@ -145,6 +151,9 @@ pub(super) fn key(p: &AttnPoint) -> Record {
     if let Some(merge) = p.merge {
         key.0.push(("merge".into(), merge.to_string()));
     }
+    if let Some(ulysses) = p.ulysses {
+        key.0.push(("ulysses".into(), ulysses.to_string()));
+    }
     key
 }
 
@@ -162,7 +171,11 @@ fn unsupported(p: &AttnPoint, heads: usize) -> Option<String> {
             p.kv_heads
         ));
     }
-    strategies::padded_len(p.strategy, p.seq_len, p.ranks)
+    let u = p.ulysses.unwrap_or(1);
+    if let Err(e) = workbench::ring::ulysses::check_heads(u, p.ranks, heads, p.kv_heads) {
+        return Some(e.to_string());
+    }
+    strategies::padded_grid_len(p.strategy, p.seq_len, p.ranks / u, u)
         .err()
         .map(|e| e.to_string())
 }
@@ -197,6 +210,7 @@ impl Plan for AttnPlan {
             sinks: p.sinks,
             dtype: p.dtype.map(|d| d.to_string()),
             merge: p.merge.map(|d| d.to_string()),
+            ulysses: p.ulysses,
             heads,
             head_dim,
             batch,
@@ -233,7 +247,7 @@ impl Plan for AttnPlan {
             v: &v,
             d_out: with_grad.then_some(&d_out),
             ranks: p.ranks,
-            ulysses: 1,
+            ulysses: p.ulysses.unwrap_or(1),
             strategy: p.strategy,
             config,
             timeout: Duration::from_secs(3600),
@@ -265,14 +279,19 @@ impl Plan for AttnPlan {
         // The same point on one rank: same strategy, direction, scheme and everything else.
         let single = context
             .table
-            .find(&key(&AttnPoint { ranks: 1, ..p }))
+            .find(&key(&AttnPoint {
+                ranks: 1,
+                ulysses: p.ulysses.map(|_| 1),
+                ..p
+            }))
             .filter(|r| r.get("status") == Some("ok"))
             .map(|r| r.num("fwd_bwd_seconds"));
         context
             .bar
             .set_message(format!("{} float64 check", point_label(&p)));
         row.status = "ok".into();
-        row.padded_len = strategies::padded_len(p.strategy, p.seq_len, p.ranks).ok();
+        let u = p.ulysses.unwrap_or(1);
+        row.padded_len = strategies::padded_grid_len(p.strategy, p.seq_len, p.ranks / u, u).ok();
         row.fwd_seconds = Some(fwd);
         row.fwd_bwd_seconds = Some(fwd_bwd);
         row.fwd_bwd_gflops = Some(flops / fwd_bwd / 1e9);
@@ -294,6 +313,16 @@ impl Plan for AttnPlan {
                 .sum::<f64>()
                 / n,
         );
+        row.all_to_all_bytes_per_rank = p.ulysses.map(|_| {
+            result
+                .traffic
+                .iter()
+                .flat_map(|t| &t.sends)
+                .filter(|s| s.phase == workbench::transport::Phase::AllToAll)
+                .map(|s| s.bytes as f64)
+                .sum::<f64>()
+                / n
+        });
         row.busy_max_over_mean =
             Some(ringbench_tests::worst(busy.iter().copied()) / busy_mean.max(f64::MIN_POSITIVE));
         row.ring_over_single = single.map(|t| fwd_bwd / t);
@@ -305,7 +334,7 @@ impl Plan for AttnPlan {
         let errors = max_rel_error(
             backend,
             p.strategy,
-            p.ranks,
+            (p.ranks, u),
             Heads {
                 heads,
                 kv_heads: p.kv_heads,
@@ -328,11 +357,12 @@ impl Plan for AttnPlan {
 
 fn point_label(p: &AttnPoint) -> String {
     format!(
-        "{} {}/{} N={} S={} causal={} hk={} {}",
+        "{} {}/{} N={}{} S={} causal={} hk={} {}",
         p.strategy.name(),
         p.forward,
         p.backward,
         p.ranks,
+        p.ulysses.map_or(String::new(), |u| format!(" U={u}")),
         p.seq_len,
         p.causal,
         p.kv_heads,

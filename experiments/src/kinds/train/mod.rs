@@ -57,6 +57,10 @@ struct Sweep {
     /// Element types of the ring's operands and blocks (`"f32"`, `"bf16"`; its merge stays f32);
     /// absent: f32, not a column.
     dtypes: Option<Vec<String>>,
+    /// Head × context parallelism: ranks in a group splitting the heads (Ulysses), the rest ring;
+    /// absent: 1, not a column. A degree runs on the rank counts it divides; one that does not
+    /// split the model's heads is an error.
+    ulysses: Option<Vec<usize>>,
 }
 
 /// What the model learns (`name = "line-retrieval"`; the fields of `experiments/line_retrieval.toml`).
@@ -107,6 +111,8 @@ struct Run {
     seed: u64,
     /// `None` when the sweep has no dtypes axis (then f32).
     dtype: Option<Dtype>,
+    /// `None` when the sweep has no ulysses axis (then 1).
+    ulysses: Option<usize>,
 }
 
 struct TrainPlan {
@@ -118,7 +124,9 @@ struct TrainPlan {
     baselines: BTreeMap<(u64, Option<Dtype>), Vec<f64>>,
 }
 
-const KEYS: &[&str] = &["strategy", "forward", "backward", "ranks", "seed", "dtype"];
+const KEYS: &[&str] = &[
+    "strategy", "forward", "backward", "ranks", "seed", "dtype", "ulysses",
+];
 
 const CARD: Card = Card {
     name: "train",
@@ -130,6 +138,7 @@ const CARD: Card = Card {
         "ranks",
         "seeds",
         "dtypes",
+        "ulysses",
     ],
     key_columns: KEYS,
     columns: &[
@@ -218,21 +227,39 @@ impl Experiment for TrainKind {
         config
             .validate()
             .map_err(|e| spec.error("model", "heads", &e.to_string()))?;
+        let ulysses: Vec<Option<usize>> = match &s.ulysses {
+            None => vec![None],
+            some => {
+                let degrees = spec.list("sweep", "ulysses", some)?;
+                for &u in degrees {
+                    // The heads' rule, on a rank count the degree divides.
+                    workbench::ring::ulysses::check_heads(u, u, config.heads, config.kv_heads)
+                        .map_err(|e| spec.error("sweep", "ulysses", &e.to_string()))?;
+                }
+                degrees.iter().map(|&u| Some(u)).collect()
+            }
+        };
         let mut runs = Vec::new();
         for &seed in seeds {
             for &dtype in &dtypes {
                 for &ranks in ranks {
-                    for &strategy in &strategies {
-                        for &forward in &forward {
-                            for &backward in &backward {
-                                runs.push(Run {
-                                    strategy,
-                                    forward,
-                                    backward,
-                                    ranks,
-                                    seed,
-                                    dtype,
-                                });
+                    for &degree in &ulysses {
+                        if !ranks.is_multiple_of(degree.unwrap_or(1)) {
+                            continue;
+                        }
+                        for &strategy in &strategies {
+                            for &forward in &forward {
+                                for &backward in &backward {
+                                    runs.push(Run {
+                                        strategy,
+                                        forward,
+                                        backward,
+                                        ranks,
+                                        seed,
+                                        dtype,
+                                        ulysses: degree,
+                                    });
+                                }
                             }
                         }
                     }

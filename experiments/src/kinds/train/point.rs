@@ -12,6 +12,8 @@ struct Row {
     seed: u64,
     /// Empty unless the sweep has a dtypes axis.
     dtype: Option<String>,
+    /// Empty unless the sweep has a ulysses axis.
+    ulysses: Option<usize>,
     task: String,
     steps: usize,
     first_loss: f64,
@@ -44,6 +46,9 @@ fn key(run: &Run) -> Record {
     ]);
     if let Some(dtype) = run.dtype {
         key.0.push(("dtype".into(), dtype.to_string()));
+    }
+    if let Some(ulysses) = run.ulysses {
+        key.0.push(("ulysses".into(), ulysses.to_string()));
     }
     key
 }
@@ -82,7 +87,10 @@ impl Plan for TrainPlan {
             pack: t.pack,
             checksum_every: 0,
         };
-        let options = schedule.options(run.ranks, ring);
+        let options = workbench::train::TrainOptions {
+            ulysses: run.ulysses.unwrap_or(1),
+            ..schedule.options(run.ranks, ring)
+        };
         let prompts = prompts(&self.task, t, run.seed);
         let device = Default::default();
         let model = seeded::<Train, _>(run.seed, &device, || config.init::<Train>(&device));
@@ -171,6 +179,7 @@ impl Plan for TrainPlan {
             ranks: run.ranks,
             seed: run.seed,
             dtype: run.dtype.map(|d| d.to_string()),
+            ulysses: run.ulysses,
             task: self.task.name.clone(),
             steps: losses.len(),
             first_loss: losses.first().copied().unwrap_or(f64::NAN),
