@@ -59,6 +59,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("memory_model", "memory_model"),
     ("ablation_quick", "ablation"),
     ("precision_quick", "precision"),
+    ("hybrid", "hybrid"),
     ("train_quick", "train"),
 ];
 

@@ -319,8 +319,8 @@ impl Plan for AttnPlan {
                 .iter()
                 .flat_map(|t| &t.sends)
                 .filter(|s| s.phase == workbench::transport::Phase::AllToAll)
-                .map(|s| s.bytes as f64)
-                .sum::<f64>()
+                .map(|s| s.bytes)
+                .sum::<u64>() as f64
                 / n
         });
         row.busy_max_over_mean =
