@@ -627,7 +627,7 @@ fn workspace() -> PathBuf {
 }
 
 /// The tables `reproduce quick` computes without measuring anything: simulated and analytic.
-const DETERMINISTIC_TABLES: &str = "balance_quick,balance_packed,overlap,memory_model";
+const DETERMINISTIC_TABLES: &str = "balance_quick,balance_packed,overlap,memory_model,hybrid";
 
 fn reproduce(out: &Path, reference: &Path) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_ringbench"))
