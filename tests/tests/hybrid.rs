@@ -8,8 +8,9 @@ use ringbench_tests::{
 };
 use strategies::names;
 use workbench::block::BlockKind;
-use workbench::ring::jobs::{AttentionResult, run_attention};
-use workbench::transport::Phase;
+use workbench::dtype::{Dtype, Precision};
+use workbench::ring::jobs::{AttentionResult, Fault, FaultKind, run_attention};
+use workbench::transport::{Phase, TransportError};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig, RingError};
 
 type B = Autodiff<Flex>;
@@ -157,6 +158,75 @@ fn all_to_all_bytes_match_the_formula() {
                 "{label}: the ring's K"
             );
         }
+    }
+}
+
+/// In bf16 every block of the all-to-alls travels at half the bytes of f32's, but lse (f32 always).
+#[test]
+fn bf16_all_to_alls_send_half_the_bytes() {
+    let c = case_with(48, (8, 2), true, 0.25, &[]);
+    let run = |dtype| {
+        let config = RingConfig {
+            causal: true,
+            precision: Precision {
+                dtype,
+                merge: dtype,
+            },
+            ..Default::default()
+        };
+        run_grid(&c, "zigzag", (4, 4), config).unwrap()
+    };
+    let (f32_run, bf16_run) = (run(Dtype::F32), run(Dtype::Bf16));
+    for (rank, (a, b)) in f32_run.traffic.iter().zip(&bf16_run.traffic).enumerate() {
+        for kind in [
+            BlockKind::Q,
+            BlockKind::K,
+            BlockKind::V,
+            BlockKind::Out,
+            BlockKind::DOut,
+            BlockKind::DQ,
+            BlockKind::DK,
+            BlockKind::DV,
+        ] {
+            let (f, h) = (
+                a.count(Phase::AllToAll, kind),
+                b.count(Phase::AllToAll, kind),
+            );
+            assert!(
+                f.0 == 3 && f == (h.0, 2 * h.1),
+                "rank {rank} {kind:?}: f32 {f:?}, bf16 {h:?}"
+            );
+        }
+        let lse = BlockKind::Lse;
+        assert_eq!(a.count(Phase::AllToAll, lse), b.count(Phase::AllToAll, lse));
+    }
+}
+
+/// A rank that fails at one of its exchanges (0: the forward's first all-to-all; 8: inside the ring's
+/// backward; 11: the backward's all-to-all of dk) ends the job with that rank's error, never a hang:
+/// on a 2 × 2 grid a rank makes 6 forward exchanges (q, k, v, one ring hop, out, lse) and 7 backward
+/// ones (dO, the ring's K/V hop and two accumulator sends, dq, dk, dv).
+#[test]
+fn a_rank_failing_in_an_all_to_all_ends_the_job_naming_it() {
+    let c = case_with(48, (4, 4), true, 0.25, &[]);
+    for step in [0, 8, 11] {
+        let config = RingConfig {
+            causal: true,
+            ..Default::default()
+        };
+        let mut job = job(&c, "zigzag", 4, config);
+        job.ulysses = 2;
+        job.fault = Some(Fault {
+            rank: 1,
+            step,
+            kind: FaultKind::Fail,
+        });
+        let error = run_attention::<B>(&job, &Default::default()).expect_err("an injected fault");
+        assert_eq!(
+            error,
+            RingError::Transport(TransportError::Injected { rank: 1, step }),
+            "exchange {step}"
+        );
     }
 }
 

@@ -175,3 +175,20 @@ fn wgpu_bf16_runs_or_says_why_not() {
         }
     }
 }
+
+/// Head × context parallelism on the device: 2 × 2 grids (the all-to-all's blocks pass through the
+/// host), MHA with the kv scheme and GQA with the q scheme, causal, within the f32 bound.
+#[test]
+fn wgpu_ulysses_grid() {
+    let device = WgpuDevice::DefaultDevice;
+    for (heads, backward) in [((4, 4), BackwardScheme::Kv), ((8, 2), BackwardScheme::Q)] {
+        let c = case(heads, true);
+        let mut job = ringbench_tests::job(&c, "zigzag", 4, generic(true, Direction::Cw, backward));
+        job.ulysses = 2;
+        let label = format!("heads={heads:?} bwd={backward} 2 x 2");
+        let result = workbench::ring::jobs::run_attention::<OnWgpu>(&job, &device)
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        assert_within(&result, &c.want, TOLERANCE, &label);
+        assert!(ran_every_pass(&result, 4), "{label}");
+    }
+}

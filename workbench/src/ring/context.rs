@@ -8,7 +8,7 @@ pub use crate::kernels::Kernel;
 use crate::kernels::mask::{Mask, Window, windows};
 use crate::ring::ledger::Ledger;
 pub use crate::ring::options::{Attend, BackwardScheme, Direction, RingConfig};
-use crate::ring::ulysses::HeadParallel;
+pub use crate::ring::sequence::{Sequence, gather_rows};
 use crate::transport::{Comm, Group, Traffic, run_ranks_with};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -59,6 +59,16 @@ pub struct RingContext {
     poisoned_step: Option<usize>,
     /// Head × context parallelism: this rank's Ulysses group and the ring its attention runs on.
     heads: Option<HeadParallel>,
+}
+
+/// A rank's place in a grid of head × context parallelism ([`RingContext::grid`]): its Ulysses group
+/// and the ring it runs with its column (`ring/ulysses.rs` exchanges the heads around that ring).
+#[derive(Debug)]
+pub(crate) struct HeadParallel {
+    /// The ranks holding the pieces of this rank's ring shard, in piece order.
+    pub(crate) group: Group,
+    /// The ring over whole shards, among the ranks with this rank's member index.
+    pub(crate) ring: Arc<RingContext>,
 }
 
 /// What every context of one rank shares, and builds contexts from.
@@ -418,67 +428,6 @@ where
         work(&ctx)
     });
     results.remove(0)
-}
-
-/// Rows at `positions` of `global` laid out `[batch, len, width]`: `[batch, positions.len(), width]`;
-/// a position at or past `len` is a row of `T::default()` (padding).
-pub fn gather_rows<T: Copy + Default>(
-    global: &[T],
-    batch: usize,
-    width: usize,
-    positions: &[usize],
-) -> Vec<T> {
-    let len = global.len() / (batch * width).max(1);
-    let mut out = Vec::with_capacity(batch * positions.len() * width);
-    for b in 0..batch {
-        for &p in positions {
-            if p < len {
-                let row = (b * len + p) * width;
-                out.extend_from_slice(&global[row..row + width]);
-            } else {
-                out.resize(out.len() + width, T::default());
-            }
-        }
-    }
-    out
-}
-
-/// What a layout's positions hold: `len` real tokens, packed as documents of `doc_lens` laid end to
-/// end (empty: one document), then padding up to the layout's length.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sequence {
-    /// Real tokens; positions from here on are padding.
-    pub len: usize,
-    /// Document lengths, summing to `len`; empty for one document.
-    pub doc_lens: Vec<usize>,
-}
-
-impl Sequence {
-    /// `len` real tokens in one document, no padding in a layout of `len`.
-    pub fn unpadded(len: usize) -> Self {
-        Sequence {
-            len,
-            doc_lens: Vec::new(),
-        }
-    }
-
-    /// An error unless the documents are non-empty and sum to `len`, and `len` fits `layout_len`.
-    pub fn check(&self, layout_len: usize) -> Result<(), RingError> {
-        let sum: usize = self.doc_lens.iter().sum();
-        if self.doc_lens.contains(&0) || (!self.doc_lens.is_empty() && sum != self.len) {
-            return Err(RingError::Documents {
-                doc_lens: self.doc_lens.clone(),
-                len: self.len,
-            });
-        }
-        if self.len > layout_len {
-            return Err(RingError::SequenceTooLong {
-                len: self.len,
-                layout: layout_len,
-            });
-        }
-        Ok(())
-    }
 }
 
 /// Every rank's query windows, `[rank][local query]`.

@@ -1,5 +1,5 @@
 //! The ring algorithm (Liu et al. 2023, §3): the schedule written once (`engine`), the ring's
-//! options ([`options`]) and each rank's context ([`context`]), the bytes a rank holds ([`ledger`]),
+//! options ([`options`]) and each rank's context ([`context`]; what its positions hold, [`sequence`]), the bytes a rank holds ([`ledger`]),
 //! ring attention as a Burn autodiff op ([`op`]), and one-call jobs over N ranks ([`jobs`], with
 //! injected faults) on host arrays ([`host_tensor`]); head × context parallelism wraps the ring in a
 //! Ulysses all-to-all ([`ulysses`]).
@@ -13,6 +13,7 @@ pub mod jobs;
 pub mod ledger;
 pub mod op;
 pub mod options;
+pub mod sequence;
 pub mod ulysses;
 
 pub use engine::Saved;

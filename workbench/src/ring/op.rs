@@ -1,12 +1,15 @@
 //! Ring attention as a Burn op: a backend extension whose autodiff twin runs the ring backward.
 
 use crate::block::Block;
+use crate::block::BlockKind;
+use crate::dtype::Dtype;
 use crate::error::RingError;
 use crate::host::HostRead;
 use crate::primitive::{unwrap, wrap};
+use crate::ring::context::HeadParallel;
 use crate::ring::context::{Attend, RingContext};
 use crate::ring::engine::{self, Saved};
-use crate::ring::ulysses::{self, ExchangeBackward, ExchangeState, HeadsExchange, Way};
+use crate::ring::ulysses::{self, ExchangeState, HeadsExchange, Way};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
@@ -174,12 +177,22 @@ impl<B: RingBackend, C: CheckpointStrategy> RingBackend for Autodiff<B, C> {
     }
 }
 
+/// The backward of a heads exchange: the other way, on the gradient.
+#[derive(Debug)]
+struct ExchangeBackward;
+
 impl<B: RingBackend> Backward<B, 1> for ExchangeBackward {
     type State = ExchangeState;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
-        let grad_in = ops.state.backward::<B>(grad);
+        let ExchangeState { plan, way, input } = &ops.state;
+        let device = wrap::<B, 4>(grad.clone()).device();
+        // A failure is parked on the ring's context (a backward cannot return it); zeros go on.
+        let grad_in = B::heads_exchange(grad, plan, way.adjoint()).unwrap_or_else(|error| {
+            plan.park(error);
+            unwrap(Tensor::<B, 4>::zeros(*input, &device))
+        });
         let [parent] = ops.parents;
         if let Some(node) = parent {
             grads.register::<B>(node.id, grad_in);
@@ -215,7 +228,7 @@ pub fn ring_attention_with<B: RingBackend>(
     attend: Attend,
 ) -> Result<(Tensor<B, 4>, Tensor<B, 3>), RingError> {
     if let Some(grid) = ctx.heads() {
-        return ulysses::attention(q, k, v, sinks, ctx, grid, attend);
+        return grid_attention(q, k, v, sinks, ctx, grid, attend);
     }
     let inputs = RingInputs {
         q: unwrap(q),
@@ -225,4 +238,54 @@ pub fn ring_attention_with<B: RingBackend>(
     };
     let (out, lse, _) = B::ring_forward(inputs, ctx, attend)?;
     Ok((wrap(out), wrap(lse)))
+}
+
+/// Ulysses × ring attention (head × context parallelism) of this rank's pieces (`q [b, h, t, d]`, `k, v [b, hk, t, d]`): to heads,
+/// the ring on this rank's heads over whole shards, back to tokens. `(out [b, h, t, d], lse [b, h, t])`.
+fn grid_attention<B: RingBackend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    sinks: Option<Tensor<B, 1>>,
+    ctx: &RingContext,
+    grid: &HeadParallel,
+    attend: Attend,
+) -> Result<(Tensor<B, 4>, Tensor<B, 3>), RingError> {
+    let [b, h, t, d] = q.dims();
+    let kv_heads = k.dims()[1];
+    let u = grid.group.size();
+    ulysses::check_heads(u, ctx.world(), h, kv_heads)?;
+    let pieces: Vec<usize> = grid
+        .group
+        .members()
+        .iter()
+        .map(|&r| ctx.positions(r).len())
+        .collect();
+    let dtype = ctx.config.precision.dtype;
+    let (q_split, kv_split) = (
+        ulysses::query_heads(h, u),
+        ulysses::kv_heads_of(kv_heads, u),
+    );
+    let mine = q_split[grid.group.rank()].clone();
+    let to_heads = |x: Tensor<B, 4>, split: &[std::ops::Range<usize>], all: usize, kinds| {
+        let plan = ulysses::exchange(grid, &pieces, split.to_vec(), all, kinds, dtype);
+        B::heads_exchange(unwrap(x), &plan, Way::ToHeads).map(wrap::<B, 4>)
+    };
+    let q = to_heads(q, &q_split, h, [BlockKind::Q, BlockKind::DQ])?;
+    let k = to_heads(k, &kv_split, kv_heads, [BlockKind::K, BlockKind::DK])?;
+    let v = to_heads(v, &kv_split, kv_heads, [BlockKind::V, BlockKind::DV])?;
+    let sinks = sinks.map(|s| s.slice([mine]));
+    let (out, lse) = ring_attention_with(q, k, v, sinks, &grid.ring, attend)?;
+    let back = |x: Tensor<B, 4>, kinds, dtype| {
+        let plan = ulysses::exchange(grid, &pieces, q_split.clone(), h, kinds, dtype);
+        B::heads_exchange(unwrap(x), &plan, Way::ToTokens).map(wrap::<B, 4>)
+    };
+    let out = back(out, [BlockKind::DOut, BlockKind::Out], dtype)?;
+    let lse = back(
+        lse.unsqueeze_dim(3),
+        [BlockKind::Lse, BlockKind::Lse],
+        Dtype::F32,
+    )?;
+    debug_assert_eq!(out.dims(), [b, h, t, d]);
+    Ok((out, lse.reshape([b, h, t])))
 }

@@ -1,6 +1,6 @@
 //! Head × context parallelism (DeepSpeed-Ulysses inside, the ring outside): the all-to-all that turns
-//! a Ulysses group's sequence pieces into head shards and back, as a differentiable op, and the
-//! attention call that wraps the ring in it. The ring loop itself is not touched.
+//! a Ulysses group's sequence pieces into head shards and back, either way, and the rule on the
+//! degree. `op.rs` makes it a differentiable op and wraps the ring in it; the ring loop is untouched.
 //!
 //! A group of U ranks holds one ring shard in U pieces, every head. To heads: member i receives
 //! every member's piece of its heads (`heads[i]`), so it holds the whole shard for those heads, and
@@ -13,22 +13,11 @@ use crate::dtype::Dtype;
 use crate::error::{RingError, TransportError};
 use crate::host::HostRead;
 use crate::primitive::{unwrap, wrap};
-use crate::ring::context::{Attend, RingContext};
-use crate::ring::op::{RingBackend, ring_attention_with};
+use crate::ring::context::{HeadParallel, RingContext};
 use crate::transport::Group;
-use burn::tensor::Tensor;
 use burn::tensor::ops::FloatTensor;
 use std::ops::Range;
 use std::sync::Arc;
-
-/// A rank's place in a grid: its Ulysses group and the ring it runs with its column.
-#[derive(Debug)]
-pub(crate) struct HeadParallel {
-    /// The ranks holding the pieces of this rank's ring shard, in piece order.
-    pub(crate) group: Group,
-    /// The ring over whole shards, among the ranks with this rank's member index.
-    pub(crate) ring: Arc<RingContext>,
-}
 
 /// An error unless `ulysses` splits `heads` query heads, and splits `kv_heads` key/value heads or is
 /// a multiple of them (each member then holds one key/value head, replicated), on `ranks` ranks.
@@ -65,13 +54,13 @@ pub fn check_heads(
 }
 
 /// The query heads member `i` of `u` holds: a contiguous `heads / u`.
-fn query_heads(heads: usize, u: usize) -> Vec<Range<usize>> {
+pub(crate) fn query_heads(heads: usize, u: usize) -> Vec<Range<usize>> {
     (0..u).map(|i| i * heads / u..(i + 1) * heads / u).collect()
 }
 
 /// The key/value heads member `i` of `u` holds: `kv_heads / u` of them when there are at least `u`,
 /// else the one its query heads read (`i · kv_heads / u`), replicated on `u / kv_heads` members.
-fn kv_heads_of(kv_heads: usize, u: usize) -> Vec<Range<usize>> {
+pub(crate) fn kv_heads_of(kv_heads: usize, u: usize) -> Vec<Range<usize>> {
     if kv_heads >= u {
         query_heads(kv_heads, u)
     } else {
@@ -91,7 +80,8 @@ pub enum Way {
 }
 
 impl Way {
-    fn adjoint(self) -> Self {
+    /// The other way: this way's backward.
+    pub(crate) fn adjoint(self) -> Self {
         match self {
             Way::ToHeads => Way::ToTokens,
             Way::ToTokens => Way::ToHeads,
@@ -118,6 +108,11 @@ pub struct HeadsExchange {
 }
 
 impl HeadsExchange {
+    /// Parks the error of a backward exchange on the ring's context (a backward cannot return it).
+    pub(crate) fn park(&self, error: RingError) {
+        self.ring.set_backward_error(error);
+    }
+
     /// Runs the exchange on this member's host values `x` of `dims`; returns the result and its dims.
     pub(crate) fn run<B: HostRead>(
         &self,
@@ -234,7 +229,7 @@ fn add_into(
 }
 
 /// The exchange of a tensor of `total_heads` heads split as `heads`, its blocks `kinds`.
-fn exchange(
+pub(crate) fn exchange(
     heads: &HeadParallel,
     pieces: &[usize],
     split: Vec<Range<usize>>,
@@ -253,55 +248,8 @@ fn exchange(
     })
 }
 
-/// Ulysses × ring attention of this rank's pieces (`q [b, h, t, d]`, `k, v [b, hk, t, d]`): to heads,
-/// the ring on this rank's heads over whole shards, back to tokens. `(out [b, h, t, d], lse [b, h, t])`.
-pub(crate) fn attention<B: RingBackend>(
-    q: Tensor<B, 4>,
-    k: Tensor<B, 4>,
-    v: Tensor<B, 4>,
-    sinks: Option<Tensor<B, 1>>,
-    ctx: &RingContext,
-    grid: &HeadParallel,
-    attend: Attend,
-) -> Result<(Tensor<B, 4>, Tensor<B, 3>), RingError> {
-    let [b, h, t, d] = q.dims();
-    let kv_heads = k.dims()[1];
-    let u = grid.group.size();
-    check_heads(u, ctx.world(), h, kv_heads)?;
-    let pieces: Vec<usize> = grid
-        .group
-        .members()
-        .iter()
-        .map(|&r| ctx.positions(r).len())
-        .collect();
-    let dtype = ctx.config.precision.dtype;
-    let (q_split, kv_split) = (query_heads(h, u), kv_heads_of(kv_heads, u));
-    let mine = q_split[grid.group.rank()].clone();
-    let to_heads = |x: Tensor<B, 4>, split: &[Range<usize>], all: usize, kinds| {
-        let plan = exchange(grid, &pieces, split.to_vec(), all, kinds, dtype);
-        B::heads_exchange(unwrap(x), &plan, Way::ToHeads).map(wrap::<B, 4>)
-    };
-    let q = to_heads(q, &q_split, h, [BlockKind::Q, BlockKind::DQ])?;
-    let k = to_heads(k, &kv_split, kv_heads, [BlockKind::K, BlockKind::DK])?;
-    let v = to_heads(v, &kv_split, kv_heads, [BlockKind::V, BlockKind::DV])?;
-    let sinks = sinks.map(|s| s.slice([mine]));
-    let (out, lse) = ring_attention_with(q, k, v, sinks, &grid.ring, attend)?;
-    let back = |x: Tensor<B, 4>, kinds, dtype| {
-        let plan = exchange(grid, &pieces, q_split.clone(), h, kinds, dtype);
-        B::heads_exchange(unwrap(x), &plan, Way::ToTokens).map(wrap::<B, 4>)
-    };
-    let out = back(out, [BlockKind::DOut, BlockKind::Out], dtype)?;
-    let lse = back(
-        lse.unsqueeze_dim(3),
-        [BlockKind::Lse, BlockKind::Lse],
-        Dtype::F32,
-    )?;
-    debug_assert_eq!(out.dims(), [b, h, t, d]);
-    Ok((out, lse.reshape([b, h, t])))
-}
-
-/// The exchange on the host: what [`RingBackend::heads_exchange`] does on every backend.
-pub(crate) fn exchange_on_host<B: RingBackend>(
+/// The exchange on the host: what `RingBackend::heads_exchange` does on every backend.
+pub(crate) fn exchange_on_host<B: HostRead>(
     x: FloatTensor<B>,
     plan: &HeadsExchange,
     way: Way,
@@ -312,30 +260,11 @@ pub(crate) fn exchange_on_host<B: RingBackend>(
     Ok(unwrap(crate::host::place::<B, 4>(data, dims, &device)))
 }
 
-/// The backward of an exchange: the other way, on the gradient.
-#[derive(Debug)]
-pub(crate) struct ExchangeBackward;
-
-/// What the backward of an exchange needs.
+/// What the backward of an exchange needs: the exchange, its way (the backward goes the other), and
+/// the input's shape (for zeros when the backward fails).
 #[derive(Debug, Clone)]
 pub(crate) struct ExchangeState {
     pub(crate) plan: Arc<HeadsExchange>,
     pub(crate) way: Way,
-    /// The input's shape, for zeros when the backward fails.
     pub(crate) input: [usize; 4],
-}
-
-impl ExchangeState {
-    /// The gradient of the input: `grad` exchanged the other way; on failure the error is parked
-    /// on the ring's context (a backward cannot return it) and the gradient is zeros.
-    pub(crate) fn backward<B: RingBackend>(&self, grad: FloatTensor<B>) -> FloatTensor<B> {
-        let device = wrap::<B, 4>(grad.clone()).device();
-        match B::heads_exchange(grad, &self.plan, self.way.adjoint()) {
-            Ok(g) => g,
-            Err(error) => {
-                self.plan.ring.set_backward_error(error);
-                unwrap(Tensor::<B, 4>::zeros(self.input, &device))
-            }
-        }
-    }
 }
