@@ -315,12 +315,14 @@ fn write_outputs(args: &AttnArgs, result: &AttentionResult) -> Result<()> {
         u => format!(" as {u} Ulysses x {} ring", args.ranks / u),
     };
     println!(
-        "wrote {} to {} ({} ranks{grid}, {} on {}{precision}{padded}; their ring steps moved {} bytes between host and device; this process ran {} of them, which sent {} bytes)",
+        "wrote {} to {} ({} ranks{grid}, {} on {}, kernel {}{precision}{padded}; the call moved {} bytes between host and device, {} of them in ring steps; this process ran {} of them, which sent {} bytes)",
         written.join(", "),
         args.out.display(),
         args.ranks,
         args.strategy,
         args.backend,
+        result.kernel_impl,
+        result.host_device_bytes.iter().sum::<u64>(),
         host_device,
         result.ranks_here.len(),
         bytes

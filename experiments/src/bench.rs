@@ -104,6 +104,11 @@ pub struct AttnBenchRow {
     pub working_set_mib_per_rank: f64,
     /// The most bytes any rank's ring step moved between host and device in fwd+bwd.
     pub host_device_bytes_per_step: u64,
+    /// What computed the tiles: `cpu-fused` or `generic`.
+    pub kernel_impl: &'static str,
+    /// Every byte fwd+bwd moved between host and device, all ranks: inputs placed, outputs and
+    /// gradients read, and the ring steps' (on flex, copies between host arrays and tensors).
+    pub host_device_bytes_per_call: u64,
 }
 
 struct Measured {
@@ -184,6 +189,7 @@ fn bench_attn<I: RingBackend>(args: &BenchAttnArgs, devices: &[I::Device]) -> Re
         let v = random(vec![b, seq, h, d], 3);
         let d_out = random(vec![b, seq, h, d], 4);
         let mut host_device_bytes_per_step = 0;
+        let (mut kernel_impl, mut host_device_bytes_per_call) = ("", 0);
         let mut time = |with_grad: bool| -> Result<Measured> {
             let job = AttentionJob {
                 q: &q,
@@ -219,6 +225,8 @@ fn bench_attn<I: RingBackend>(args: &BenchAttnArgs, devices: &[I::Device]) -> Re
                     let seconds = start.elapsed().as_secs_f64();
                     let most = result.traffic.iter().flat_map(|t| &t.host_device);
                     host_device_bytes_per_step = most.map(|r| r.bytes).max().unwrap_or(0);
+                    kernel_impl = result.kernel_impl;
+                    host_device_bytes_per_call = result.host_device_bytes.iter().sum();
                     let stats = crate::alloc::stats();
                     Ok(Measured {
                         seconds,
@@ -267,6 +275,8 @@ fn bench_attn<I: RingBackend>(args: &BenchAttnArgs, devices: &[I::Device]) -> Re
             peak_mib_per_rank: counting.then(|| fwd_bwd.peak as f64 / ranks as f64 / MIB),
             working_set_mib_per_rank: (12.0 * block + 4.0 * (b * h * t * 4) as f64) / MIB,
             host_device_bytes_per_step,
+            kernel_impl,
+            host_device_bytes_per_call,
         };
         if bar.is_hidden() {
             println!("{}", format_row(&row));
@@ -295,12 +305,13 @@ fn opt(x: Option<f64>, digits: usize) -> String {
 
 fn format_row(r: &AttnBenchRow) -> String {
     format!(
-        "S={:5} N={} {:10} causal={:5} {:7} {} fwd {:7.3}s {:6.1} GFLOP/s  fwd+bwd {:7.3}s {:6.1} GFLOP/s ({:.2} of matmul {:.1} GFLOP/s, ring/single {}, host<->device {} B/step)",
+        "S={:5} N={} {:10} causal={:5} {:7} ({}) {} fwd {:7.3}s {:6.1} GFLOP/s  fwd+bwd {:7.3}s {:6.1} GFLOP/s ({:.2} of matmul {:.1} GFLOP/s, ring/single {}, host<->device {} B/step, {} B/call)",
         r.seq,
         r.ranks,
         r.strategy,
         r.causal,
         r.kernel,
+        r.kernel_impl,
         r.backend,
         r.fwd_seconds,
         r.fwd_gflops,
@@ -310,6 +321,7 @@ fn format_row(r: &AttnBenchRow) -> String {
         r.matmul_gflops,
         opt(r.ring_over_single, 2),
         r.host_device_bytes_per_step,
+        r.host_device_bytes_per_call,
     )
 }
 
@@ -318,7 +330,8 @@ fn about(rows: &[AttnBenchRow], args: &BenchAttnArgs) -> String {
         "batch {}, heads {}, head_dim {}; backend {}; matmul {}^3 f32 on the same backend, best of 5, is measured \
          beside every row (first row: {:.1} GFLOP/s) and `fwd_bwd_over_matmul` is against that row's value. FLOPs: \
          4·d (forward) + 10·d (backward) per visible (q, k) pair and head. `host_device_bytes_per_step`: the most \
-         any rank's ring step copied between host and device.",
+         any rank's ring step copied between host and device; `host_device_bytes_per_call`: every byte fwd+bwd copied \
+         between host and device, inputs and outputs included; `kernel_impl`: what computed the tiles.",
         args.batch,
         args.heads,
         args.head_dim,

@@ -922,10 +922,43 @@ fn attn_on_wgpu_matches_numpy() {
         String::from_utf8_lossy(&run.stderr)
     );
     assert!(
-        stdout.contains("zigzag on wgpu; their ring steps moved 0 bytes between host and device"),
+        stdout.contains("zigzag on wgpu, kernel generic;")
+            && stdout.contains("bytes between host and device, 0 of them in ring steps"),
         "{stdout}"
     );
     assert_matches(&out, fixture, "wgpu");
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// `--kernel fused` on wgpu would run the CPU kernel on host copies of every block: it is one line
+/// saying so and naming the kernel to use, exit 1, and nothing is written.
+#[cfg(feature = "wgpu")]
+#[test]
+fn the_cpu_kernel_never_runs_silently_on_a_device() {
+    let out = temp_dir("wgpu-fused");
+    let o = out.join("o").to_string_lossy().into_owned();
+    let run = ringbench(&attn_on_fixture(
+        true,
+        &[
+            "--ranks",
+            "2",
+            "--kernel",
+            "fused",
+            "--backend",
+            "wgpu",
+            "--out",
+            &o,
+        ],
+    ));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.lines().count() == 1
+            && stderr.contains("--kernel fused does not run on")
+            && stderr.contains("use --kernel generic"),
+        "{stderr}"
+    );
+    assert!(!out.join("o").join("out.npy").exists());
     std::fs::remove_dir_all(&out).unwrap();
 }
 

@@ -194,6 +194,16 @@ pub enum RingError {
         /// The rule it breaks, with the numbers.
         rule: String,
     },
+    /// A kernel asked for on a backend it does not run on.
+    #[error("--kernel {kernel} does not run on {backend}: {why}")]
+    KernelUnavailable {
+        /// The kernel's name.
+        kernel: &'static str,
+        /// The backend and device.
+        backend: String,
+        /// Why, and what to use instead.
+        why: &'static str,
+    },
     /// An injected fault aimed at a rank the job does not have.
     #[error("fault injected at rank {rank}, but the job has ranks 0 to {last}", last = ranks - 1)]
     FaultRank {

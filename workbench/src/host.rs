@@ -10,6 +10,10 @@ use std::cell::Cell;
 /// Backends whose tensors the ring reads as host f32. The default goes through `into_data`; a backend
 /// that can read its buffer in place overrides it to copy once.
 pub trait HostRead: Backend {
+    /// Whether the backend's tensors live in host memory (the CPU backend): a kernel that computes
+    /// on host blocks runs there without crossing to a device.
+    const HOST_MEMORY: bool = false;
+
     /// The tensor's elements, row-major, as f32 on the host.
     fn to_host<const D: usize>(tensor: Tensor<Self, D>) -> Vec<f32> {
         via_data(tensor)
@@ -60,6 +64,8 @@ pub(crate) fn via_data<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<
 /// Flex's `into_data` of a shared buffer copies three times (to bytes, to an aligned buffer, to a
 /// vector); reading the contiguous buffer in place copies once.
 impl HostRead for burn::backend::Flex {
+    const HOST_MEMORY: bool = true;
+
     fn to_host<const D: usize>(tensor: Tensor<Self, D>) -> Vec<f32> {
         let primitive = tensor.into_primitive().tensor();
         if !primitive.is_unique()

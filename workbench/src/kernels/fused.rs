@@ -605,6 +605,20 @@ impl<B: HostRead> TileKernel<B> for FusedCpu {
     type Shard = ();
     type Forward = (Arc<Block>, OnlineSoftmax);
 
+    /// On the CPU backend; on a device backend it would copy every block to the host and compute
+    /// there, so it says so instead.
+    fn implementation(&self, device: &B::Device) -> Result<&'static str, RingError> {
+        if B::HOST_MEMORY {
+            Ok("cpu-fused")
+        } else {
+            Err(RingError::KernelUnavailable {
+                kernel: "fused",
+                backend: B::name(device),
+                why: "it is the CPU kernel and there is no fused device kernel yet; use --kernel generic (Burn tensor ops on the device)",
+            })
+        }
+    }
+
     fn shard(&self, _: &[Window], _: &[usize], _: &B::Device) -> Result<(), RingError> {
         Ok(())
     }

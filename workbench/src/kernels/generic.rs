@@ -175,6 +175,10 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
     type Shard = DeviceShard<B>;
     type Forward = GenericForward<B>;
 
+    fn implementation(&self, _: &B::Device) -> Result<&'static str, RingError> {
+        Ok("generic")
+    }
+
     fn shard(
         &self,
         windows: &[Window],

@@ -78,6 +78,22 @@ registry! {
         "Burn tensor ops on the backend's device (`generic.rs`): the reference twin of every fused kernel.";
 }
 
+/// What computes `kernel`'s tiles on backend `B` (`cpu-fused`, `generic`), or why it does not run
+/// there ([`TileKernel::implementation`]).
+pub fn implementation<B: HostRead>(
+    kernel: Kernel,
+    device: &B::Device,
+) -> Result<&'static str, RingError> {
+    struct Ask<'a, B: HostRead>(&'a B::Device);
+    impl<B: HostRead> WithKernel<B> for Ask<'_, B> {
+        type Output = Result<&'static str, RingError>;
+        fn run<K: TileKernel<B>>(self, kernel: &K) -> Self::Output {
+            kernel.implementation(self.0)
+        }
+    }
+    with_kernel(kernel, Ask::<B>(device))
+}
+
 impl fmt::Display for Kernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -329,6 +329,8 @@ impl<B: HostRead> WithKernel<B> for Forward<'_, B> {
         let precision = ctx.config.precision;
         let how = scores_of(attend, d, precision);
         let device = q.device();
+        // A kernel that does not run on this backend says so before anything moves.
+        kernel.implementation(&device)?;
         let rank = ctx.rank();
         let windows = ctx.windows(attend.mask());
         let shards = shards(kernel, ctx, &windows, &device)?;

@@ -80,6 +80,12 @@ pub struct AttentionResult {
     pub ranks_here: Vec<usize>,
     /// The length the ranks split: the input's, or the next one the strategy accepts (padding).
     pub padded_len: usize,
+    /// What computed the tiles (`cpu-fused`, `generic`: [`crate::kernels::implementation`]).
+    pub kernel_impl: &'static str,
+    /// Per rank, every byte the call moved between host and the rank's device: its inputs placed,
+    /// its outputs and gradients read, and whatever the ring's steps moved (on the CPU backend,
+    /// copies between host arrays and tensors). Under MPI, this process's rank only.
+    pub host_device_bytes: Vec<u64>,
 }
 
 /// One rank's results, head-major: out and grads `[b, h|hk, t, d]`, lse `[b, h, t]`.
@@ -91,6 +97,8 @@ struct RankOutput {
     dsinks: Option<Vec<f32>>,
     traffic: Traffic,
     events: Vec<StepEvent>,
+    /// Host↔device bytes of the whole call on this rank.
+    host_device_bytes: u64,
 }
 
 fn check_job(job: &AttentionJob) -> Result<([usize; 4], usize), RingError> {
@@ -204,6 +212,7 @@ where
     B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
 {
     let [batch, seq, heads, head_dim] = plan.dims;
+    let moved_before = host::moved_bytes();
     let rank = comm.rank();
     let fault = job.fault.filter(|f| f.rank == rank);
     if let Some(Fault {
@@ -283,13 +292,16 @@ where
         }
     };
     let (grads, dsinks) = grads.map_or((None, None), |(qkv, dsinks)| (Some(qkv), dsinks));
+    let (out, lse) = (host::read(out.inner()), host::read(lse.inner()));
     let output = RankOutput {
-        out: host::read(out.inner()),
-        lse: host::read(lse.inner()),
+        out,
+        lse,
         grads,
         dsinks,
         traffic: ctx.take_traffic(),
         events: ctx.take_events(),
+        // The inputs placed, the ring's steps, the outputs and gradients read: the whole call.
+        host_device_bytes: host::moved_bytes() - moved_before,
     };
     Ok((output, ctx))
 }
@@ -325,7 +337,14 @@ where
         attend_rank::<B>(comm, job, &plan, device).map(|(output, _)| output)
     });
     let outputs = all_or_root_cause(results, RingError::echo_level)?;
-    Ok(assemble(job, &plan, outputs, (0..job.ranks).collect()))
+    let kernel_impl = implementation_on::<B>(job, device_of(0))?;
+    Ok(assemble(
+        job,
+        &plan,
+        outputs,
+        (0..job.ranks).collect(),
+        kernel_impl,
+    ))
 }
 
 /// Runs this process's rank of the job over `comm` (one process per rank, e.g. under `mpirun`), then
@@ -386,9 +405,21 @@ where
             } else {
                 Vec::new()
             },
+            host_device_bytes: if r == rank { mine.host_device_bytes } else { 0 },
         })
         .collect();
-    Ok(assemble(job, &plan, outputs, vec![rank]))
+    let kernel_impl = implementation_on::<B>(job, device)?;
+    Ok(assemble(job, &plan, outputs, vec![rank], kernel_impl))
+}
+
+/// What computes the job's tiles on `device` (the engine runs them on the autodiff backend's inner
+/// backend).
+fn implementation_on<B>(job: &AttentionJob, device: &B::Device) -> Result<&'static str, RingError>
+where
+    B: AutodiffBackend<InnerBackend: RingBackend>,
+{
+    let probe = Tensor::<B, 1>::zeros([1], device).inner();
+    crate::kernels::implementation::<B::InnerBackend>(job.config.kernel, &probe.device())
 }
 
 /// Puts the ranks' outputs back into the job's layout.
@@ -397,6 +428,7 @@ fn assemble(
     plan: &Plan,
     outputs: Vec<RankOutput>,
     ranks_here: Vec<usize>,
+    kernel_impl: &'static str,
 ) -> AttentionResult {
     let [batch, seq, heads, head_dim] = plan.dims;
     let positions = &plan.layout.positions;
@@ -443,8 +475,10 @@ fn assemble(
         lse,
         grads,
         traffic: outputs.iter().map(|o| o.traffic.clone()).collect(),
+        host_device_bytes: outputs.iter().map(|o| o.host_device_bytes).collect(),
         events: outputs.into_iter().map(|o| o.events).collect(),
         ranks_here,
         padded_len: plan.layout.seq_len,
+        kernel_impl,
     }
 }

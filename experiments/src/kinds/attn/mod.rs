@@ -202,6 +202,8 @@ const CARD: Card = Card {
         Column::exact("messages_per_rank"),
         Column::exact("all_to_all_bytes_per_rank"),
         Column::exact("host_device_bytes_per_step"),
+        Column::exact("kernel_impl"),
+        Column::exact("host_device_bytes_per_call"),
         Column::measured("fwd_seconds"),
         Column::measured("fwd_bwd_seconds"),
         Column::measured("fwd_bwd_gflops"),

@@ -80,6 +80,10 @@ struct Row {
     ulysses: Option<usize>,
     /// The most bytes any rank's ring step moved between host and device in fwd+bwd.
     host_device_bytes_per_step: Option<u64>,
+    /// What computed the tiles: `cpu-fused` or `generic`.
+    kernel_impl: Option<&'static str>,
+    /// Every byte fwd+bwd moved between host and device, all ranks, inputs and outputs included.
+    host_device_bytes_per_call: Option<u64>,
     heads: usize,
     head_dim: usize,
     batch: usize,
@@ -326,6 +330,8 @@ impl Plan for AttnPlan {
         row.busy_max_over_mean =
             Some(ringbench_tests::worst(busy.iter().copied()) / busy_mean.max(f64::MIN_POSITIVE));
         row.ring_over_single = single.map(|t| fwd_bwd / t);
+        row.kernel_impl = Some(result.kernel_impl);
+        row.host_device_bytes_per_call = Some(result.host_device_bytes.iter().sum());
         row.host_device_bytes_per_step = result
             .traffic
             .iter()
