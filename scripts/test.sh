@@ -41,7 +41,7 @@ cargo fmt --all -- --check
 
 # Every feature at once: mpi, nccl, wgpu and cuda (the CUDA backend compiles without a GPU: its
 # libraries load at run time). This is the compile check of the cuda and nccl features too.
-all_features=experiments/mpi,experiments/nccl,experiments/wgpu,experiments/cuda
+all_features=experiments/mpi,experiments/nccl,experiments/wgpu,experiments/cuda,ringbench-tests/cuda
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 step "cargo clippy with every feature ($all_features)"

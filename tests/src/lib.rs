@@ -6,6 +6,7 @@
 
 pub mod compare;
 pub mod covering;
+pub mod device;
 
 pub use compare::{Deviation, deviation, deviation_at_scale, rel_err, rms_rel_err, worst};
 

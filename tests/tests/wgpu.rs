@@ -4,92 +4,32 @@
 //! Flex moves).
 #![cfg(feature = "wgpu")]
 
+use burn::backend::Autodiff;
 use burn::backend::wgpu::WgpuDevice;
-use burn::backend::{Autodiff, Flex};
-use ringbench_tests::{Case, F32_ATTENTION, assert_within, case_with, ran_every_pass, run_case};
+use ringbench_tests::device::{SEQ, case, generic};
+use ringbench_tests::{F32_ATTENTION, assert_within, ran_every_pass, run_case};
 use strategies::names;
 use workbench::backends::Wgpu;
-use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
+use workbench::{BackwardScheme, Direction, RingConfig};
 
 type OnWgpu = Autodiff<Wgpu>;
 
 /// Max-abs error relative to each tensor's max magnitude, in f32 (the exactness table's, derived in
 /// [`F32_ATTENTION`]).
 const TOLERANCE: f64 = F32_ATTENTION;
-const SEQ: usize = 48;
-const RANKS: [usize; 3] = [1, 2, 4];
-
-fn generic(causal: bool, forward: Direction, backward: BackwardScheme) -> RingConfig {
-    RingConfig {
-        causal,
-        forward,
-        backward,
-        kernel: Kernel::Generic,
-        scale: None,
-        window: None,
-        softcap: None,
-        lockstep: false,
-        precision: Default::default(),
-    }
-}
-
-fn case(heads: (usize, usize), causal: bool) -> Case {
-    case_with(SEQ, heads, causal, 0.25, &[])
-}
 
 /// Every strategy × direction × backward scheme × N ∈ {1, 2, 4} × causal × {MHA, GQA} at S = 48.
 #[test]
 fn wgpu_exactness_subset() {
-    let device = WgpuDevice::DefaultDevice;
-    let mut runs = 0;
-    for heads in [(4, 4), (8, 2)] {
-        for causal in [false, true] {
-            let c = case(heads, causal);
-            for strategy in names() {
-                for ranks in RANKS {
-                    for forward in Direction::ALL {
-                        for backward in BackwardScheme::ALL {
-                            let label = format!(
-                                "heads={heads:?} causal={causal} {strategy} N={ranks} fwd={forward} bwd={backward}"
-                            );
-                            let config = generic(causal, forward, backward);
-                            let result = run_case::<OnWgpu>(&c, strategy, ranks, config, &device)
-                                .unwrap_or_else(|e| panic!("{label}: {e}"));
-                            assert_within(&result, &c.want, TOLERANCE, &label);
-                            assert_eq!(result.padded_len, SEQ, "{label}: S = 48 needs no padding");
-                            runs += usize::from(ran_every_pass(&result, ranks));
-                        }
-                    }
-                }
-            }
-        }
-    }
+    let runs = ringbench_tests::device::exactness_subset::<OnWgpu>(&WgpuDevice::DefaultDevice);
     println!("wgpu exactness subset: {runs} runs within {TOLERANCE:e}");
-    assert_eq!(runs, 2 * 2 * names().len() * RANKS.len() * 2 * 3);
 }
 
-/// On wgpu no ring step copies anything between host and device (the inputs are placed before the
-/// first step and the outputs read after the last), and the ranks send each other exactly what they
-/// send on Flex.
+/// On wgpu no ring step copies anything between host and device, and the ranks send each other
+/// exactly what they send on Flex.
 #[test]
 fn wgpu_ring_steps_stay_on_the_device() {
-    let c = case((8, 2), true);
-    for backward in BackwardScheme::ALL {
-        let config = generic(true, Direction::Cw, backward);
-        let on_wgpu = run_case::<OnWgpu>(&c, "zigzag", 4, config, &WgpuDevice::DefaultDevice)
-            .expect("wgpu run");
-        let on_flex = run_case::<Autodiff<Flex>>(&c, "zigzag", 4, config, &Default::default())
-            .expect("flex run");
-        for (rank, (wgpu, flex)) in on_wgpu.traffic.iter().zip(&on_flex.traffic).enumerate() {
-            // Forward and backward: 4 steps each.
-            assert_eq!(wgpu.host_device.len(), 8, "{backward} rank {rank}");
-            for step in &wgpu.host_device {
-                assert_eq!(step.bytes, 0, "{backward} rank {rank}: {step:?}");
-            }
-            assert!(wgpu.total_bytes() > 0);
-            assert_eq!(wgpu.sends, flex.sends, "{backward} rank {rank}");
-        }
-    }
+    ringbench_tests::device::ring_steps_stay_on_the_device::<OnWgpu>(&WgpuDevice::DefaultDevice);
 }
 
 /// The variants on the device: a sliding window shorter than a shard (5, causal) and one crossing

@@ -127,7 +127,7 @@ pub struct GridPoint {
 pub struct GridBytes {
     /// The all-to-alls' (forward, backward).
     pub all_to_all: (u64, u64),
-    /// The ring's (forward, backward), and of it one hop's (forward, backward).
+    /// The ring's (forward, backward).
     pub ring: (u64, u64),
     /// One ring hop's bytes (forward, backward).
     pub hop: (u64, u64),
@@ -223,7 +223,7 @@ impl GridPoint {
         let forward = pass(FORWARD_PER_PAIR_DIM, b.hop.0);
         let backward = pass(BACKWARD_PER_PAIR_DIM, b.hop.1);
         let ring = forward.makespan + backward.makespan;
-        let compute = (forward.compute[0] + backward.compute[0]).max(0.0);
+        let compute = forward.compute[0] + backward.compute[0];
         Prediction {
             all_to_all,
             ring,

@@ -1,4 +1,6 @@
-//! Ring attention as a Burn op: a backend extension whose autodiff twin runs the ring backward.
+//! Ring attention as a Burn op: a backend extension whose autodiff twin runs the ring backward; on a
+//! grid of head × context parallelism, the ring wrapped in the heads all-to-all (`ulysses.rs`), itself
+//! an op whose backward is the other way.
 
 use crate::block::Block;
 use crate::block::BlockKind;
@@ -240,8 +242,9 @@ pub fn ring_attention_with<B: RingBackend>(
     Ok((wrap(out), wrap(lse)))
 }
 
-/// Ulysses × ring attention (head × context parallelism) of this rank's pieces (`q [b, h, t, d]`, `k, v [b, hk, t, d]`): to heads,
-/// the ring on this rank's heads over whole shards, back to tokens. `(out [b, h, t, d], lse [b, h, t])`.
+/// Ulysses × ring attention (head × context parallelism) of this rank's pieces (`q [b, h, t, d]`,
+/// `k, v [b, hk, t, d]`): to heads, the ring on this rank's heads over whole shards, back to tokens.
+/// `(out [b, h, t, d], lse [b, h, t])`.
 fn grid_attention<B: RingBackend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The GPU check, in two halves, so that the GPU machine runs prebuilt binaries and nothing else:
+#
+#   bash scripts/gpu-check.sh build   # here, no GPU needed: ringbench with the cuda and nccl features and
+#                                     # the CUDA exactness test, stripped and packed into
+#                                     # target/gpu-check/binaries.tar.xz (14 MB; the raw ones are 78 MB)
+#   bash scripts/gpu-check.sh run     # on the GPU machine, from the repository root (the device tool:
+#                                     # carry target/gpu-check): writes results/gpu/ (or $OUT/gpu/)
+#
+# `run` records the GPU's name and driver, runs the exactness subset on CUDA (the generic kernel, every
+# strategy x direction x scheme x N in {1, 2, 4}, causal and not, MHA and GQA, within 1e-5 of float64),
+# `bench attn --backend cuda` (generic kernel, zig-zag, causal and not, S up to 64K beside the same
+# run's CUDA matmul), and with two or more GPUs the NCCL transport under mpirun. Unattended: each step
+# has a timeout, 9 minutes in all. Without a GPU it says so in one line and exits 2. There is no fused
+# device kernel yet (issue 32), so the bench has no cubecl-fused row.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+stage=target/gpu-check
+bins=target/gpu-check-bin
+
+build() {
+  set -e
+  # No debuginfo: the binaries travel to the GPU machine (64 MiB for everything carried).
+  export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+  cargo build --locked --release --bin ringbench --features experiments/cuda,experiments/nccl
+  local test_bin
+  test_bin=$(cargo test --locked --release -p ringbench-tests --features cuda --test cuda --no-run \
+    --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda":
+        print(m["executable"])')
+  rm -rf "$stage" "$bins" && mkdir -p "$stage" "$bins"
+  cp target/release/ringbench "$bins/ringbench"
+  cp "$test_bin" "$bins/cuda-exactness"
+  tar -C "$bins" -cf - ringbench cuda-exactness | xz -T0 -6 >"$stage/binaries.tar.xz"
+  du -sh "$stage"/*
+  echo "staged in $stage: carry it, then run 'bash scripts/gpu-check.sh run' on the GPU machine"
+}
+
+run() {
+  local out="${OUT:-results}/gpu"
+  local bin="$bins/ringbench"
+  if [ ! -f "$stage/binaries.tar.xz" ]; then
+    echo "gpu-check: $stage holds no build; run 'bash scripts/gpu-check.sh build' first" >&2
+    exit 1
+  fi
+  mkdir -p "$bins" && tar -C "$bins" -xJf "$stage/binaries.tar.xz" || exit 1
+  if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu-check: no NVIDIA GPU here (nvidia-smi finds none): nothing to check" >&2
+    exit 2
+  fi
+  mkdir -p "$out"
+  local gpus
+  gpus=$(nvidia-smi -L | wc -l)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.csv"
+  echo "== $(date -u +%FT%TZ): $gpus GPU(s): $(tail -n +2 "$out/gpu.csv" | head -1)"
+  local status=0
+  echo "== exactness subset on CUDA (tests/tests/cuda.rs)"
+  timeout 240 "$bins/cuda-exactness" --test-threads 1 2>&1 | tee "$out/exactness.log" | tail -5
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  echo "== bench attn on CUDA (generic kernel, causal zig-zag)"
+  # Tiles of at most 8K x 8K per rank (the generic kernel materializes a tile's scores, 2 GiB at 8
+  # heads): N = S / 8K ranks, all on GPU 0.
+  for seq in 4096 16384 65536; do
+    local ranks=$(( seq > 8192 ? seq / 8192 : 1 ))
+    timeout 100 "$bin" bench attn --backend cuda --kernels generic --strategies zigzag \
+      --seq "$seq" --ranks "$ranks" --heads 8 --head-dim 128 --repeats 2 --out "$out/bench_$seq" \
+      2>&1 | tail -3
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+  if [ "$gpus" -ge 2 ]; then
+    echo "== NCCL: ringbench attn under mpirun on $gpus GPUs"
+    local fixture=experiments/tests/fixtures/attn_gqa
+    timeout 120 mpirun --allow-run-as-root --oversubscribe -n "$gpus" "$bin" attn \
+      --q "$fixture/q.npy" --k "$fixture/k.npy" --v "$fixture/v.npy" --do "$fixture/do.npy" \
+      --ranks "$gpus" --causal --nccl-id-file "$out/nccl.id" --out "$out/nccl" 2>&1 | tail -3
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  else
+    echo "== NCCL: skipped (one GPU)"
+  fi
+  echo "== gpu-check: $( [ $status -eq 0 ] && echo passed || echo FAILED ); results in $out"
+  exit $status
+}
+
+case "${1:-}" in
+  build) build ;;
+  run) run ;;
+  *) echo "usage: bash scripts/gpu-check.sh build|run" >&2; exit 2 ;;
+esac

@@ -1,0 +1,25 @@
+//! The exactness table's backend subset on Burn's CUDA backend (feature `cuda`): the generic kernel,
+//! every block on the GPU, against the float64 reference, and no host↔device copy in a ring step.
+//! It needs a GPU: CI compiles it (clippy with every feature); `scripts/gpu-check.sh` runs it.
+#![cfg(feature = "cuda")]
+
+use burn::backend::Autodiff;
+use burn::backend::Cuda;
+use burn::backend::cuda::CudaDevice;
+
+type OnCuda = Autodiff<Cuda>;
+
+/// Every strategy × direction × backward scheme × N ∈ {1, 2, 4} × causal × {MHA, GQA} at S = 48,
+/// within 1e-5 of the float64 reference.
+#[test]
+fn cuda_exactness_subset() {
+    let runs = ringbench_tests::device::exactness_subset::<OnCuda>(&CudaDevice::new(0));
+    println!("cuda exactness subset: {runs} runs within 1e-5");
+}
+
+/// On CUDA no ring step copies anything between host and device, and the ranks send each other
+/// exactly what they send on Flex.
+#[test]
+fn cuda_ring_steps_stay_on_the_device() {
+    ringbench_tests::device::ring_steps_stay_on_the_device::<OnCuda>(&CudaDevice::new(0));
+}
