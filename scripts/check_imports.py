@@ -37,7 +37,8 @@ LAYERS = {
     "experiments": [
         ["units", "markdown", "alloc", "hardware", "npy", "spec", "simulator", "memory_model",
          "dir_lock", "backend", "mpi_rank"],
-        ["results", "measure"],
+        # Cost models on the simulator and the hardware profiles.
+        ["results", "measure", "grid_model"],
         ["plot"],
         # Commands whose specs and datasets the experiment kinds reuse.
         ["exorl", "line_retrieval"],
