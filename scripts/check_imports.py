@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Each crate's top-level modules in layers, lowest first: a module imports only from earlier layers.
 LAYERS = {
     "workbench": [
-        ["error", "primitive", "backends", "dtype"],
+        ["error", "primitive", "backends", "dtype", "cube"],
         ["host"],
         ["block"],
         # Tile math and moving bytes: neither knows the other, nor rings, models or training.

@@ -1,6 +1,6 @@
 //! The exactness table's subset for a device backend (wgpu in CI on Mesa's software device, CUDA
-//! where a GPU is lent): the generic kernel with every block on the device, against the float64
-//! reference, and what its ring steps copy between host and device (nothing).
+//! where a GPU is lent): the fused device kernel and the generic one, every block on the device,
+//! against the float64 reference, and what their ring steps copy between host and device (nothing).
 
 use crate::{Case, F32_ATTENTION, assert_within, case_with, ran_every_pass, run_case};
 use burn::tensor::backend::AutodiffBackend;
@@ -12,14 +12,37 @@ pub const SEQ: usize = 48;
 /// Rank counts of the subset.
 pub const RANKS: [usize; 3] = [1, 2, 4];
 
+/// Tokens of the case whose tiles cross the fused device kernel's sub-tiles (32 rows at the
+/// subset's head size 8): 320 tokens on 1, 2 and 4 ranks leave shards of 320, 160, 80 and, zig-zag,
+/// chunks of 40; the last sub-tiles are partial.
+pub const SEQ_ACROSS_SUB_TILES: usize = 320;
+
 /// The generic kernel's ring options.
 pub fn generic(causal: bool, forward: Direction, backward: BackwardScheme) -> RingConfig {
+    on(Kernel::Generic, causal, forward, backward)
+}
+
+/// `kernel`'s ring options.
+pub fn on(
+    kernel: Kernel,
+    causal: bool,
+    forward: Direction,
+    backward: BackwardScheme,
+) -> RingConfig {
     RingConfig {
         causal,
         forward,
         backward,
-        kernel: Kernel::Generic,
+        kernel,
         ..Default::default()
+    }
+}
+
+/// What computes `kernel`'s tiles on a CubeCL device (the `kernel_impl` a run reports).
+pub fn device_impl(kernel: Kernel) -> &'static str {
+    match kernel {
+        Kernel::Fused => "cubecl-fused",
+        Kernel::Generic => "generic",
     }
 }
 
@@ -29,9 +52,9 @@ pub fn case(heads: (usize, usize), causal: bool) -> Case {
 }
 
 /// Every strategy × direction × backward scheme × N ∈ {1, 2, 4} × causal × {MHA 4/4, GQA 8/2} at
-/// S = 48 on `device`, each within 1e-5 of the float64 reference; returns the runs the engine counted
-/// (every rank a whole forward and backward pass), asserted to be all of them.
-pub fn exactness_subset<B>(device: &B::Device) -> usize
+/// S = 48 on `device` with `kernel`, each within 1e-5 of the float64 reference; returns the runs the
+/// engine counted (every rank a whole forward and backward pass), asserted to be all of them.
+pub fn exactness_subset<B>(device: &B::Device, kernel: Kernel) -> usize
 where
     B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
 {
@@ -46,12 +69,12 @@ where
                             let label = format!(
                                 "heads={heads:?} causal={causal} {strategy} N={ranks} fwd={forward} bwd={backward}"
                             );
-                            let config = generic(causal, forward, backward);
+                            let config = on(kernel, causal, forward, backward);
                             let result = run_case::<B>(&c, strategy, ranks, config, device)
                                 .unwrap_or_else(|e| panic!("{label}: {e}"));
                             assert_within(&result, &c.want, F32_ATTENTION, &label);
                             assert_eq!(result.padded_len, SEQ, "{label}: S = 48 needs no padding");
-                            assert_eq!(result.kernel_impl, "generic", "{label}");
+                            assert_eq!(result.kernel_impl, device_impl(kernel), "{label}");
                             runs += usize::from(ran_every_pass(&result, ranks));
                         }
                     }
@@ -60,6 +83,33 @@ where
         }
     }
     assert_eq!(runs, 2 * 2 * names().len() * RANKS.len() * 2 * 3);
+    runs
+}
+
+/// Tiles that cross the fused device kernel's sub-tiles, with partial last sub-tiles: S = 320,
+/// GQA 4/2, causal and not, every strategy on N ∈ {1, 2, 4} (both backward schemes that move
+/// different things, alternating), within 1e-5 of the float64 reference with `kernel`.
+pub fn across_sub_tiles<B>(device: &B::Device, kernel: Kernel) -> usize
+where
+    B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
+{
+    let mut runs = 0;
+    for causal in [true, false] {
+        let c = case_with(SEQ_ACROSS_SUB_TILES, (4, 2), causal, 0.25, &[]);
+        for (i, strategy) in names().into_iter().enumerate() {
+            for ranks in RANKS {
+                let backward = BackwardScheme::ALL[(i + ranks) % BackwardScheme::ALL.len()];
+                let label = format!("S=320 causal={causal} {strategy} N={ranks} bwd={backward}");
+                let config = on(kernel, causal, Direction::Cw, backward);
+                let result = run_case::<B>(&c, strategy, ranks, config, device)
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                assert_within(&result, &c.want, F32_ATTENTION, &label);
+                assert_eq!(result.kernel_impl, device_impl(kernel), "{label}");
+                runs += usize::from(ran_every_pass(&result, ranks));
+            }
+        }
+    }
+    assert_eq!(runs, 2 * names().len() * RANKS.len());
     runs
 }
 

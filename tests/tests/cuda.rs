@@ -1,20 +1,32 @@
-//! The exactness table's backend subset on Burn's CUDA backend (feature `cuda`): the generic kernel,
-//! every block on the GPU, against the float64 reference, and no host↔device copy in a ring step.
+//! The exactness table's backend subset on Burn's CUDA backend (feature `cuda`): the fused device
+//! kernel (CubeCL) and the generic one, every block on the GPU, against the float64 reference, and
+//! no host↔device copy in a ring step.
 //! It needs a GPU: CI compiles it (clippy with every feature); `scripts/gpu-check.sh` runs it.
 #![cfg(feature = "cuda")]
 
 use burn::backend::Autodiff;
 use burn::backend::Cuda;
 use burn::backend::cuda::CudaDevice;
+use workbench::Kernel;
 
 type OnCuda = Autodiff<Cuda>;
 
 /// Every strategy × direction × backward scheme × N ∈ {1, 2, 4} × causal × {MHA, GQA} at S = 48,
-/// within 1e-5 of the float64 reference.
+/// within 1e-5 of the float64 reference, with the generic kernel.
 #[test]
 fn cuda_exactness_subset() {
-    let runs = ringbench_tests::device::exactness_subset::<OnCuda>(&CudaDevice::new(0));
-    println!("cuda exactness subset: {runs} runs within 1e-5");
+    let runs =
+        ringbench_tests::device::exactness_subset::<OnCuda>(&CudaDevice::new(0), Kernel::Generic);
+    println!("cuda exactness subset, generic: {runs} runs within 1e-5");
+}
+
+/// The same with the fused device kernel, and S = 320 across its sub-tiles.
+#[test]
+fn cuda_fused_exactness_subset() {
+    let device = CudaDevice::new(0);
+    let runs = ringbench_tests::device::exactness_subset::<OnCuda>(&device, Kernel::Fused);
+    let across = ringbench_tests::device::across_sub_tiles::<OnCuda>(&device, Kernel::Fused);
+    println!("cuda exactness subset, cubecl-fused: {runs} + {across} runs within 1e-5");
 }
 
 /// On CUDA no ring step copies anything between host and device, and the ranks send each other

@@ -10,7 +10,7 @@ use ringbench_tests::device::{SEQ, case, generic};
 use ringbench_tests::{F32_ATTENTION, assert_within, ran_every_pass, run_case};
 use strategies::names;
 use workbench::backends::Wgpu;
-use workbench::{BackwardScheme, Direction, RingConfig};
+use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 type OnWgpu = Autodiff<Wgpu>;
 
@@ -18,11 +18,22 @@ type OnWgpu = Autodiff<Wgpu>;
 /// [`F32_ATTENTION`]).
 const TOLERANCE: f64 = F32_ATTENTION;
 
-/// Every strategy × direction × backward scheme × N ∈ {1, 2, 4} × causal × {MHA, GQA} at S = 48.
+/// Every strategy × direction × backward scheme × N ∈ {1, 2, 4} × causal × {MHA, GQA} at S = 48,
+/// the generic kernel.
 #[test]
 fn wgpu_exactness_subset() {
-    let runs = ringbench_tests::device::exactness_subset::<OnWgpu>(&WgpuDevice::DefaultDevice);
-    println!("wgpu exactness subset: {runs} runs within {TOLERANCE:e}");
+    let device = WgpuDevice::DefaultDevice;
+    let runs = ringbench_tests::device::exactness_subset::<OnWgpu>(&device, Kernel::Generic);
+    println!("wgpu exactness subset, generic: {runs} runs within {TOLERANCE:e}");
+}
+
+/// The same subset with the fused device kernel (CubeCL), and S = 320 across its sub-tiles.
+#[test]
+fn wgpu_fused_exactness_subset() {
+    let device = WgpuDevice::DefaultDevice;
+    let runs = ringbench_tests::device::exactness_subset::<OnWgpu>(&device, Kernel::Fused);
+    let across = ringbench_tests::device::across_sub_tiles::<OnWgpu>(&device, Kernel::Fused);
+    println!("wgpu exactness subset, cubecl-fused: {runs} + {across} runs within {TOLERANCE:e}");
 }
 
 /// On wgpu no ring step copies anything between host and device, and the ranks send each other

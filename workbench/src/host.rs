@@ -1,6 +1,7 @@
 //! Moving values between host memory and a backend's device: the one home of those copies, each
 //! counted on the calling thread (a rank's thread), so that the ring can report what a step moved.
 
+use crate::cube::DeviceTiles;
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::tensor::backend::Backend;
@@ -13,6 +14,12 @@ pub trait HostRead: Backend {
     /// Whether the backend's tensors live in host memory (the CPU backend): a kernel that computes
     /// on host blocks runs there without crossing to a device.
     const HOST_MEMORY: bool = false;
+
+    /// The fused tile kernels the backend runs on its own device (the CubeCL backends: wgpu, cuda),
+    /// if it has them.
+    fn device_tiles() -> Option<&'static dyn DeviceTiles<Self>> {
+        None
+    }
 
     /// The tensor's elements, row-major, as f32 on the host.
     fn to_host<const D: usize>(tensor: Tensor<Self, D>) -> Vec<f32> {
@@ -80,9 +87,17 @@ impl HostRead for burn::backend::Flex {
 }
 
 #[cfg(feature = "cuda")]
-impl HostRead for burn::backend::Cuda {}
+impl HostRead for burn::backend::Cuda {
+    fn device_tiles() -> Option<&'static dyn DeviceTiles<Self>> {
+        Some(&crate::cube::CubeTiles)
+    }
+}
 
 #[cfg(feature = "wgpu")]
-impl HostRead for crate::backends::Wgpu {}
+impl HostRead for crate::backends::Wgpu {
+    fn device_tiles() -> Option<&'static dyn DeviceTiles<Self>> {
+        Some(&crate::cube::CubeTiles)
+    }
+}
 
 impl<B: Backend, C: CheckpointStrategy> HostRead for Autodiff<B, C> {}

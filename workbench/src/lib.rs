@@ -17,6 +17,7 @@
 
 pub mod backends;
 pub mod block;
+pub mod cube;
 pub mod dtype;
 pub mod error;
 pub mod host;

@@ -45,6 +45,21 @@ impl<B: Backend> DeviceShard<B> {
         })
     }
 
+    /// Each query's first visible key position `[t]`.
+    pub(super) fn lo(&self) -> &Tensor<B, 1> {
+        &self.lo
+    }
+
+    /// Each query's last visible key position `[t]`.
+    pub(super) fn hi(&self) -> &Tensor<B, 1> {
+        &self.hi
+    }
+
+    /// Each key's position `[t]`.
+    pub(super) fn positions(&self) -> &Tensor<B, 1> {
+        &self.positions
+    }
+
     /// The device the shard lies on.
     pub fn device(&self) -> B::Device {
         self.lo.device()

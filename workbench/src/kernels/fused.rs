@@ -13,6 +13,7 @@
 use super::mask::{Bounds, Cover, Window, span};
 use super::tile::{BackwardTile as Tile, ForwardTile, Queries, Scores, TileKernel, Travelling};
 use crate::block::{Block, BlockKind};
+use crate::dtype::Precision;
 use crate::error::RingError;
 use crate::host::HostRead;
 use burn::tensor::{Tensor, TensorData};
@@ -606,15 +607,15 @@ impl<B: HostRead> TileKernel<B> for FusedCpu {
     type Forward = (Arc<Block>, OnlineSoftmax);
 
     /// On the CPU backend; on a device backend it would copy every block to the host and compute
-    /// there, so it says so instead.
-    fn implementation(&self, device: &B::Device) -> Result<&'static str, RingError> {
+    /// there, so it says so instead (`--kernel fused` runs the CubeCL kernel there).
+    fn implementation(&self, device: &B::Device, _: Precision) -> Result<&'static str, RingError> {
         if B::HOST_MEMORY {
             Ok("cpu-fused")
         } else {
             Err(RingError::KernelUnavailable {
                 kernel: "fused",
                 backend: B::name(device),
-                why: "it is the CPU kernel and there is no fused device kernel yet; use --kernel generic (Burn tensor ops on the device)",
+                why: "it is the CPU kernel (on a device, --kernel fused is the CubeCL kernel)",
             })
         }
     }

@@ -14,7 +14,7 @@ use super::device_mask::DeviceShard;
 use super::mask::{Visibility, Window};
 use super::tile::{BackwardTile, ForwardTile, Queries, Scores, TileDims, TileKernel, Travelling};
 use crate::block::{Block, BlockKind};
-use crate::dtype::Dtype;
+use crate::dtype::{Dtype, Precision};
 use crate::error::RingError;
 use crate::host::HostRead;
 use burn::tensor::{FloatDType, Tensor, backend::Backend};
@@ -175,7 +175,7 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
     type Shard = DeviceShard<B>;
     type Forward = GenericForward<B>;
 
-    fn implementation(&self, _: &B::Device) -> Result<&'static str, RingError> {
+    fn implementation(&self, _: &B::Device, _: Precision) -> Result<&'static str, RingError> {
         Ok("generic")
     }
 

@@ -1,11 +1,13 @@
 //! Tile math: one trait for a tile's forward and backward ([`TileKernel`], `tile.rs`), the fused CPU
-//! kernel (`fused.rs`) and its generic Burn twin (`generic.rs`, masks built on the device in
-//! `device_mask.rs`) implementing it, the visibility geometry they share ([`mask`]), the FLOP model
+//! kernel (`fused.rs`), the fused device kernel (`device_fused.rs`, CubeCL source in `crate::cube`)
+//! and their generic Burn twin (`generic.rs`, masks built on the device in `device_mask.rs`)
+//! implementing it, the visibility geometry they share ([`mask`]), the FLOP model
 //! ([`flops`]), and the registry below: one line a kernel.
 //!
 //! Nothing here knows ranks, rings or transports: a kernel sees blocks, each shard's query windows
 //! and key positions, and tiles.
 
+mod device_fused;
 mod device_mask;
 pub mod flops;
 pub mod fused;
@@ -13,6 +15,7 @@ mod generic;
 pub mod mask;
 mod tile;
 
+use crate::dtype::Precision;
 use crate::error::RingError;
 use crate::host::HostRead;
 use std::fmt;
@@ -32,10 +35,10 @@ pub trait WithKernel<B: HostRead> {
 }
 
 /// The registry: each kernel's variant of [`Kernel`], its name (`--kernel`, `kernels = [...]`), the
-/// type implementing [`TileKernel`], and what it is.
+/// function that runs work with the type implementing [`TileKernel`] on a backend, and what it is.
 macro_rules! registry {
-    ($first:ident => $first_name:literal, $first_kernel:expr, $first_doc:literal;
-     $($variant:ident => $name:literal, $kernel:expr, $doc:literal;)*) => {
+    ($first:ident => $first_name:literal, $first_run:ident, $first_doc:literal;
+     $($variant:ident => $name:literal, $run:ident, $doc:literal;)*) => {
         /// Which tile kernel computes a ring's tiles.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
         pub enum Kernel {
@@ -64,34 +67,50 @@ macro_rules! registry {
         /// Runs `work` with the kernel `kernel` names.
         pub fn with_kernel<B: HostRead, W: WithKernel<B>>(kernel: Kernel, work: W) -> W::Output {
             match kernel {
-                Kernel::$first => work.run(&$first_kernel),
-                $(Kernel::$variant => work.run(&$kernel),)*
+                Kernel::$first => $first_run::<B, W>(work),
+                $(Kernel::$variant => $run::<B, W>(work),)*
             }
         }
     };
 }
 
 registry! {
-    Fused => "fused", fused::FusedCpu,
-        "The fused CPU kernel on host blocks (`fused.rs`): gemm sub-tiles and an online softmax.";
-    Generic => "generic", generic::GenericTwin,
+    Fused => "fused", fused_where_the_tensors_are,
+        "The fused kernel where the backend keeps its tensors: on the CPU, gemm sub-tiles and an online softmax on host blocks (`fused.rs`); on a CubeCL device (wgpu, cuda), the CubeCL kernels (`device_fused.rs`).";
+    Generic => "generic", generic_twin,
         "Burn tensor ops on the backend's device (`generic.rs`): the reference twin of every fused kernel.";
 }
 
-/// What computes `kernel`'s tiles on backend `B` (`cpu-fused`, `generic`), or why it does not run
-/// there ([`TileKernel::implementation`]).
+/// `work` with the fused kernel for backend `B`: the CPU kernel where tensors live in host memory,
+/// the device kernel elsewhere (which says so when the backend has none).
+fn fused_where_the_tensors_are<B: HostRead, W: WithKernel<B>>(work: W) -> W::Output {
+    if B::HOST_MEMORY {
+        work.run(&fused::FusedCpu)
+    } else {
+        work.run(&device_fused::DeviceFused)
+    }
+}
+
+/// `work` with the generic kernel.
+fn generic_twin<B: HostRead, W: WithKernel<B>>(work: W) -> W::Output {
+    work.run(&generic::GenericTwin)
+}
+
+/// What computes `kernel`'s tiles on backend `B` in `precision` (`cpu-fused`, `cubecl-fused`,
+/// `generic`), or why it does not run there ([`TileKernel::implementation`]).
 pub fn implementation<B: HostRead>(
     kernel: Kernel,
     device: &B::Device,
+    precision: Precision,
 ) -> Result<&'static str, RingError> {
-    struct Ask<'a, B: HostRead>(&'a B::Device);
+    struct Ask<'a, B: HostRead>(&'a B::Device, Precision);
     impl<B: HostRead> WithKernel<B> for Ask<'_, B> {
         type Output = Result<&'static str, RingError>;
         fn run<K: TileKernel<B>>(self, kernel: &K) -> Self::Output {
-            kernel.implementation(self.0)
+            kernel.implementation(self.0, self.1)
         }
     }
-    with_kernel(kernel, Ask::<B>(device))
+    with_kernel(kernel, Ask::<B>(device, precision))
 }
 
 impl fmt::Display for Kernel {

@@ -146,10 +146,14 @@ pub trait TileKernel<B: HostRead> {
     /// A rank's forward accumulator over the key/value blocks of a pass.
     type Forward;
 
-    /// What runs the tiles on backend `B` (`cpu-fused`, `generic`, …: the `kernel_impl` that
-    /// tables and `ringbench attn` report), or why this kernel does not run there: a kernel never
-    /// runs somewhere else than asked without saying so.
-    fn implementation(&self, device: &B::Device) -> Result<&'static str, RingError>;
+    /// What runs the tiles on backend `B` in `precision` (`cpu-fused`, `cubecl-fused`, `generic`,
+    /// …: the `kernel_impl` that tables and `ringbench attn` report), or why this kernel does not
+    /// run there: a kernel never runs somewhere else than asked without saying so.
+    fn implementation(
+        &self,
+        device: &B::Device,
+        precision: Precision,
+    ) -> Result<&'static str, RingError>;
 
     /// Prepares a shard: queries seeing `windows`, keys at `positions` (both in local order).
     fn shard(

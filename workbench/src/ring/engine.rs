@@ -330,7 +330,7 @@ impl<B: HostRead> WithKernel<B> for Forward<'_, B> {
         let how = scores_of(attend, d, precision);
         let device = q.device();
         // A kernel that does not run on this backend says so before anything moves.
-        kernel.implementation(&device)?;
+        kernel.implementation(&device, precision)?;
         let rank = ctx.rank();
         let windows = ctx.windows(attend.mask());
         let shards = shards(kernel, ctx, &windows, &device)?;

@@ -419,7 +419,11 @@ where
     B: AutodiffBackend<InnerBackend: RingBackend>,
 {
     let probe = Tensor::<B, 1>::zeros([1], device).inner();
-    crate::kernels::implementation::<B::InnerBackend>(job.config.kernel, &probe.device())
+    crate::kernels::implementation::<B::InnerBackend>(
+        job.config.kernel,
+        &probe.device(),
+        job.config.precision,
+    )
 }
 
 /// Puts the ranks' outputs back into the job's layout.
