@@ -930,36 +930,55 @@ fn attn_on_wgpu_matches_numpy() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
-/// `--kernel fused` on wgpu would run the CPU kernel on host copies of every block: it is one line
-/// saying so and naming the kernel to use, exit 1, and nothing is written.
+/// `--kernel fused` on wgpu is the CubeCL device kernel, never the CPU kernel on host copies: the
+/// summary names `cubecl-fused`, no ring step copies between host and device, and the outputs match
+/// NumPy's float64 reference within 1e-5. In bf16, which it does not compute, it is one line saying
+/// so, exit 1, and nothing is written.
 #[cfg(feature = "wgpu")]
 #[test]
 fn the_cpu_kernel_never_runs_silently_on_a_device() {
     let out = temp_dir("wgpu-fused");
     let o = out.join("o").to_string_lossy().into_owned();
-    let run = ringbench(&attn_on_fixture(
-        true,
-        &[
-            "--ranks",
-            "2",
-            "--kernel",
-            "fused",
-            "--backend",
-            "wgpu",
-            "--out",
-            &o,
-        ],
-    ));
+    let fused_on_wgpu = [
+        "--ranks",
+        "2",
+        "--strategy",
+        "zigzag",
+        "--causal",
+        "--kernel",
+        "fused",
+        "--backend",
+        "wgpu",
+        "--out",
+        &o,
+    ];
+    let run = ringbench(&attn_on_fixture(true, &fused_on_wgpu));
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        stdout.contains("zigzag on wgpu, kernel cubecl-fused;")
+            && stdout.contains("bytes between host and device, 0 of them in ring steps"),
+        "{stdout}"
+    );
+    assert_matches(&out.join("o"), fixture, "wgpu fused");
+    std::fs::remove_dir_all(&out).unwrap();
+
+    let mut in_bf16 = fused_on_wgpu.to_vec();
+    in_bf16.extend(["--dtype", "bf16"]);
+    let run = ringbench(&attn_on_fixture(true, &in_bf16));
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.lines().count() == 1
             && stderr.contains("--kernel fused does not run on")
-            && stderr.contains("use --kernel generic"),
+            && stderr.contains("f32 only"),
         "{stderr}"
     );
     assert!(!out.join("o").join("out.npy").exists());
-    std::fs::remove_dir_all(&out).unwrap();
 }
 
 /// A backend this binary lacks, or an unknown one, is one line naming it.

@@ -113,17 +113,17 @@ where
     runs
 }
 
-/// On a device no ring step copies anything between host and device (the inputs are placed before
-/// the first step and the outputs read after the last), and the ranks send each other exactly what
-/// they send on Flex.
-pub fn ring_steps_stay_on_the_device<B>(device: &B::Device)
+/// On a device no ring step of `kernel` copies anything between host and device (the inputs are
+/// placed before the first step and the outputs read after the last), and the ranks send each other
+/// exactly what they send on Flex.
+pub fn ring_steps_stay_on_the_device<B>(device: &B::Device, kernel: Kernel)
 where
     B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
 {
     use burn::backend::{Autodiff, Flex};
     let c = case((8, 2), true);
     for backward in BackwardScheme::ALL {
-        let config = generic(true, Direction::Cw, backward);
+        let config = on(kernel, true, Direction::Cw, backward);
         let on_device = run_case::<B>(&c, "zigzag", 4, config, device).expect("device run");
         let on_flex = run_case::<Autodiff<Flex>>(&c, "zigzag", 4, config, &Default::default())
             .expect("flex run");
@@ -135,6 +135,39 @@ where
             }
             assert!(dev.total_bytes() > 0);
             assert_eq!(dev.sends, flex.sends, "{backward} rank {rank}");
+        }
+    }
+}
+
+/// Every byte a device call of `kernel` moves between host and device, per rank: its inputs placed
+/// (q, k, v, dO), its outputs read (out, lse, dq, dk, dv), and each pass's positions (every rank's
+/// shard prepared once a pass, forward and backward: 2 window ends a query and 1 position a key,
+/// f32). No block, tile or accumulator crosses: the count does not depend on the ring's steps.
+pub fn host_device_bytes_are_inputs_outputs_and_positions<B>(device: &B::Device, kernel: Kernel)
+where
+    B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
+{
+    use crate::{BATCH, HEAD_DIM};
+    let (heads, kv_heads) = (8, 2);
+    let c = case((heads, kv_heads), true);
+    for ranks in RANKS {
+        for backward in BackwardScheme::ALL {
+            let label = format!("{kernel} N={ranks} bwd={backward}");
+            let config = on(kernel, true, Direction::Cw, backward);
+            let result = run_case::<B>(&c, "zigzag", ranks, config, device)
+                .unwrap_or_else(|e| panic!("{label}: {e}"));
+            let t = SEQ / ranks;
+            let query_side = BATCH * t * heads * HEAD_DIM;
+            let key_side = BATCH * t * kv_heads * HEAD_DIM;
+            let inputs = 2 * query_side + 2 * key_side;
+            let outputs = query_side + BATCH * t * heads + query_side + 2 * key_side;
+            let positions = 2 * ranks * 3 * t;
+            let want = 4 * (inputs + outputs + positions) as u64;
+            assert_eq!(result.host_device_bytes.len(), ranks, "{label}");
+            for (rank, &bytes) in result.host_device_bytes.iter().enumerate() {
+                assert_eq!(bytes, want, "{label} rank {rank}");
+            }
+            assert_eq!(result.kernel_impl, device_impl(kernel), "{label}");
         }
     }
 }

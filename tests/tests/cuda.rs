@@ -33,5 +33,12 @@ fn cuda_fused_exactness_subset() {
 /// exactly what they send on Flex.
 #[test]
 fn cuda_ring_steps_stay_on_the_device() {
-    ringbench_tests::device::ring_steps_stay_on_the_device::<OnCuda>(&CudaDevice::new(0));
+    use ringbench_tests::device::{
+        host_device_bytes_are_inputs_outputs_and_positions, ring_steps_stay_on_the_device,
+    };
+    let device = CudaDevice::new(0);
+    for kernel in Kernel::ALL {
+        ring_steps_stay_on_the_device::<OnCuda>(&device, kernel);
+        host_device_bytes_are_inputs_outputs_and_positions::<OnCuda>(&device, kernel);
+    }
 }

@@ -1,12 +1,12 @@
 //! The exactness table's backend subset on Burn's wgpu backend (feature `wgpu`; without a GPU, Mesa's
-//! software Vulkan device): the generic kernel, every block on the device, against the float64
-//! reference; and what a ring step moves between host and device (nothing) and between ranks (what
-//! Flex moves).
+//! software Vulkan device): the fused device kernel (CubeCL) and the generic one, every block on the
+//! device, against the float64 reference; and what a ring step moves between host and device
+//! (nothing) and between ranks (what Flex moves).
 #![cfg(feature = "wgpu")]
 
 use burn::backend::Autodiff;
 use burn::backend::wgpu::WgpuDevice;
-use ringbench_tests::device::{SEQ, case, generic};
+use ringbench_tests::device::{SEQ, case, generic, on};
 use ringbench_tests::{F32_ATTENTION, assert_within, ran_every_pass, run_case};
 use strategies::names;
 use workbench::backends::Wgpu;
@@ -37,16 +37,25 @@ fn wgpu_fused_exactness_subset() {
 }
 
 /// On wgpu no ring step copies anything between host and device, and the ranks send each other
-/// exactly what they send on Flex.
+/// exactly what they send on Flex; a whole call moves its inputs, its outputs and the shards'
+/// positions, nothing else: both kernels.
 #[test]
 fn wgpu_ring_steps_stay_on_the_device() {
-    ringbench_tests::device::ring_steps_stay_on_the_device::<OnWgpu>(&WgpuDevice::DefaultDevice);
+    use ringbench_tests::device::{
+        host_device_bytes_are_inputs_outputs_and_positions, ring_steps_stay_on_the_device,
+    };
+    let device = WgpuDevice::DefaultDevice;
+    for kernel in Kernel::ALL {
+        ring_steps_stay_on_the_device::<OnWgpu>(&device, kernel);
+        host_device_bytes_are_inputs_outputs_and_positions::<OnWgpu>(&device, kernel);
+    }
 }
 
 /// The variants on the device: a sliding window shorter than a shard (5, causal) and one crossing
 /// packed documents (20, not causal), a logit cap of 4 and sinks, on every strategy, N ∈ {2, 4}, each
 /// backward scheme once per strategy and window, against the float64 reference within 1e-5 (dsinks
-/// included): the generic kernel's tanh, its sink terms and its windowed masks as device tensors.
+/// included), with both kernels: the generic kernel's tanh, sink terms and windowed masks as device
+/// tensors, and the fused kernel's inside its CubeCL kernels.
 #[test]
 fn wgpu_windows_softcap_and_sinks() {
     use ringbench_tests::{Variant, case_variant};
@@ -60,11 +69,12 @@ fn wgpu_windows_softcap_and_sinks() {
         };
         let c = case_variant(SEQ, (4, 2), causal, 0.25, docs, variant);
         for (i, strategy) in names().into_iter().enumerate() {
-            for ranks in [2, 4] {
+            for (ranks, kernel) in [2, 4].into_iter().flat_map(|n| Kernel::ALL.map(|k| (n, k))) {
                 let backward = BackwardScheme::ALL[(i + ranks) % 3];
-                let label =
-                    format!("window {window} causal={causal} {strategy} N={ranks} {backward}");
-                let config = generic(causal, Direction::Cw, backward);
+                let label = format!(
+                    "window {window} causal={causal} {strategy} N={ranks} {backward} {kernel}"
+                );
+                let config = on(kernel, causal, Direction::Cw, backward);
                 let result = run_case::<OnWgpu>(&c, strategy, ranks, config, &device)
                     .unwrap_or_else(|e| panic!("{label}: {e}"));
                 assert_within(&result, &c.want, TOLERANCE, &label);
@@ -74,7 +84,7 @@ fn wgpu_windows_softcap_and_sinks() {
             }
         }
     }
-    assert_eq!(runs, 2 * names().len() * 2);
+    assert_eq!(runs, 2 * names().len() * 2 * Kernel::ALL.len());
 }
 
 /// bf16 with the generic kernel on the device: where the device computes bf16 the run keeps its

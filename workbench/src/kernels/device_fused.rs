@@ -74,7 +74,7 @@ impl<B: HostRead> TileKernel<B> for DeviceFused {
                 "this backend has no fused device kernel (CubeCL backends do: wgpu, cuda); use --kernel generic",
             )),
             Some(_) if precision.uses_bf16() => Err(unavailable(
-                "the fused device kernel computes in f32 only; for bf16 use --kernel generic",
+                "the fused device kernel computes in f32 only; bf16 runs use --kernel generic, on a device that computes bf16",
             )),
             Some(_) => Ok("cubecl-fused"),
         }
