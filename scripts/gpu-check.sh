@@ -7,12 +7,12 @@
 #   bash scripts/gpu-check.sh run     # on the GPU machine, from the repository root (the device tool:
 #                                     # carry target/gpu-check): writes results/gpu/ (or $OUT/gpu/)
 #
-# `run` records the GPU's name and driver, runs the exactness subset on CUDA (the generic kernel, every
-# strategy x direction x scheme x N in {1, 2, 4}, causal and not, MHA and GQA, within 1e-5 of float64),
-# `bench attn --backend cuda` (generic kernel, zig-zag, causal and not, S up to 64K beside the same
-# run's CUDA matmul), and with two or more GPUs the NCCL transport under mpirun. Unattended: each step
-# has a timeout, 9 minutes in all. Without a GPU it says so in one line and exits 2. There is no fused
-# device kernel yet (issue 32), so the bench has no cubecl-fused row.
+# `run` records the GPU's name and driver, runs the exactness subset on CUDA (the fused CubeCL kernel and
+# the generic one, every strategy x direction x scheme x N in {1, 2, 4}, causal and not, MHA and GQA,
+# within 1e-5 of float64), `bench attn --backend cuda` (both kernels, zig-zag, causal and not, S up to
+# 64K beside the same run's CUDA matmul), and with two or more GPUs the NCCL transport under mpirun.
+# Unattended: each step has a timeout, under 10 minutes in all. Without a GPU it says so in one line and
+# exits 2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stage=target/gpu-check
@@ -58,22 +58,24 @@ run() {
   echo "== $(date -u +%FT%TZ): $gpus GPU(s): $(tail -n +2 "$out/gpu.csv" | head -1)"
   local status=0
   echo "== exactness subset on CUDA (tests/tests/cuda.rs)"
-  timeout 240 "$bins/cuda-exactness" --test-threads 1 2>&1 | tee "$out/exactness.log" | tail -5
+  timeout 200 "$bins/cuda-exactness" --test-threads 1 2>&1 | tee "$out/exactness.log" | tail -5
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  echo "== bench attn on CUDA (generic kernel, causal zig-zag)"
+  echo "== bench attn on CUDA (fused CubeCL and generic kernels, zig-zag)"
   # Tiles of at most 8K x 8K per rank (the generic kernel materializes a tile's scores, 2 GiB at 8
-  # heads): N = S / 8K ranks, all on GPU 0.
+  # heads): N = S / 8K ranks, all on GPU 0. Each kernel and length under its own timeout.
   for seq in 4096 16384 65536; do
     local ranks=$(( seq > 8192 ? seq / 8192 : 1 ))
-    timeout 100 "$bin" bench attn --backend cuda --kernels generic --strategies zigzag \
-      --seq "$seq" --ranks "$ranks" --heads 8 --head-dim 128 --repeats 2 --out "$out/bench_$seq" \
-      2>&1 | tail -3
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    for kernel in fused generic; do
+      timeout 55 "$bin" bench attn --backend cuda --kernels "$kernel" --strategies zigzag \
+        --seq "$seq" --ranks "$ranks" --heads 8 --head-dim 128 --repeats 2 \
+        --out "$out/bench_${kernel}_$seq" 2>&1 | tail -3
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
   done
   if [ "$gpus" -ge 2 ]; then
     echo "== NCCL: ringbench attn under mpirun on $gpus GPUs"
     local fixture=experiments/tests/fixtures/attn_gqa
-    timeout 120 mpirun --allow-run-as-root --oversubscribe -n "$gpus" "$bin" attn \
+    timeout 60 mpirun --allow-run-as-root --oversubscribe -n "$gpus" "$bin" attn \
       --q "$fixture/q.npy" --k "$fixture/k.npy" --v "$fixture/v.npy" --do "$fixture/do.npy" \
       --ranks "$gpus" --causal --nccl-id-file "$out/nccl.id" --out "$out/nccl" 2>&1 | tail -3
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -188,8 +188,8 @@ mod wgpu {
 mod cuda {
     use super::{BackendName, OnBackend, probe};
     use anyhow::Result;
-    use burn::backend::Cuda;
     use burn::backend::cuda::CudaDevice;
+    use workbench::backends::Cuda;
 
     /// Index i is CUDA device i; no index: device 0.
     pub fn run<W: OnBackend>(indices: &[usize], work: W) -> Result<W::Output> {

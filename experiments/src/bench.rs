@@ -38,7 +38,8 @@ pub struct BenchAttnArgs {
     /// Strategies to run; all registered ones by default.
     #[arg(long, visible_alias = "strategy", value_delimiter = ',')]
     pub strategies: Vec<String>,
-    /// Kernels to time: fused, generic (default: both on flex; generic, the device path, elsewhere).
+    /// Kernels to time: fused (the CPU kernel on flex, the CubeCL kernel on a device), generic
+    /// (default: both).
     #[arg(long, visible_alias = "kernel", value_delimiter = ',')]
     pub kernels: Vec<Kernel>,
     /// Backend: flex (CPU), wgpu or cuda.
@@ -104,7 +105,7 @@ pub struct AttnBenchRow {
     pub working_set_mib_per_rank: f64,
     /// The most bytes any rank's ring step moved between host and device in fwd+bwd.
     pub host_device_bytes_per_step: u64,
-    /// What computed the tiles: `cpu-fused` or `generic`.
+    /// What computed the tiles: `cpu-fused`, `cubecl-fused` or `generic`.
     pub kernel_impl: &'static str,
     /// Every byte fwd+bwd moved between host and device, all ranks: inputs placed, outputs and
     /// gradients read, and the ring steps' (on flex, copies between host arrays and tensors).
@@ -138,10 +139,9 @@ impl OnBackend for BenchOn<'_> {
 }
 
 fn bench_attn<I: RingBackend>(args: &BenchAttnArgs, devices: &[I::Device]) -> Result<()> {
-    let kernels = match (&args.kernels[..], args.backend) {
-        ([], BackendName::Flex) => vec![Kernel::Fused, Kernel::Generic],
-        ([], _) => vec![Kernel::Generic],
-        (given, _) => given.to_vec(),
+    let kernels = match &args.kernels[..] {
+        [] => Kernel::ALL.to_vec(),
+        given => given.to_vec(),
     };
     let matmul_gflops = || matmul_gflops_on::<I>(args.matmul, &devices[0]);
     let strategies: Vec<String> = if args.strategies.is_empty() {

@@ -5,9 +5,9 @@
 #![cfg(feature = "cuda")]
 
 use burn::backend::Autodiff;
-use burn::backend::Cuda;
 use burn::backend::cuda::CudaDevice;
 use workbench::Kernel;
+use workbench::backends::Cuda;
 
 type OnCuda = Autodiff<Cuda>;
 

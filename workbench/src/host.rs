@@ -87,7 +87,7 @@ impl HostRead for burn::backend::Flex {
 }
 
 #[cfg(feature = "cuda")]
-impl HostRead for burn::backend::Cuda {
+impl HostRead for crate::backends::Cuda {
     fn device_tiles() -> Option<&'static dyn DeviceTiles<Self>> {
         Some(&crate::cube::CubeTiles)
     }

@@ -3,11 +3,13 @@
 //! dQ for a block of queries), so that no two cubes write the same row and nothing is atomic.
 //!
 //! One cube is `tile` units, each owning one row (a query row forward and for dQ, a key row for dK
-//! and dV); the other side streams through shared memory `tile` rows at a time. Masks come from each
-//! query's window `[lo, hi]` of key positions and each key's position (f32, exact below 2^24): a
-//! sub-tile that no row of the cube sees is skipped (each cube counts the sub-tiles it computed, in
-//! `work`), and one that every row sees whole checks no position. Query head `h` reads kv head
-//! `h / (heads / kv_heads)`. Everything accumulates in f32.
+//! and dV) in registers; the other side streams through shared memory `tile` rows at a time. Rows
+//! are held as 4-wide vectors (`d4 = ⌈d / 4⌉` of them, the padding zeros), so that one shared-memory
+//! read feeds four multiply-adds. Masks come from each query's window `[lo, hi]` of key positions
+//! and each key's position (f32, exact below 2^24): a sub-tile that no row of the cube sees is
+//! skipped (each cube counts the sub-tiles it computed, in `work`), and one that every row sees
+//! whole checks no position; inside a sub-tile a hidden pair's probability is selected to 0, without
+//! a branch. Query head `h` reads kv head `h / (heads / kv_heads)`. Everything accumulates in f32.
 //!
 //! −∞ arrives as the runtime argument `neg_inf` (WGSL has no infinity literal): a row that saw no
 //! key gets output 0 and lse −∞, as every kernel's.
@@ -17,172 +19,56 @@
 
 use cubecl::prelude::*;
 
+/// Four f32 lanes of a row.
+type V4 = Vector<f32, Const<4>>;
+
 /// The offset of row `i`, column 0, of head `h` in batch `b` of a `[b, h, t, d]` tensor.
 #[cube]
 fn row_offset(t: &Tensor<f32>, b: usize, h: usize, i: usize) -> usize {
     b * t.stride(0) + h * t.stride(1) + i * t.stride(2)
 }
 
-/// A score `s` through the soft cap `C · tanh(s / C)` when there is one.
+/// The sum of a vector's four lanes.
 #[cube]
-fn capped_score(s: f32, cap: f32, #[comptime] capped: bool) -> f32 {
-    if capped { cap * (s / cap).tanh() } else { s }
+fn sum4(x: V4) -> f32 {
+    x[0] + x[1] + x[2] + x[3]
 }
 
-/// The forward of one tile folded into the running `(out_prev, lse_prev)`: writes the merged
-/// `(out, lse)`. Cubes: (query blocks, heads, batch).
-#[allow(clippy::too_many_arguments)]
-#[cube(launch)]
-pub fn forward_tile(
-    q: &Tensor<f32>,
-    k: &Tensor<f32>,
-    v: &Tensor<f32>,
-    q_lo: &Tensor<f32>,
-    q_hi: &Tensor<f32>,
-    k_pos: &Tensor<f32>,
-    out_prev: &Tensor<f32>,
-    lse_prev: &Tensor<f32>,
-    out: &mut Tensor<f32>,
-    lse: &mut Tensor<f32>,
-    work: &mut Tensor<f32>,
-    scale: f32,
-    cap: f32,
-    neg_inf: f32,
-    #[comptime] tile: usize,
-    #[comptime] d: usize,
-    #[comptime] capped: bool,
-) {
-    let unit = UNIT_POS_X as usize;
-    let block = CUBE_POS_X as usize;
-    let h = CUBE_POS_Y as usize;
-    let b = CUBE_POS_Z as usize;
-    let tq = q.shape(2);
-    let tk = k.shape(2);
-    let hk = h / (q.shape(1) / k.shape(1));
-    let i = block * tile + unit;
-    let row_ok = i < tq;
-    let rows = min(tile, tq - block * tile);
-
-    // This row's window, and the cube's: what any row sees and what every row does.
-    let mut s_lo = SharedMemory::<f32>::new(tile);
-    let mut s_hi = SharedMemory::<f32>::new(tile);
-    let mut lo = 0.0f32;
-    let mut hi = f32::new(-1.0);
-    if row_ok {
-        lo = q_lo[i * q_lo.stride(0)];
-        hi = q_hi[i * q_hi.stride(0)];
-    }
-    s_lo[unit] = lo;
-    s_hi[unit] = hi;
-
-    let mut q_row = Array::<f32>::new(d);
-    let mut acc = Array::<f32>::new(d);
-    let q_at = row_offset(q, b, h, min(i, tq - 1));
-    for c in 0..d {
-        q_row[c] = q[q_at + c * q.stride(3)] * scale;
-        acc[c] = 0.0f32;
-    }
-    sync_cube();
-    let bounds = window_bounds(&s_lo, &s_hi, rows, neg_inf);
-
-    let mut s_pos = SharedMemory::<f32>::new(tile);
-    let mut s_k = SharedMemory::<f32>::new(tile * d);
-    let mut s_v = SharedMemory::<f32>::new(tile * d);
-    let mut scores = Array::<f32>::new(tile);
-    let mut m = neg_inf;
-    let mut l = 0.0f32;
-    let mut computed = 0.0f32;
-    let blocks = tk.div_ceil(tile);
-    for kb in 0..blocks {
-        let j = kb * tile + unit;
-        if j < tk {
-            s_pos[unit] = k_pos[j * k_pos.stride(0)];
-            let k_at = row_offset(k, b, hk, j);
-            let v_at = row_offset(v, b, hk, j);
-            for c in 0..d {
-                s_k[unit * d + c] = k[k_at + c * k.stride(3)];
-                s_v[unit * d + c] = v[v_at + c * v.stride(3)];
-            }
-        }
-        sync_cube();
-        let keys = min(tile, tk - kb * tile);
-        let mut k_min = -neg_inf;
-        let mut k_max = neg_inf;
-        for jj in 0..keys {
-            k_min = min(k_min, s_pos[jj]);
-            k_max = max(k_max, s_pos[jj]);
-        }
-        let empty = k_max < bounds[0] || k_min > bounds[3];
-        let full = k_min >= bounds[1] && k_max <= bounds[2];
-        if !empty {
-            computed += 1.0;
-            let mut tile_max = neg_inf;
-            for jj in 0..keys {
-                let mut s = 0.0f32;
-                for c in 0..d {
-                    s += q_row[c] * s_k[jj * d + c];
-                }
-                s = capped_score(s, cap, capped);
-                let pos = s_pos[jj];
-                if !full && (pos < lo || pos > hi) {
-                    s = neg_inf;
-                }
-                scores[jj] = s;
-                tile_max = max(tile_max, s);
-            }
-            if tile_max > neg_inf {
-                let m_new = max(m, tile_max);
-                let correction = (m - m_new).exp();
-                l *= correction;
-                for c in 0..d {
-                    acc[c] *= correction;
-                }
-                for jj in 0..keys {
-                    let p = (scores[jj] - m_new).exp();
-                    l += p;
-                    for c in 0..d {
-                        acc[c] += p * s_v[jj * d + c];
-                    }
-                }
-                m = m_new;
-            }
-        }
-        sync_cube();
-    }
-
-    if row_ok {
-        // This tile's (normalized output, lse), merged with the previous ones in f32.
-        let mut lse_tile = neg_inf;
-        let mut inv = 0.0f32;
-        if l > 0.0 {
-            lse_tile = m + l.ln();
-            inv = 1.0f32 / l;
-        }
-        let lse_at = b * lse_prev.stride(0) + h * lse_prev.stride(1) + i * lse_prev.stride(2);
-        let lse_before = lse_prev[lse_at];
-        let top = max(lse_before, lse_tile);
-        let prev_at = row_offset(out_prev, b, h, i);
-        let out_at = row_offset(out, b, h, i);
-        let lse_out = b * lse.stride(0) + h * lse.stride(1) + i * lse.stride(2);
-        if top == neg_inf {
-            lse[lse_out] = neg_inf;
-            for c in 0..d {
-                out[out_at + c * out.stride(3)] = 0.0f32;
-            }
-        } else {
-            let w_before = (lse_before - top).exp();
-            let w_tile = (lse_tile - top).exp();
-            let total = w_before + w_tile;
-            lse[lse_out] = top + total.ln();
-            for c in 0..d {
-                let before = out_prev[prev_at + c * out_prev.stride(3)];
-                out[out_at + c * out.stride(3)] =
-                    (before * w_before + acc[c] * inv * w_tile) / total;
-            }
+/// Columns `4·c4 .. 4·c4 + 4` of the row at `at` of `t`, times `factor`; columns past `d` are 0.
+#[cube]
+fn read4(t: &Tensor<f32>, at: usize, c4: usize, factor: f32, #[comptime] d: usize) -> V4 {
+    let mut x = V4::new(0.0);
+    #[unroll]
+    for e in 0..4usize {
+        let c = c4 * 4 + e;
+        if c < d {
+            x[e] = t[at + c * t.stride(3)] * factor;
         }
     }
-    if unit == 0 {
-        work[(b * CUBE_COUNT_Y as usize + h) * CUBE_COUNT_X as usize + block] = computed;
+    x
+}
+
+/// Writes `x` to columns `4·c4 .. 4·c4 + 4` (those below `d`) of the row at `at` of `t`.
+#[cube]
+fn write4(t: &mut Tensor<f32>, at: usize, c4: usize, x: V4, #[comptime] d: usize) {
+    #[unroll]
+    for e in 0..4usize {
+        let c = c4 * 4 + e;
+        if c < d {
+            t[at + c * t.stride(3)] = x[e];
+        }
+    }
+}
+
+/// A raw score `s` through the soft cap, `C · tanh(s / C)`, with the cap's derivative
+/// `1 − tanh²` (1 without a cap).
+#[cube]
+fn capped_score(s: f32, cap: f32, #[comptime] capped: bool) -> (f32, f32) {
+    if capped {
+        let t = (s / cap).tanh();
+        (cap * t, 1.0f32 - t * t)
+    } else {
+        (s, 1.0f32)
     }
 }
 
@@ -209,10 +95,182 @@ fn window_bounds(
     bounds
 }
 
+/// The `[lowest, highest]` of the first `keys` positions in shared memory.
+#[cube]
+fn key_span(s_pos: &SharedMemory<f32>, keys: usize, neg_inf: f32) -> Array<f32> {
+    let mut span = Array::<f32>::new(2usize);
+    span[0] = -neg_inf;
+    span[1] = neg_inf;
+    for jj in 0..keys {
+        span[0] = min(span[0], s_pos[jj]);
+        span[1] = max(span[1], s_pos[jj]);
+    }
+    span
+}
+
+/// Whether keys spanning `span` are seen by no row of windows `bounds` (`0`), by some (`1`), or
+/// whole by every row (`2`).
+#[cube]
+fn cover(bounds: &Array<f32>, span: &Array<f32>) -> u32 {
+    let mut c = 1u32;
+    if span[1] < bounds[0] || span[0] > bounds[3] {
+        c = 0u32;
+    } else if span[0] >= bounds[1] && span[1] <= bounds[2] {
+        c = 2u32;
+    }
+    c
+}
+
+/// The forward of one tile folded into the running `(out_prev, lse_prev)`: writes the merged
+/// `(out, lse)`. Cubes: (query blocks, heads, batch).
+#[allow(clippy::too_many_arguments)]
+#[cube(launch_unchecked)]
+pub fn forward_tile(
+    q: &Tensor<f32>,
+    k: &Tensor<f32>,
+    v: &Tensor<f32>,
+    q_lo: &Tensor<f32>,
+    q_hi: &Tensor<f32>,
+    k_pos: &Tensor<f32>,
+    out_prev: &Tensor<f32>,
+    lse_prev: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    lse: &mut Tensor<f32>,
+    work: &mut Tensor<f32>,
+    scale: f32,
+    cap: f32,
+    neg_inf: f32,
+    #[comptime] tile: usize,
+    #[comptime] d: usize,
+    #[comptime] capped: bool,
+) {
+    let d4 = comptime!(d.div_ceil(4));
+    let unit = UNIT_POS_X as usize;
+    let block = CUBE_POS_X as usize;
+    let h = CUBE_POS_Y as usize;
+    let b = CUBE_POS_Z as usize;
+    let tq = q.shape(2);
+    let tk = k.shape(2);
+    let hk = h / (q.shape(1) / k.shape(1));
+    let i = block * tile + unit;
+    let row_ok = i < tq;
+    let rows = min(tile, tq - block * tile);
+
+    // This row's window (a row past the end sees nothing), and the cube's bounds.
+    let mut s_lo = SharedMemory::<f32>::new(tile);
+    let mut s_hi = SharedMemory::<f32>::new(tile);
+    let mut lo = 0.0f32;
+    let mut hi = f32::new(-1.0);
+    if row_ok {
+        lo = q_lo[i * q_lo.stride(0)];
+        hi = q_hi[i * q_hi.stride(0)];
+    }
+    s_lo[unit] = lo;
+    s_hi[unit] = hi;
+    let mut q_row = Array::<V4>::new(d4);
+    let mut acc = Array::<V4>::new(d4);
+    let q_at = row_offset(q, b, h, min(i, tq - 1));
+    #[unroll]
+    for c4 in 0..d4 {
+        q_row[c4] = read4(q, q_at, c4, scale, d);
+        acc[c4] = V4::new(0.0);
+    }
+    sync_cube();
+    let bounds = window_bounds(&s_lo, &s_hi, rows, neg_inf);
+
+    let mut s_pos = SharedMemory::<f32>::new(tile);
+    let mut s_k = SharedMemory::<V4>::new(tile * d4);
+    let mut s_v = SharedMemory::<V4>::new(tile * d4);
+    let mut m = neg_inf;
+    let mut l = 0.0f32;
+    let mut computed = 0.0f32;
+    let blocks = tk.div_ceil(tile);
+    for kb in 0..blocks {
+        let j = kb * tile + unit;
+        if j < tk {
+            s_pos[unit] = k_pos[j * k_pos.stride(0)];
+            let k_at = row_offset(k, b, hk, j);
+            let v_at = row_offset(v, b, hk, j);
+            #[unroll]
+            for c4 in 0..d4 {
+                s_k[unit * d4 + c4] = read4(k, k_at, c4, 1.0f32, d);
+                s_v[unit * d4 + c4] = read4(v, v_at, c4, 1.0f32, d);
+            }
+        }
+        sync_cube();
+        let keys = min(tile, tk - kb * tile);
+        let covered = cover(&bounds, &key_span(&s_pos, keys, neg_inf));
+        if covered != 0u32 {
+            computed += 1.0;
+            for jj in 0..keys {
+                let mut dot = V4::new(0.0);
+                #[unroll]
+                for c4 in 0..d4 {
+                    dot += q_row[c4] * s_k[jj * d4 + c4];
+                }
+                let (capped_s, _) = capped_score(sum4(dot), cap, capped);
+                let pos = s_pos[jj];
+                let seen = covered == 2u32 || (pos >= lo && pos <= hi);
+                let s = select(seen, capped_s, neg_inf);
+                // Online softmax, one key at a time; before any visible key the running max is
+                // taken as 0 so that nothing is ∞ − ∞.
+                let m_new = max(m, s);
+                let m_safe = select(m_new == neg_inf, 0.0f32, m_new);
+                let correction = (m - m_safe).exp();
+                let p = (s - m_safe).exp();
+                l = l * correction + p;
+                #[unroll]
+                for c4 in 0..d4 {
+                    acc[c4] = acc[c4] * V4::new(correction) + s_v[jj * d4 + c4] * V4::new(p);
+                }
+                m = m_new;
+            }
+        }
+        sync_cube();
+    }
+
+    if row_ok {
+        // This tile's (normalized output, lse), merged with the previous ones in f32.
+        let mut lse_tile = neg_inf;
+        let mut inv = 0.0f32;
+        if l > 0.0 {
+            lse_tile = m + l.ln();
+            inv = 1.0f32 / l;
+        }
+        let lse_at = b * lse_prev.stride(0) + h * lse_prev.stride(1) + i * lse_prev.stride(2);
+        let lse_before = lse_prev[lse_at];
+        let top = max(lse_before, lse_tile);
+        let prev_at = row_offset(out_prev, b, h, i);
+        let out_at = row_offset(out, b, h, i);
+        let lse_out = b * lse.stride(0) + h * lse.stride(1) + i * lse.stride(2);
+        if top == neg_inf {
+            lse[lse_out] = neg_inf;
+            #[unroll]
+            for c4 in 0..d4 {
+                write4(out, out_at, c4, V4::new(0.0), d);
+            }
+        } else {
+            let w_before = (lse_before - top).exp();
+            let w_tile = (lse_tile - top).exp();
+            let total = w_before + w_tile;
+            lse[lse_out] = top + total.ln();
+            #[unroll]
+            for c4 in 0..d4 {
+                let before = read4(out_prev, prev_at, c4, w_before / total, d);
+                let mixed = before + acc[c4] * V4::new(inv * w_tile / total);
+                write4(out, out_at, c4, mixed, d);
+            }
+        }
+    }
+    if unit == 0 {
+        work[(b * CUBE_COUNT_Y as usize + h) * CUBE_COUNT_X as usize + block] = computed;
+    }
+}
+
 /// dK and dV of one block of keys against every query of their group's heads. Cubes: (key blocks,
 /// kv heads, batch).
 #[allow(clippy::too_many_arguments)]
-#[cube(launch)]
+#[cube(launch_unchecked)]
 pub fn backward_dkdv(
     q: &Tensor<f32>,
     k: &Tensor<f32>,
@@ -233,6 +291,7 @@ pub fn backward_dkdv(
     #[comptime] d: usize,
     #[comptime] capped: bool,
 ) {
+    let d4 = comptime!(d.div_ceil(4));
     let unit = UNIT_POS_X as usize;
     let block = CUBE_POS_X as usize;
     let hk = CUBE_POS_Y as usize;
@@ -250,28 +309,24 @@ pub fn backward_dkdv(
         pos = k_pos[j * k_pos.stride(0)];
     }
     s_pos[unit] = pos;
-    let mut k_row = Array::<f32>::new(d);
-    let mut v_row = Array::<f32>::new(d);
-    let mut dk_acc = Array::<f32>::new(d);
-    let mut dv_acc = Array::<f32>::new(d);
+    let mut k_row = Array::<V4>::new(d4);
+    let mut v_row = Array::<V4>::new(d4);
+    let mut dk_acc = Array::<V4>::new(d4);
+    let mut dv_acc = Array::<V4>::new(d4);
     let k_at = row_offset(k, b, hk, min(j, tk - 1));
     let v_at = row_offset(v, b, hk, min(j, tk - 1));
-    for c in 0..d {
-        k_row[c] = k[k_at + c * k.stride(3)];
-        v_row[c] = v[v_at + c * v.stride(3)];
-        dk_acc[c] = 0.0f32;
-        dv_acc[c] = 0.0f32;
+    #[unroll]
+    for c4 in 0..d4 {
+        k_row[c4] = read4(k, k_at, c4, scale, d);
+        v_row[c4] = read4(v, v_at, c4, 1.0f32, d);
+        dk_acc[c4] = V4::new(0.0);
+        dv_acc[c4] = V4::new(0.0);
     }
     sync_cube();
-    let mut k_min = -neg_inf;
-    let mut k_max = neg_inf;
-    for jj in 0..keys {
-        k_min = min(k_min, s_pos[jj]);
-        k_max = max(k_max, s_pos[jj]);
-    }
+    let span = key_span(&s_pos, keys, neg_inf);
 
-    let mut s_q = SharedMemory::<f32>::new(tile * d);
-    let mut s_do = SharedMemory::<f32>::new(tile * d);
+    let mut s_q = SharedMemory::<V4>::new(tile * d4);
+    let mut s_do = SharedMemory::<V4>::new(tile * d4);
     let mut s_lse = SharedMemory::<f32>::new(tile);
     let mut s_delta = SharedMemory::<f32>::new(tile);
     let mut s_lo = SharedMemory::<f32>::new(tile);
@@ -285,9 +340,10 @@ pub fn backward_dkdv(
             if i < tq {
                 let q_at = row_offset(q, b, h, i);
                 let do_at = row_offset(d_out, b, h, i);
-                for c in 0..d {
-                    s_q[unit * d + c] = q[q_at + c * q.stride(3)];
-                    s_do[unit * d + c] = d_out[do_at + c * d_out.stride(3)];
+                #[unroll]
+                for c4 in 0..d4 {
+                    s_q[unit * d4 + c4] = read4(q, q_at, c4, 1.0f32, d);
+                    s_do[unit * d4 + c4] = read4(d_out, do_at, c4, 1.0f32, d);
                 }
                 s_lse[unit] = lse[b * lse.stride(0) + h * lse.stride(1) + i * lse.stride(2)];
                 s_delta[unit] =
@@ -297,32 +353,25 @@ pub fn backward_dkdv(
             }
             sync_cube();
             let rows = min(tile, tq - qb * tile);
-            let bounds = window_bounds(&s_lo, &s_hi, rows, neg_inf);
-            let empty = k_max < bounds[0] || k_min > bounds[3];
-            let full = k_min >= bounds[1] && k_max <= bounds[2];
-            if !empty {
+            let covered = cover(&window_bounds(&s_lo, &s_hi, rows, neg_inf), &span);
+            if covered != 0u32 {
                 computed += 1.0;
                 for ii in 0..rows {
-                    if full || (pos >= s_lo[ii] && pos <= s_hi[ii]) {
-                        let mut s = 0.0f32;
-                        let mut dp = 0.0f32;
-                        for c in 0..d {
-                            s += s_q[ii * d + c] * k_row[c];
-                            dp += s_do[ii * d + c] * v_row[c];
-                        }
-                        s *= scale;
-                        let mut through_cap = 1.0f32;
-                        if capped {
-                            let t = (s / cap).tanh();
-                            s = cap * t;
-                            through_cap = 1.0f32 - t * t;
-                        }
-                        let p = (s - s_lse[ii]).exp();
-                        let ds = p * (dp - s_delta[ii]) * through_cap * scale;
-                        for c in 0..d {
-                            dv_acc[c] += p * s_do[ii * d + c];
-                            dk_acc[c] += ds * s_q[ii * d + c];
-                        }
+                    let seen = covered == 2u32 || (pos >= s_lo[ii] && pos <= s_hi[ii]);
+                    let mut score = V4::new(0.0);
+                    let mut dp = V4::new(0.0);
+                    #[unroll]
+                    for c4 in 0..d4 {
+                        score += s_q[ii * d4 + c4] * k_row[c4];
+                        dp += s_do[ii * d4 + c4] * v_row[c4];
+                    }
+                    let (s, through_cap) = capped_score(sum4(score), cap, capped);
+                    let p = select(seen, (s - s_lse[ii]).exp(), 0.0f32);
+                    let ds = p * (sum4(dp) - s_delta[ii]) * through_cap * scale;
+                    #[unroll]
+                    for c4 in 0..d4 {
+                        dv_acc[c4] += s_do[ii * d4 + c4] * V4::new(p);
+                        dk_acc[c4] += s_q[ii * d4 + c4] * V4::new(ds);
                     }
                 }
             }
@@ -332,9 +381,10 @@ pub fn backward_dkdv(
     if key_ok {
         let dk_at = row_offset(dk, b, hk, j);
         let dv_at = row_offset(dv, b, hk, j);
-        for c in 0..d {
-            dk[dk_at + c * dk.stride(3)] = dk_acc[c];
-            dv[dv_at + c * dv.stride(3)] = dv_acc[c];
+        #[unroll]
+        for c4 in 0..d4 {
+            write4(dk, dk_at, c4, dk_acc[c4], d);
+            write4(dv, dv_at, c4, dv_acc[c4], d);
         }
     }
     if unit == 0 {
@@ -344,7 +394,7 @@ pub fn backward_dkdv(
 
 /// dQ of one block of queries against every key of the tile. Cubes: (query blocks, heads, batch).
 #[allow(clippy::too_many_arguments)]
-#[cube(launch)]
+#[cube(launch_unchecked)]
 pub fn backward_dq(
     q: &Tensor<f32>,
     k: &Tensor<f32>,
@@ -364,6 +414,7 @@ pub fn backward_dq(
     #[comptime] d: usize,
     #[comptime] capped: bool,
 ) {
+    let d4 = comptime!(d.div_ceil(4));
     let unit = UNIT_POS_X as usize;
     let block = CUBE_POS_X as usize;
     let h = CUBE_POS_Y as usize;
@@ -386,15 +437,16 @@ pub fn backward_dq(
     }
     s_lo[unit] = lo;
     s_hi[unit] = hi;
-    let mut q_row = Array::<f32>::new(d);
-    let mut do_row = Array::<f32>::new(d);
-    let mut dq_acc = Array::<f32>::new(d);
+    let mut q_row = Array::<V4>::new(d4);
+    let mut do_row = Array::<V4>::new(d4);
+    let mut dq_acc = Array::<V4>::new(d4);
     let q_at = row_offset(q, b, h, row);
     let do_at = row_offset(d_out, b, h, row);
-    for c in 0..d {
-        q_row[c] = q[q_at + c * q.stride(3)];
-        do_row[c] = d_out[do_at + c * d_out.stride(3)];
-        dq_acc[c] = 0.0f32;
+    #[unroll]
+    for c4 in 0..d4 {
+        q_row[c4] = read4(q, q_at, c4, scale, d);
+        do_row[c4] = read4(d_out, do_at, c4, 1.0f32, d);
+        dq_acc[c4] = V4::new(0.0);
     }
     let row_lse = lse[b * lse.stride(0) + h * lse.stride(1) + row * lse.stride(2)];
     let row_delta = delta[b * delta.stride(0) + h * delta.stride(1) + row * delta.stride(2)];
@@ -402,8 +454,8 @@ pub fn backward_dq(
     let bounds = window_bounds(&s_lo, &s_hi, rows, neg_inf);
 
     let mut s_pos = SharedMemory::<f32>::new(tile);
-    let mut s_k = SharedMemory::<f32>::new(tile * d);
-    let mut s_v = SharedMemory::<f32>::new(tile * d);
+    let mut s_k = SharedMemory::<V4>::new(tile * d4);
+    let mut s_v = SharedMemory::<V4>::new(tile * d4);
     let mut computed = 0.0f32;
     let blocks = tk.div_ceil(tile);
     for kb in 0..blocks {
@@ -412,44 +464,33 @@ pub fn backward_dq(
             s_pos[unit] = k_pos[j * k_pos.stride(0)];
             let k_at = row_offset(k, b, hk, j);
             let v_at = row_offset(v, b, hk, j);
-            for c in 0..d {
-                s_k[unit * d + c] = k[k_at + c * k.stride(3)];
-                s_v[unit * d + c] = v[v_at + c * v.stride(3)];
+            #[unroll]
+            for c4 in 0..d4 {
+                s_k[unit * d4 + c4] = read4(k, k_at, c4, 1.0f32, d);
+                s_v[unit * d4 + c4] = read4(v, v_at, c4, 1.0f32, d);
             }
         }
         sync_cube();
         let keys = min(tile, tk - kb * tile);
-        let mut k_min = -neg_inf;
-        let mut k_max = neg_inf;
-        for jj in 0..keys {
-            k_min = min(k_min, s_pos[jj]);
-            k_max = max(k_max, s_pos[jj]);
-        }
-        let empty = k_max < bounds[0] || k_min > bounds[3];
-        let full = k_min >= bounds[1] && k_max <= bounds[2];
-        if !empty {
+        let covered = cover(&bounds, &key_span(&s_pos, keys, neg_inf));
+        if covered != 0u32 {
             computed += 1.0;
             for jj in 0..keys {
                 let pos = s_pos[jj];
-                if full || (pos >= lo && pos <= hi) {
-                    let mut s = 0.0f32;
-                    let mut dp = 0.0f32;
-                    for c in 0..d {
-                        s += q_row[c] * s_k[jj * d + c];
-                        dp += do_row[c] * s_v[jj * d + c];
-                    }
-                    s *= scale;
-                    let mut through_cap = 1.0f32;
-                    if capped {
-                        let t = (s / cap).tanh();
-                        s = cap * t;
-                        through_cap = 1.0f32 - t * t;
-                    }
-                    let p = (s - row_lse).exp();
-                    let ds = p * (dp - row_delta) * through_cap * scale;
-                    for c in 0..d {
-                        dq_acc[c] += ds * s_k[jj * d + c];
-                    }
+                let seen = covered == 2u32 || (pos >= lo && pos <= hi);
+                let mut score = V4::new(0.0);
+                let mut dp = V4::new(0.0);
+                #[unroll]
+                for c4 in 0..d4 {
+                    score += q_row[c4] * s_k[jj * d4 + c4];
+                    dp += do_row[c4] * s_v[jj * d4 + c4];
+                }
+                let (s, through_cap) = capped_score(sum4(score), cap, capped);
+                let p = select(seen, (s - row_lse).exp(), 0.0f32);
+                let ds = p * (sum4(dp) - row_delta) * through_cap * scale;
+                #[unroll]
+                for c4 in 0..d4 {
+                    dq_acc[c4] += s_k[jj * d4 + c4] * V4::new(ds);
                 }
             }
         }
@@ -457,8 +498,9 @@ pub fn backward_dq(
     }
     if row_ok {
         let dq_at = row_offset(dq, b, h, i);
-        for c in 0..d {
-            dq[dq_at + c * dq.stride(3)] = dq_acc[c];
+        #[unroll]
+        for c4 in 0..d4 {
+            write4(dq, dq_at, c4, dq_acc[c4], d);
         }
     }
     if unit == 0 {

@@ -64,7 +64,7 @@ pub trait FfnBackend: Backend {
 impl FfnBackend for burn::backend::Flex {}
 
 #[cfg(feature = "cuda")]
-impl FfnBackend for burn::backend::Cuda {}
+impl FfnBackend for crate::backends::Cuda {}
 
 #[cfg(feature = "wgpu")]
 impl FfnBackend for crate::backends::Wgpu {}

@@ -231,7 +231,7 @@ pub trait LayerBackend: RingBackend + FfnBackend {
 impl LayerBackend for burn::backend::Flex {}
 
 #[cfg(feature = "cuda")]
-impl LayerBackend for burn::backend::Cuda {}
+impl LayerBackend for crate::backends::Cuda {}
 
 #[cfg(feature = "wgpu")]
 impl LayerBackend for crate::backends::Wgpu {}

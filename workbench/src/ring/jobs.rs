@@ -80,7 +80,8 @@ pub struct AttentionResult {
     pub ranks_here: Vec<usize>,
     /// The length the ranks split: the input's, or the next one the strategy accepts (padding).
     pub padded_len: usize,
-    /// What computed the tiles (`cpu-fused`, `generic`: [`crate::kernels::implementation`]).
+    /// What computed the tiles (`cpu-fused`, `cubecl-fused`, `generic`:
+    /// [`crate::kernels::implementation`]).
     pub kernel_impl: &'static str,
     /// Per rank, every byte the call moved between host and the rank's device: its inputs placed,
     /// its outputs and gradients read, and whatever the ring's steps moved (on the CPU backend,

@@ -65,7 +65,7 @@ pub trait RingBackend: HostRead {
 impl RingBackend for burn::backend::Flex {}
 
 #[cfg(feature = "cuda")]
-impl RingBackend for burn::backend::Cuda {}
+impl RingBackend for crate::backends::Cuda {}
 
 #[cfg(feature = "wgpu")]
 impl RingBackend for crate::backends::Wgpu {}
