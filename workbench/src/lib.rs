@@ -8,7 +8,8 @@
 //! | module | what it is |
 //! |---|---|
 //! | [`ring`] | the algorithm: the ring schedule, what travels, the per-rank context, the autodiff op, one-call jobs |
-//! | [`kernels`] | tile math: the fused CPU kernel and its generic Burn twin behind one dispatch |
+//! | [`kernels`] | tile math: the fused CPU kernel, the fused device kernel and their generic Burn twin behind one dispatch |
+//! | [`cube`] | the fused device kernel's CubeCL source and launches, offered by the CubeCL backends |
 //! | [`transport`] | moving blocks between ranks: threads, MPI, NCCL behind one trait |
 //! | [`model`] | the LLaMA-style decoder and the Agentic Transformer, attending with the ring |
 //! | [`train`] | SPMD training and greedy decoding over in-process or MPI ranks |

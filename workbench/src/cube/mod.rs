@@ -79,14 +79,28 @@ pub trait DeviceTiles<B: Backend>: Sync {
     ) -> BackwardTileResult<B>;
 }
 
+/// Rows each unit owns (query rows forward and for dQ, key rows for dK and dV) for heads of
+/// `head_dim`: every vector read from shared memory feeds this many rows. 4 up to 64 dimensions,
+/// 2 up to 128, then 1 (the rows' operands and accumulators live in registers).
+pub fn rows_per_unit(head_dim: usize) -> usize {
+    match head_dim {
+        0..=64 => 4,
+        65..=128 => 2,
+        _ => 1,
+    }
+}
+
 /// Shared memory a cube may use, in f32 values: WebGPU's guaranteed 16 KiB.
 const SHARED_VALUES: usize = 16 * 1024 / 4;
 
-/// The rows of a cube for heads of `head_dim`: the largest power of two up to 32 whose two streamed
-/// `rows × head_dim` sub-tiles and four per-row values fit [`SHARED_VALUES`].
+/// The units of a cube (and the rows of each streamed sub-tile) for heads of `head_dim`: the
+/// largest power of two up to 32 whose two streamed sub-tiles (`head_dim` padded to a multiple of
+/// 4), four values a streamed row and the windows of the cube's own rows fit [`SHARED_VALUES`].
 pub fn tile_rows(head_dim: usize) -> usize {
+    let padded = head_dim.div_ceil(4) * 4;
+    let per_unit = 2 * padded + 4 + 2 * rows_per_unit(head_dim);
     let mut rows = 32;
-    while rows > 1 && rows * (2 * head_dim + 4) > SHARED_VALUES {
+    while rows > 1 && rows * per_unit > SHARED_VALUES {
         rows /= 2;
     }
     rows
@@ -98,7 +112,8 @@ pub use launch::CubeTiles;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod launch {
     use super::{
-        BackwardTileResult, DeviceTiles, ForwardTileResult, TileOperands, tile_rows, tiles,
+        BackwardTileResult, DeviceTiles, ForwardTileResult, TileOperands, rows_per_unit, tile_rows,
+        tiles,
     };
     use burn::tensor::Tensor;
     use burn_cubecl::tensor::CubeTensor;
@@ -148,7 +163,8 @@ mod launch {
             let [b, h, tq, d] = t.q.dims();
             let device = t.q.device();
             let rows = tile_rows(d);
-            let blocks = tq.div_ceil(rows);
+            let r = rows_per_unit(d);
+            let blocks = tq.div_ceil(rows * r);
             let out = Tensor::empty([b, h, tq, d], &device);
             let lse = Tensor::empty([b, h, tq], &device);
             let work = counters(blocks * h * b, &device);
@@ -176,6 +192,7 @@ mod launch {
                     t.softcap.unwrap_or(1.0),
                     f32::NEG_INFINITY,
                     rows,
+                    r,
                     d,
                     t.softcap.is_some(),
                 )
@@ -194,7 +211,8 @@ mod launch {
             let [_, hk, tk, _] = t.k.dims();
             let device = t.q.device();
             let rows = tile_rows(d);
-            let (q_blocks, k_blocks) = (tq.div_ceil(rows), tk.div_ceil(rows));
+            let r = rows_per_unit(d);
+            let (q_blocks, k_blocks) = (tq.div_ceil(rows * r), tk.div_ceil(rows * r));
             let dq = Tensor::empty([b, h, tq, d], &device);
             let dk = Tensor::empty([b, hk, tk, d], &device);
             let dv = Tensor::empty([b, hk, tk, d], &device);
@@ -226,6 +244,7 @@ mod launch {
                     cap,
                     f32::NEG_INFINITY,
                     rows,
+                    r,
                     d,
                     t.softcap.is_some(),
                 )
@@ -252,6 +271,7 @@ mod launch {
                     cap,
                     f32::NEG_INFINITY,
                     rows,
+                    r,
                     d,
                     t.softcap.is_some(),
                 )
@@ -317,9 +337,9 @@ mod wgpu_tests {
         out
     }
 
-    /// One causal tile of 320 × 320 (10 sub-tiles of 32 at d = 16): the output within 1e-5 of the
-    /// float64 reference, and each cube of query block `qb` computed exactly the `qb + 1` key
-    /// sub-tiles its rows see: the 45 sub-tiles above the diagonal of each head did no work.
+    /// One causal tile of 320 × 320 (10 key sub-tiles of 32 at d = 16): the output within 1e-5 of
+    /// the float64 reference, and each cube computed exactly the key sub-tiles up to its last row's:
+    /// the sub-tiles above the diagonal did no work.
     #[test]
     fn a_causal_tile_computes_only_the_sub_tiles_its_rows_see() {
         let (h, hk, t, d) = (4, 2, 320, 16);
@@ -382,67 +402,14 @@ mod wgpu_tests {
                 i / d % t
             );
         }
+        // A query block of `rows · rows_per_unit(d)` rows sees the key sub-tiles up to its last row's.
         let work = values(result.work);
-        let blocks = t / rows;
+        let block_rows = rows * rows_per_unit(d);
+        let blocks = t.div_ceil(block_rows);
         let want_work: Vec<f32> = (0..2 * h)
-            .flat_map(|_| (0..blocks).map(|qb| (qb + 1) as f32))
+            .flat_map(|_| (0..blocks).map(|qb| (((qb + 1) * block_rows).min(t) - 1) / rows + 1))
+            .map(|n| n as f32)
             .collect();
         assert_eq!(work, want_work);
-    }
-}
-
-#[cfg(all(test, feature = "wgpu"))]
-mod timing {
-    use super::*;
-    use crate::backends::Wgpu;
-    use burn::tensor::{Distribution, TensorData};
-
-    /// Seconds of the forward and the backward of one non-causal 1024 × 1024 tile, 4 heads of 64.
-    #[test]
-    #[ignore = "a timing probe, run by hand"]
-    fn time_a_tile() {
-        let device = Default::default();
-        let (h, t, d) = (4, 1024, 64);
-        let x = || Tensor::<Wgpu, 4>::random([1, h, t, d], Distribution::Normal(0.0, 1.0), &device);
-        let (q, k, v, d_out) = (x(), x(), x(), x());
-        let f = |v: Vec<f32>| Tensor::<Wgpu, 1>::from_data(TensorData::new(v, [t]), &device);
-        let (lo, hi, pos) = (
-            f(vec![0.0; t]),
-            f(vec![t as f32; t]),
-            f((0..t).map(|p| p as f32).collect()),
-        );
-        let ops = || TileOperands {
-            q: &q,
-            k: &k,
-            v: &v,
-            q_lo: &lo,
-            q_hi: &hi,
-            k_pos: &pos,
-            scale: 0.125,
-            softcap: None,
-        };
-        let running = || {
-            (
-                Tensor::zeros([1, h, t, d], &device),
-                Tensor::full([1, h, t], f32::NEG_INFINITY, &device),
-            )
-        };
-        for round in 0..3 {
-            let start = std::time::Instant::now();
-            let r = CubeTiles.forward(ops(), running());
-            let _ = r.lse.clone().slice([0..1, 0..1, 0..1]).into_data();
-            let fwd = start.elapsed().as_secs_f64();
-            let start = std::time::Instant::now();
-            let g = CubeTiles.backward(ops(), &d_out, &r.lse, &r.lse);
-            let _ = g.dq.slice([0..1, 0..1, 0..1, 0..1]).into_data();
-            let _ = g.dk.slice([0..1, 0..1, 0..1, 0..1]).into_data();
-            let bwd = start.elapsed().as_secs_f64();
-            let flops = (t * t * h * d) as f64;
-            println!(
-                "round {round}: fwd {fwd:.3} s ({:.2} GFLOP/s), bwd {bwd:.3} s ({:.2} GFLOP/s)",
-                4.0 * flops / fwd / 1e9,
-                10.0 * flops / bwd / 1e9
-            );
-        }
     }
 }

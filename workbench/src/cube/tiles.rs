@@ -122,7 +122,9 @@ fn cover(bounds: &Array<f32>, span: &Array<f32>) -> u32 {
 }
 
 /// The forward of one tile folded into the running `(out_prev, lse_prev)`: writes the merged
-/// `(out, lse)`. Cubes: (query blocks, heads, batch).
+/// `(out, lse)`. Cubes: (query blocks of `tile · r` rows, heads, batch); unit `u` owns rows
+/// `u, u + tile, …` of its block (`r` of them), so that every key it reads from shared memory feeds
+/// `r` rows.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch_unchecked)]
 pub fn forward_tile(
@@ -141,6 +143,7 @@ pub fn forward_tile(
     cap: f32,
     neg_inf: f32,
     #[comptime] tile: usize,
+    #[comptime] r: usize,
     #[comptime] d: usize,
     #[comptime] capped: bool,
 ) {
@@ -152,28 +155,38 @@ pub fn forward_tile(
     let tq = q.shape(2);
     let tk = k.shape(2);
     let hk = h / (q.shape(1) / k.shape(1));
-    let i = block * tile + unit;
-    let row_ok = i < tq;
-    let rows = min(tile, tq - block * tile);
+    let base = block * tile * r;
+    let rows = min(tile * r, tq - base);
 
-    // This row's window (a row past the end sees nothing), and the cube's bounds.
-    let mut s_lo = SharedMemory::<f32>::new(tile);
-    let mut s_hi = SharedMemory::<f32>::new(tile);
-    let mut lo = 0.0f32;
-    let mut hi = f32::new(-1.0);
-    if row_ok {
-        lo = q_lo[i * q_lo.stride(0)];
-        hi = q_hi[i * q_hi.stride(0)];
-    }
-    s_lo[unit] = lo;
-    s_hi[unit] = hi;
-    let mut q_row = Array::<V4>::new(d4);
-    let mut acc = Array::<V4>::new(d4);
-    let q_at = row_offset(q, b, h, min(i, tq - 1));
+    // This unit's rows' windows (a row past the end sees nothing), and the cube's bounds.
+    let mut s_lo = SharedMemory::<f32>::new(tile * r);
+    let mut s_hi = SharedMemory::<f32>::new(tile * r);
+    let mut lo = Array::<f32>::new(r);
+    let mut hi = Array::<f32>::new(r);
+    let mut m = Array::<f32>::new(r);
+    let mut l = Array::<f32>::new(r);
+    let mut q_row = Array::<V4>::new(r * d4);
+    let mut acc = Array::<V4>::new(r * d4);
     #[unroll]
-    for c4 in 0..d4 {
-        q_row[c4] = read4(q, q_at, c4, scale, d);
-        acc[c4] = V4::new(0.0);
+    for t in 0..r {
+        let i = base + t * tile + unit;
+        lo[t] = 0.0f32;
+        hi[t] = f32::new(-1.0);
+        if i < tq {
+            lo[t] = q_lo[i * q_lo.stride(0)];
+            hi[t] = q_hi[i * q_hi.stride(0)];
+        }
+        // Window bounds over the block's rows in order: row `t · tile + u` of the block.
+        s_lo[t * tile + unit] = lo[t];
+        s_hi[t * tile + unit] = hi[t];
+        m[t] = neg_inf;
+        l[t] = 0.0f32;
+        let q_at = row_offset(q, b, h, min(i, tq - 1));
+        #[unroll]
+        for c4 in 0..d4 {
+            q_row[t * d4 + c4] = read4(q, q_at, c4, scale, d);
+            acc[t * d4 + c4] = V4::new(0.0);
+        }
     }
     sync_cube();
     let bounds = window_bounds(&s_lo, &s_hi, rows, neg_inf);
@@ -181,8 +194,9 @@ pub fn forward_tile(
     let mut s_pos = SharedMemory::<f32>::new(tile);
     let mut s_k = SharedMemory::<V4>::new(tile * d4);
     let mut s_v = SharedMemory::<V4>::new(tile * d4);
-    let mut m = neg_inf;
-    let mut l = 0.0f32;
+    let mut dot = Array::<V4>::new(r);
+    let mut correction = Array::<f32>::new(r);
+    let mut p = Array::<f32>::new(r);
     let mut computed = 0.0f32;
     let blocks = tk.div_ceil(tile);
     for kb in 0..blocks {
@@ -203,62 +217,81 @@ pub fn forward_tile(
         if covered != 0u32 {
             computed += 1.0;
             for jj in 0..keys {
-                let mut dot = V4::new(0.0);
+                #[unroll]
+                for t in 0..r {
+                    dot[t] = V4::new(0.0);
+                }
                 #[unroll]
                 for c4 in 0..d4 {
-                    dot += q_row[c4] * s_k[jj * d4 + c4];
+                    let key = s_k[jj * d4 + c4];
+                    #[unroll]
+                    for t in 0..r {
+                        dot[t] += q_row[t * d4 + c4] * key;
+                    }
                 }
-                let (capped_s, _) = capped_score(sum4(dot), cap, capped);
                 let pos = s_pos[jj];
-                let seen = covered == 2u32 || (pos >= lo && pos <= hi);
-                let s = select(seen, capped_s, neg_inf);
-                // Online softmax, one key at a time; before any visible key the running max is
-                // taken as 0 so that nothing is ∞ − ∞.
-                let m_new = max(m, s);
-                let m_safe = select(m_new == neg_inf, 0.0f32, m_new);
-                let correction = (m - m_safe).exp();
-                let p = (s - m_safe).exp();
-                l = l * correction + p;
+                #[unroll]
+                for t in 0..r {
+                    let (capped_s, _) = capped_score(sum4(dot[t]), cap, capped);
+                    let seen = covered == 2u32 || (pos >= lo[t] && pos <= hi[t]);
+                    let s = select(seen, capped_s, neg_inf);
+                    // Online softmax, one key at a time; before any visible key the running max
+                    // is taken as 0 so that nothing is ∞ − ∞.
+                    let m_new = max(m[t], s);
+                    let m_safe = select(m_new == neg_inf, 0.0f32, m_new);
+                    correction[t] = (m[t] - m_safe).exp();
+                    p[t] = (s - m_safe).exp();
+                    l[t] = l[t] * correction[t] + p[t];
+                    m[t] = m_new;
+                }
                 #[unroll]
                 for c4 in 0..d4 {
-                    acc[c4] = acc[c4] * V4::new(correction) + s_v[jj * d4 + c4] * V4::new(p);
+                    let value = s_v[jj * d4 + c4];
+                    #[unroll]
+                    for t in 0..r {
+                        let at = t * d4 + c4;
+                        acc[at] = acc[at] * V4::new(correction[t]) + value * V4::new(p[t]);
+                    }
                 }
-                m = m_new;
             }
         }
         sync_cube();
     }
 
-    if row_ok {
-        // This tile's (normalized output, lse), merged with the previous ones in f32.
-        let mut lse_tile = neg_inf;
-        let mut inv = 0.0f32;
-        if l > 0.0 {
-            lse_tile = m + l.ln();
-            inv = 1.0f32 / l;
-        }
-        let lse_at = b * lse_prev.stride(0) + h * lse_prev.stride(1) + i * lse_prev.stride(2);
-        let lse_before = lse_prev[lse_at];
-        let top = max(lse_before, lse_tile);
-        let prev_at = row_offset(out_prev, b, h, i);
-        let out_at = row_offset(out, b, h, i);
-        let lse_out = b * lse.stride(0) + h * lse.stride(1) + i * lse.stride(2);
-        if top == neg_inf {
-            lse[lse_out] = neg_inf;
-            #[unroll]
-            for c4 in 0..d4 {
-                write4(out, out_at, c4, V4::new(0.0), d);
+    #[unroll]
+    for t in 0..r {
+        let i = base + t * tile + unit;
+        if i < tq {
+            // This tile's (normalized output, lse), merged with the previous ones in f32.
+            let mut lse_tile = neg_inf;
+            let mut inv = 0.0f32;
+            if l[t] > 0.0 {
+                lse_tile = m[t] + l[t].ln();
+                inv = 1.0f32 / l[t];
             }
-        } else {
-            let w_before = (lse_before - top).exp();
-            let w_tile = (lse_tile - top).exp();
-            let total = w_before + w_tile;
-            lse[lse_out] = top + total.ln();
-            #[unroll]
-            for c4 in 0..d4 {
-                let before = read4(out_prev, prev_at, c4, w_before / total, d);
-                let mixed = before + acc[c4] * V4::new(inv * w_tile / total);
-                write4(out, out_at, c4, mixed, d);
+            let lse_at = b * lse_prev.stride(0) + h * lse_prev.stride(1) + i * lse_prev.stride(2);
+            let lse_before = lse_prev[lse_at];
+            let top = max(lse_before, lse_tile);
+            let prev_at = row_offset(out_prev, b, h, i);
+            let out_at = row_offset(out, b, h, i);
+            let lse_out = b * lse.stride(0) + h * lse.stride(1) + i * lse.stride(2);
+            if top == neg_inf {
+                lse[lse_out] = neg_inf;
+                #[unroll]
+                for c4 in 0..d4 {
+                    write4(out, out_at, c4, V4::new(0.0), d);
+                }
+            } else {
+                let w_before = (lse_before - top).exp();
+                let w_tile = (lse_tile - top).exp();
+                let total = w_before + w_tile;
+                lse[lse_out] = top + total.ln();
+                #[unroll]
+                for c4 in 0..d4 {
+                    let before = read4(out_prev, prev_at, c4, w_before / total, d);
+                    let mixed = before + acc[t * d4 + c4] * V4::new(inv * w_tile / total);
+                    write4(out, out_at, c4, mixed, d);
+                }
             }
         }
     }
@@ -267,8 +300,8 @@ pub fn forward_tile(
     }
 }
 
-/// dK and dV of one block of keys against every query of their group's heads. Cubes: (key blocks,
-/// kv heads, batch).
+/// dK and dV of one block of keys against every query of their group's heads. Cubes: (key blocks
+/// of `tile · r` keys, kv heads, batch); unit `u` owns keys `u, u + tile, …` of its block.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch_unchecked)]
 pub fn backward_dkdv(
@@ -288,6 +321,7 @@ pub fn backward_dkdv(
     cap: f32,
     neg_inf: f32,
     #[comptime] tile: usize,
+    #[comptime] r: usize,
     #[comptime] d: usize,
     #[comptime] capped: bool,
 ) {
@@ -299,28 +333,32 @@ pub fn backward_dkdv(
     let tq = q.shape(2);
     let tk = k.shape(2);
     let group = q.shape(1) / k.shape(1);
-    let j = block * tile + unit;
-    let key_ok = j < tk;
-    let keys = min(tile, tk - block * tile);
+    let base = block * tile * r;
+    let keys = min(tile * r, tk - base);
 
-    let mut s_pos = SharedMemory::<f32>::new(tile);
-    let mut pos = f32::new(-1.0);
-    if key_ok {
-        pos = k_pos[j * k_pos.stride(0)];
-    }
-    s_pos[unit] = pos;
-    let mut k_row = Array::<V4>::new(d4);
-    let mut v_row = Array::<V4>::new(d4);
-    let mut dk_acc = Array::<V4>::new(d4);
-    let mut dv_acc = Array::<V4>::new(d4);
-    let k_at = row_offset(k, b, hk, min(j, tk - 1));
-    let v_at = row_offset(v, b, hk, min(j, tk - 1));
+    let mut s_pos = SharedMemory::<f32>::new(tile * r);
+    let mut pos = Array::<f32>::new(r);
+    let mut k_row = Array::<V4>::new(r * d4);
+    let mut v_row = Array::<V4>::new(r * d4);
+    let mut dk_acc = Array::<V4>::new(r * d4);
+    let mut dv_acc = Array::<V4>::new(r * d4);
     #[unroll]
-    for c4 in 0..d4 {
-        k_row[c4] = read4(k, k_at, c4, scale, d);
-        v_row[c4] = read4(v, v_at, c4, 1.0f32, d);
-        dk_acc[c4] = V4::new(0.0);
-        dv_acc[c4] = V4::new(0.0);
+    for t in 0..r {
+        let j = base + t * tile + unit;
+        pos[t] = f32::new(-1.0);
+        if j < tk {
+            pos[t] = k_pos[j * k_pos.stride(0)];
+        }
+        s_pos[t * tile + unit] = pos[t];
+        let k_at = row_offset(k, b, hk, min(j, tk - 1));
+        let v_at = row_offset(v, b, hk, min(j, tk - 1));
+        #[unroll]
+        for c4 in 0..d4 {
+            k_row[t * d4 + c4] = read4(k, k_at, c4, scale, d);
+            v_row[t * d4 + c4] = read4(v, v_at, c4, 1.0f32, d);
+            dk_acc[t * d4 + c4] = V4::new(0.0);
+            dv_acc[t * d4 + c4] = V4::new(0.0);
+        }
     }
     sync_cube();
     let span = key_span(&s_pos, keys, neg_inf);
@@ -331,6 +369,10 @@ pub fn backward_dkdv(
     let mut s_delta = SharedMemory::<f32>::new(tile);
     let mut s_lo = SharedMemory::<f32>::new(tile);
     let mut s_hi = SharedMemory::<f32>::new(tile);
+    let mut score = Array::<V4>::new(r);
+    let mut dp = Array::<V4>::new(r);
+    let mut p = Array::<f32>::new(r);
+    let mut ds = Array::<f32>::new(r);
     let mut computed = 0.0f32;
     let blocks = tq.div_ceil(tile);
     for g in 0..group {
@@ -357,34 +399,56 @@ pub fn backward_dkdv(
             if covered != 0u32 {
                 computed += 1.0;
                 for ii in 0..rows {
-                    let seen = covered == 2u32 || (pos >= s_lo[ii] && pos <= s_hi[ii]);
-                    let mut score = V4::new(0.0);
-                    let mut dp = V4::new(0.0);
                     #[unroll]
-                    for c4 in 0..d4 {
-                        score += s_q[ii * d4 + c4] * k_row[c4];
-                        dp += s_do[ii * d4 + c4] * v_row[c4];
+                    for t in 0..r {
+                        score[t] = V4::new(0.0);
+                        dp[t] = V4::new(0.0);
                     }
-                    let (s, through_cap) = capped_score(sum4(score), cap, capped);
-                    let p = select(seen, (s - s_lse[ii]).exp(), 0.0f32);
-                    let ds = p * (sum4(dp) - s_delta[ii]) * through_cap * scale;
                     #[unroll]
                     for c4 in 0..d4 {
-                        dv_acc[c4] += s_do[ii * d4 + c4] * V4::new(p);
-                        dk_acc[c4] += s_q[ii * d4 + c4] * V4::new(ds);
+                        let query = s_q[ii * d4 + c4];
+                        let grad = s_do[ii * d4 + c4];
+                        #[unroll]
+                        for t in 0..r {
+                            score[t] += query * k_row[t * d4 + c4];
+                            dp[t] += grad * v_row[t * d4 + c4];
+                        }
+                    }
+                    let (row_lo, row_hi) = (s_lo[ii], s_hi[ii]);
+                    let (row_lse, row_delta) = (s_lse[ii], s_delta[ii]);
+                    #[unroll]
+                    for t in 0..r {
+                        let seen = covered == 2u32 || (pos[t] >= row_lo && pos[t] <= row_hi);
+                        let (s, through_cap) = capped_score(sum4(score[t]), cap, capped);
+                        p[t] = select(seen, (s - row_lse).exp(), 0.0f32);
+                        ds[t] = p[t] * (sum4(dp[t]) - row_delta) * through_cap * scale;
+                    }
+                    #[unroll]
+                    for c4 in 0..d4 {
+                        let query = s_q[ii * d4 + c4];
+                        let grad = s_do[ii * d4 + c4];
+                        #[unroll]
+                        for t in 0..r {
+                            dv_acc[t * d4 + c4] += grad * V4::new(p[t]);
+                            dk_acc[t * d4 + c4] += query * V4::new(ds[t]);
+                        }
                     }
                 }
             }
             sync_cube();
         }
     }
-    if key_ok {
-        let dk_at = row_offset(dk, b, hk, j);
-        let dv_at = row_offset(dv, b, hk, j);
-        #[unroll]
-        for c4 in 0..d4 {
-            write4(dk, dk_at, c4, dk_acc[c4], d);
-            write4(dv, dv_at, c4, dv_acc[c4], d);
+    #[unroll]
+    for t in 0..r {
+        let j = base + t * tile + unit;
+        if j < tk {
+            let dk_at = row_offset(dk, b, hk, j);
+            let dv_at = row_offset(dv, b, hk, j);
+            #[unroll]
+            for c4 in 0..d4 {
+                write4(dk, dk_at, c4, dk_acc[t * d4 + c4], d);
+                write4(dv, dv_at, c4, dv_acc[t * d4 + c4], d);
+            }
         }
     }
     if unit == 0 {
@@ -392,7 +456,8 @@ pub fn backward_dkdv(
     }
 }
 
-/// dQ of one block of queries against every key of the tile. Cubes: (query blocks, heads, batch).
+/// dQ of one block of queries against every key of the tile. Cubes: (query blocks of `tile · r`
+/// rows, heads, batch); unit `u` owns rows `u, u + tile, …` of its block.
 #[allow(clippy::too_many_arguments)]
 #[cube(launch_unchecked)]
 pub fn backward_dq(
@@ -411,6 +476,7 @@ pub fn backward_dq(
     cap: f32,
     neg_inf: f32,
     #[comptime] tile: usize,
+    #[comptime] r: usize,
     #[comptime] d: usize,
     #[comptime] capped: bool,
 ) {
@@ -422,40 +488,50 @@ pub fn backward_dq(
     let tq = q.shape(2);
     let tk = k.shape(2);
     let hk = h / (q.shape(1) / k.shape(1));
-    let i = block * tile + unit;
-    let row_ok = i < tq;
-    let rows = min(tile, tq - block * tile);
-    let row = min(i, tq - 1);
+    let base = block * tile * r;
+    let rows = min(tile * r, tq - base);
 
-    let mut s_lo = SharedMemory::<f32>::new(tile);
-    let mut s_hi = SharedMemory::<f32>::new(tile);
-    let mut lo = 0.0f32;
-    let mut hi = f32::new(-1.0);
-    if row_ok {
-        lo = q_lo[i * q_lo.stride(0)];
-        hi = q_hi[i * q_hi.stride(0)];
-    }
-    s_lo[unit] = lo;
-    s_hi[unit] = hi;
-    let mut q_row = Array::<V4>::new(d4);
-    let mut do_row = Array::<V4>::new(d4);
-    let mut dq_acc = Array::<V4>::new(d4);
-    let q_at = row_offset(q, b, h, row);
-    let do_at = row_offset(d_out, b, h, row);
+    let mut s_lo = SharedMemory::<f32>::new(tile * r);
+    let mut s_hi = SharedMemory::<f32>::new(tile * r);
+    let mut lo = Array::<f32>::new(r);
+    let mut hi = Array::<f32>::new(r);
+    let mut row_lse = Array::<f32>::new(r);
+    let mut row_delta = Array::<f32>::new(r);
+    let mut q_row = Array::<V4>::new(r * d4);
+    let mut do_row = Array::<V4>::new(r * d4);
+    let mut dq_acc = Array::<V4>::new(r * d4);
     #[unroll]
-    for c4 in 0..d4 {
-        q_row[c4] = read4(q, q_at, c4, scale, d);
-        do_row[c4] = read4(d_out, do_at, c4, 1.0f32, d);
-        dq_acc[c4] = V4::new(0.0);
+    for t in 0..r {
+        let i = base + t * tile + unit;
+        lo[t] = 0.0f32;
+        hi[t] = f32::new(-1.0);
+        if i < tq {
+            lo[t] = q_lo[i * q_lo.stride(0)];
+            hi[t] = q_hi[i * q_hi.stride(0)];
+        }
+        s_lo[t * tile + unit] = lo[t];
+        s_hi[t * tile + unit] = hi[t];
+        let row = min(i, tq - 1);
+        let q_at = row_offset(q, b, h, row);
+        let do_at = row_offset(d_out, b, h, row);
+        #[unroll]
+        for c4 in 0..d4 {
+            q_row[t * d4 + c4] = read4(q, q_at, c4, scale, d);
+            do_row[t * d4 + c4] = read4(d_out, do_at, c4, 1.0f32, d);
+            dq_acc[t * d4 + c4] = V4::new(0.0);
+        }
+        row_lse[t] = lse[b * lse.stride(0) + h * lse.stride(1) + row * lse.stride(2)];
+        row_delta[t] = delta[b * delta.stride(0) + h * delta.stride(1) + row * delta.stride(2)];
     }
-    let row_lse = lse[b * lse.stride(0) + h * lse.stride(1) + row * lse.stride(2)];
-    let row_delta = delta[b * delta.stride(0) + h * delta.stride(1) + row * delta.stride(2)];
     sync_cube();
     let bounds = window_bounds(&s_lo, &s_hi, rows, neg_inf);
 
     let mut s_pos = SharedMemory::<f32>::new(tile);
     let mut s_k = SharedMemory::<V4>::new(tile * d4);
     let mut s_v = SharedMemory::<V4>::new(tile * d4);
+    let mut score = Array::<V4>::new(r);
+    let mut dp = Array::<V4>::new(r);
+    let mut ds = Array::<f32>::new(r);
     let mut computed = 0.0f32;
     let blocks = tk.div_ceil(tile);
     for kb in 0..blocks {
@@ -476,31 +552,50 @@ pub fn backward_dq(
         if covered != 0u32 {
             computed += 1.0;
             for jj in 0..keys {
-                let pos = s_pos[jj];
-                let seen = covered == 2u32 || (pos >= lo && pos <= hi);
-                let mut score = V4::new(0.0);
-                let mut dp = V4::new(0.0);
                 #[unroll]
-                for c4 in 0..d4 {
-                    score += q_row[c4] * s_k[jj * d4 + c4];
-                    dp += do_row[c4] * s_v[jj * d4 + c4];
+                for t in 0..r {
+                    score[t] = V4::new(0.0);
+                    dp[t] = V4::new(0.0);
                 }
-                let (s, through_cap) = capped_score(sum4(score), cap, capped);
-                let p = select(seen, (s - row_lse).exp(), 0.0f32);
-                let ds = p * (sum4(dp) - row_delta) * through_cap * scale;
                 #[unroll]
                 for c4 in 0..d4 {
-                    dq_acc[c4] += s_k[jj * d4 + c4] * V4::new(ds);
+                    let key = s_k[jj * d4 + c4];
+                    let value = s_v[jj * d4 + c4];
+                    #[unroll]
+                    for t in 0..r {
+                        score[t] += q_row[t * d4 + c4] * key;
+                        dp[t] += do_row[t * d4 + c4] * value;
+                    }
+                }
+                let pos = s_pos[jj];
+                #[unroll]
+                for t in 0..r {
+                    let seen = covered == 2u32 || (pos >= lo[t] && pos <= hi[t]);
+                    let (s, through_cap) = capped_score(sum4(score[t]), cap, capped);
+                    let p = select(seen, (s - row_lse[t]).exp(), 0.0f32);
+                    ds[t] = p * (sum4(dp[t]) - row_delta[t]) * through_cap * scale;
+                }
+                #[unroll]
+                for c4 in 0..d4 {
+                    let key = s_k[jj * d4 + c4];
+                    #[unroll]
+                    for t in 0..r {
+                        dq_acc[t * d4 + c4] += key * V4::new(ds[t]);
+                    }
                 }
             }
         }
         sync_cube();
     }
-    if row_ok {
-        let dq_at = row_offset(dq, b, h, i);
-        #[unroll]
-        for c4 in 0..d4 {
-            write4(dq, dq_at, c4, dq_acc[c4], d);
+    #[unroll]
+    for t in 0..r {
+        let i = base + t * tile + unit;
+        if i < tq {
+            let dq_at = row_offset(dq, b, h, i);
+            #[unroll]
+            for c4 in 0..d4 {
+                write4(dq, dq_at, c4, dq_acc[t * d4 + c4], d);
+            }
         }
     }
     if unit == 0 {
