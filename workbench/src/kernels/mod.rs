@@ -2,7 +2,7 @@
 //! kernel (`fused.rs`), the fused device kernel (`device_fused.rs`, CubeCL source in `crate::cube`)
 //! and their generic Burn twin (`generic.rs`, masks built on the device in `device_mask.rs`)
 //! implementing it, the visibility geometry they share ([`mask`]), the FLOP model
-//! ([`flops`]), and the registry below: one line a kernel.
+//! ([`flops`]), and the registry below: a line and a runner function a kernel.
 //!
 //! Nothing here knows ranks, rings or transports: a kernel sees blocks, each shard's query windows
 //! and key positions, and tiles.

@@ -137,7 +137,7 @@ pub enum Travelling {
 /// A tile kernel: the forward and backward of one (query block, key/value block) tile, on the
 /// blocks where it keeps its operands (the host, or the backend's device). The ring engine drives
 /// one through [`super::with_kernel`], never asking which it holds; adding one is a file that
-/// implements this trait and a line in the registry (`kernels/mod.rs`).
+/// implements this trait, a line in the registry and the function it names (`kernels/mod.rs`).
 pub trait TileKernel<B: HostRead> {
     /// What the kernel prepares once per ring pass for a shard's queries and keys (the generic
     /// kernel: their windows and positions on the device; the fused CPU kernel: nothing, it reads
