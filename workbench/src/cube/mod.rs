@@ -1,6 +1,6 @@
 //! The fused device tile kernels: the trait through which a backend offers them ([`DeviceTiles`]),
 //! and, with a CubeCL backend compiled in (`wgpu`, `cuda`), their CubeCL source (`tiles.rs`) and
-//! launches on Burn's tensors ([`CubeTiles`]). The ring reaches them through
+//! launches on Burn's tensors (`CubeTiles`). The ring reaches them through
 //! [`crate::host::HostRead::device_tiles`]; `kernels/device_fused.rs` makes them a tile kernel.
 
 use burn::tensor::Tensor;
@@ -95,7 +95,7 @@ const SHARED_VALUES: usize = 16 * 1024 / 4;
 
 /// The units of a cube (and the rows of each streamed sub-tile) for heads of `head_dim`: the
 /// largest power of two up to 32 whose two streamed sub-tiles (`head_dim` padded to a multiple of
-/// 4), four values a streamed row and the windows of the cube's own rows fit [`SHARED_VALUES`].
+/// 4), four values a streamed row and the windows of the cube's own rows fit WebGPU's guaranteed 16 KiB of shared memory.
 pub fn tile_rows(head_dim: usize) -> usize {
     let padded = head_dim.div_ceil(4) * 4;
     let per_unit = 2 * padded + 4 + 2 * rows_per_unit(head_dim);
