@@ -12,9 +12,10 @@ pub const SEQ: usize = 48;
 /// Rank counts of the subset.
 pub const RANKS: [usize; 3] = [1, 2, 4];
 
-/// Tokens of the case whose tiles cross the fused device kernel's sub-tiles (32 rows at the
-/// subset's head size 8): 320 tokens on 1, 2 and 4 ranks leave shards of 320, 160, 80 and, zig-zag,
-/// chunks of 40; the last sub-tiles are partial.
+/// Tokens of the case whose tiles cross the fused device kernel's blocks (at the subset's head size
+/// 16: cubes of 32 units owning 4 query rows each, key sub-tiles of 32): 320 tokens on 1, 2 and 4
+/// ranks leave shards of 320, 160 and 80 (zig-zag: chunks of 40), so query blocks of 128 and the
+/// last key sub-tiles are partial.
 pub const SEQ_ACROSS_SUB_TILES: usize = 320;
 
 /// The generic kernel's ring options.
