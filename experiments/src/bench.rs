@@ -30,10 +30,10 @@ pub enum BenchCommand {
 #[derive(Debug, clap::Args)]
 pub struct BenchAttnArgs {
     /// Total lengths.
-    #[arg(long, value_delimiter = ',', default_value = "1024,2048,4096,8192")]
+    #[arg(long, value_delimiter = ',', default_value = "1024,2048,4096,8192", value_parser = at_least_one)]
     pub seq: Vec<usize>,
     /// Rank counts; include 1 for the ring-vs-single ratio.
-    #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8", value_parser = at_least_one)]
     pub ranks: Vec<usize>,
     /// Strategies to run; all registered ones by default.
     #[arg(long, visible_alias = "strategy", value_delimiter = ',')]
@@ -66,6 +66,16 @@ pub struct BenchAttnArgs {
     /// Also write bench_attn.csv and bench_attn.md here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+}
+
+/// A length or count of at least 1: clap refuses 0 in one line naming the flag (a length or rank
+/// count of 0 would time nothing and print an empty table).
+fn at_least_one(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// One row of `bench_attn.csv`.

@@ -1007,3 +1007,29 @@ fn unavailable_backends_are_one_line() {
         assert!(!stderr.contains("panicked"), "{backend}: {stderr}");
     }
 }
+
+/// `bench attn` with a length or a rank count of 0 is one line naming the flag and exit 2 (it used
+/// to time nothing and print an empty table).
+#[test]
+fn bench_lengths_and_rank_counts_of_zero_are_refused() {
+    for (flag, args) in [
+        ("--seq", ["bench", "attn", "--seq", "0,64", "--ranks", "1"]),
+        (
+            "--ranks",
+            ["bench", "attn", "--seq", "64", "--ranks", "1,0"],
+        ),
+    ] {
+        let output = ringbench(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{flag}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("error: invalid value '0' for '{flag} "))
+                && stderr
+                    .lines()
+                    .next()
+                    .unwrap()
+                    .ends_with("must be at least 1"),
+            "{stderr}"
+        );
+    }
+}
