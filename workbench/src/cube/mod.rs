@@ -59,9 +59,6 @@ pub struct BackwardTileResult<B: Backend> {
 
 /// Fused tile kernels a backend runs on its own device: nothing they touch crosses to the host.
 pub trait DeviceTiles<B: Backend>: Sync {
-    /// Rows of one cube (and of each streamed sub-tile) for heads of `head_dim`.
-    fn tile_rows(&self, head_dim: usize) -> usize;
-
     /// One tile's forward merged into the running `(out, lse)` (0 and −∞ before the first tile).
     fn forward(
         &self,
@@ -91,11 +88,12 @@ pub fn rows_per_unit(head_dim: usize) -> usize {
 }
 
 /// Shared memory a cube may use, in f32 values: WebGPU's guaranteed 16 KiB.
-const SHARED_VALUES: usize = 16 * 1024 / 4;
+pub const SHARED_VALUES: usize = 16 * 1024 / 4;
 
 /// The units of a cube (and the rows of each streamed sub-tile) for heads of `head_dim`: the
 /// largest power of two up to 32 whose two streamed sub-tiles (`head_dim` padded to a multiple of
-/// 4), four values a streamed row and the windows of the cube's own rows fit WebGPU's guaranteed 16 KiB of shared memory.
+/// 4), four values a streamed row and the windows of the cube's own rows fit [`SHARED_VALUES`]
+/// values.
 pub fn tile_rows(head_dim: usize) -> usize {
     let padded = head_dim.div_ceil(4) * 4;
     let per_unit = 2 * padded + 4 + 2 * rows_per_unit(head_dim);
@@ -148,10 +146,6 @@ mod launch {
     impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>
         DeviceTiles<CubeBackend<R, F, I, BT>> for CubeTiles
     {
-        fn tile_rows(&self, head_dim: usize) -> usize {
-            tile_rows(head_dim)
-        }
-
         fn forward(
             &self,
             t: TileOperands<'_, CubeBackend<R, F, I, BT>>,
