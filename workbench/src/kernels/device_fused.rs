@@ -5,7 +5,7 @@
 //! `--kernel fused` is this kernel on a device backend and the CPU kernel on the CPU.
 
 use super::device_mask::DeviceShard;
-use super::generic::{GenericTwin, merge_block};
+use super::generic::{GenericTwin, merge_block, settle_on_device};
 use super::mask::Window;
 use super::tile::{BackwardTile, ForwardTile, Queries, Scores, TileDims, TileKernel, Travelling};
 use crate::block::{Block, BlockKind};
@@ -80,21 +80,22 @@ impl<B: HostRead> TileKernel<B> for DeviceFused {
         }
     }
 
+    /// Shards, operands and accumulators live where the generic kernel keeps them: on the device.
     fn shard(
         &self,
         windows: &[Window],
         positions: &[usize],
         device: &B::Device,
     ) -> Result<DeviceShard<B>, RingError> {
-        DeviceShard::new(windows, positions, device)
+        TileKernel::<B>::shard(&GenericTwin, windows, positions, device)
     }
 
     fn operand<const D: usize>(&self, kind: BlockKind, tensor: Tensor<B, D>) -> Block {
-        Block::on_device(kind, tensor)
+        TileKernel::<B>::operand(&GenericTwin, kind, tensor)
     }
 
     fn zeros(&self, kind: BlockKind, shape: Vec<usize>, device: &B::Device) -> Block {
-        Block::zeros_on::<B>(kind, shape, device)
+        TileKernel::<B>::zeros(&GenericTwin, kind, shape, device)
     }
 
     /// No score-sized tensor: the tiles' scores live in registers and shared memory. A forward tile
@@ -204,20 +205,6 @@ impl<B: HostRead> TileKernel<B> for DeviceFused {
             &t.lse.tensor(&device),
             &t.delta.tensor(&device),
         );
-        let on_device = Block::on_device::<B, 4>;
-        match travelling {
-            Travelling::Queries => {
-                stay[0].add_assign::<B>(&on_device(BlockKind::DK, grads.dk), &device);
-                stay[1].add_assign::<B>(&on_device(BlockKind::DV, grads.dv), &device);
-                vec![on_device(BlockKind::DQ, grads.dq)]
-            }
-            Travelling::Keys => {
-                stay[0].add_assign::<B>(&on_device(BlockKind::DQ, grads.dq), &device);
-                vec![
-                    on_device(BlockKind::DK, grads.dk),
-                    on_device(BlockKind::DV, grads.dv),
-                ]
-            }
-        }
+        settle_on_device((grads.dq, grads.dk, grads.dv), stay, travelling, &device)
     }
 }

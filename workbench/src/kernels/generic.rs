@@ -309,17 +309,29 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
             bias(t.visibility, t.queries.prepared, t.keys.prepared),
             t.scores,
         );
-        let on_device = Block::on_device::<B, 4>;
-        match travelling {
-            Travelling::Queries => {
-                stay[0].add_assign::<B>(&on_device(BlockKind::DK, dk), &device);
-                stay[1].add_assign::<B>(&on_device(BlockKind::DV, dv), &device);
-                vec![on_device(BlockKind::DQ, dq)]
-            }
-            Travelling::Keys => {
-                stay[0].add_assign::<B>(&on_device(BlockKind::DQ, dq), &device);
-                vec![on_device(BlockKind::DK, dk), on_device(BlockKind::DV, dv)]
-            }
+        settle_on_device((dq, dk, dv), stay, travelling, &device)
+    }
+}
+
+/// A backward tile's `(dq, dk, dv)` device tensors where they belong: the staying side's added into
+/// `stay` (dK and dV when the queries travel, dQ when the keys do), the travelling side's returned
+/// as fresh blocks (dQ, or dK then dV). Both device kernels end their backward tiles here.
+pub(super) fn settle_on_device<B: HostRead>(
+    (dq, dk, dv): (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>),
+    stay: &mut [Block],
+    travelling: Travelling,
+    device: &B::Device,
+) -> Vec<Block> {
+    let on_device = Block::on_device::<B, 4>;
+    match travelling {
+        Travelling::Queries => {
+            stay[0].add_assign::<B>(&on_device(BlockKind::DK, dk), device);
+            stay[1].add_assign::<B>(&on_device(BlockKind::DV, dv), device);
+            vec![on_device(BlockKind::DQ, dq)]
+        }
+        Travelling::Keys => {
+            stay[0].add_assign::<B>(&on_device(BlockKind::DQ, dq), device);
+            vec![on_device(BlockKind::DK, dk), on_device(BlockKind::DV, dv)]
         }
     }
 }
