@@ -158,14 +158,29 @@ fn run_nccl(job: &AttentionJob, id_file: &Path, args: &AttnArgs) -> Result<()> {
         id_file,
         Duration::from_secs_f64(args.timeout),
     )?;
-    if args.backend != BackendName::Flex {
-        bail!("--nccl-id-file runs on the flex backend (NCCL stages blocks through host memory)");
+
+    /// This process's rank on one device of the chosen backend: on flex NCCL stages every block
+    /// through host memory; on cuda it sends the tensors' own GPU memory.
+    struct NcclRank<'a> {
+        job: &'a AttentionJob<'a>,
+        transport: NcclTransport,
     }
-    let result = workbench::ring::jobs::run_attention_on::<Autodiff<burn::backend::Flex>>(
-        Comm::new(Box::new(transport)),
-        job,
-        &Default::default(),
-    )?;
+    impl OnBackend for NcclRank<'_> {
+        type Output = AttentionResult;
+        fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<Self::Output> {
+            Ok(workbench::ring::jobs::run_attention_on::<Autodiff<I>>(
+                Comm::new(Box::new(self.transport)),
+                self.job,
+                &devices[0],
+            )?)
+        }
+    }
+    // Flex has one device; a GPU backend runs on this rank's GPU.
+    let indices: &[usize] = match args.backend {
+        BackendName::Flex => &[],
+        _ => std::slice::from_ref(&device),
+    };
+    let result = on_backend(args.backend, indices, NcclRank { job, transport })?;
     if rank == 0 {
         write_outputs(args, &result)?;
     }

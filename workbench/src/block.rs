@@ -60,6 +60,9 @@ enum Values {
 struct DeviceValues {
     flat: Arc<dyn Any + Send + Sync>,
     read: fn(&(dyn Any + Send + Sync)) -> Vec<f32>,
+    /// The CUDA memory behind the tensor, when it is one of Burn's CUDA backend's.
+    #[cfg(feature = "cuda")]
+    cuda_memory: fn(&(dyn Any + Send + Sync)) -> Option<Result<crate::cube::CudaMemory, String>>,
     /// The tensor's element type.
     dtype: Dtype,
 }
@@ -76,6 +79,14 @@ fn flat_of<B: Backend>(values: &(dyn Any + Send + Sync)) -> Option<Tensor<B, 1>>
 
 fn read_device<B: HostRead>(values: &(dyn Any + Send + Sync)) -> Vec<f32> {
     host::read(flat_of::<B>(values).expect("read is stored with the tensor's own backend"))
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_memory_of<B: HostRead>(
+    values: &(dyn Any + Send + Sync),
+) -> Option<Result<crate::cube::CudaMemory, String>> {
+    let primitive = values.downcast_ref::<FloatTensor<B>>()?.clone();
+    B::cuda_memory(primitive)
 }
 
 #[derive(Clone)]
@@ -176,11 +187,7 @@ impl Block {
     pub fn on_device<B: HostRead, const D: usize>(kind: BlockKind, tensor: Tensor<B, D>) -> Self {
         let shape = tensor.dims().to_vec();
         let flat = tensor.reshape([shape.iter().product::<usize>()]);
-        let dtype = match flat.dtype() {
-            DType::BF16 => Dtype::Bf16,
-            _ => Dtype::F32,
-        };
-        Self::flat_on_device(kind, shape, flat, dtype)
+        Self::from_flat_on_device(kind, shape, flat)
     }
 
     fn flat_on_device<B: HostRead>(
@@ -196,8 +203,34 @@ impl Block {
             values: Values::Device(DeviceValues {
                 flat: Arc::new(primitive),
                 read: read_device::<B>,
+                #[cfg(feature = "cuda")]
+                cuda_memory: cuda_memory_of::<B>,
                 dtype,
             }),
+        }
+    }
+
+    /// A flat tensor of `B` (any element type) as a block of `shape` on its device: nothing is copied.
+    pub fn from_flat_on_device<B: HostRead>(
+        kind: BlockKind,
+        shape: Vec<usize>,
+        flat: Tensor<B, 1>,
+    ) -> Self {
+        debug_assert_eq!(shape.iter().product::<usize>(), flat.dims()[0]);
+        let dtype = match flat.dtype() {
+            DType::BF16 => Dtype::Bf16,
+            _ => Dtype::F32,
+        };
+        Self::flat_on_device(kind, shape, flat, dtype)
+    }
+
+    /// The CUDA memory of a block held as a tensor of Burn's CUDA backend, once the kernels that
+    /// compute it have run (None for any other block): what NCCL sends from in place.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_memory(&self) -> Option<Result<crate::cube::CudaMemory, String>> {
+        match &self.values {
+            Values::Device(d) => (d.cuda_memory)(d.flat.as_ref()),
+            _ => None,
         }
     }
 

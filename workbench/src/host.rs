@@ -21,6 +21,15 @@ pub trait HostRead: Backend {
         None
     }
 
+    /// The CUDA memory behind one of the backend's tensors, for NCCL to send from in place (Burn's
+    /// CUDA backend), or None (every other backend).
+    #[cfg(feature = "cuda")]
+    fn cuda_memory(
+        _tensor: burn::tensor::ops::FloatTensor<Self>,
+    ) -> Option<Result<crate::cube::CudaMemory, String>> {
+        None
+    }
+
     /// The tensor's elements, row-major, as f32 on the host.
     fn to_host<const D: usize>(tensor: Tensor<Self, D>) -> Vec<f32> {
         via_data(tensor)
@@ -39,7 +48,12 @@ pub fn moved_bytes() -> u64 {
 }
 
 fn count(shape: &[usize]) {
-    let bytes = (shape.iter().product::<usize>() * std::mem::size_of::<f32>()) as u64;
+    count_bytes((shape.iter().product::<usize>() * std::mem::size_of::<f32>()) as u64);
+}
+
+/// Counts `bytes` moved between host and device by a copy that is not [`read`] or [`place`] (a
+/// transport's own staging of a message header).
+pub fn count_bytes(bytes: u64) {
     MOVED.with(|m| m.set(m.get() + bytes));
 }
 
@@ -90,6 +104,12 @@ impl HostRead for burn::backend::Flex {
 impl HostRead for crate::backends::Cuda {
     fn device_tiles() -> Option<&'static dyn DeviceTiles<Self>> {
         Some(&crate::cube::CubeTiles)
+    }
+
+    fn cuda_memory(
+        tensor: burn::tensor::ops::FloatTensor<Self>,
+    ) -> Option<Result<crate::cube::CudaMemory, String>> {
+        Some(crate::cube::CudaMemory::of(tensor))
     }
 }
 

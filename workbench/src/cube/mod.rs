@@ -1,13 +1,19 @@
 //! The fused device tile kernels: the trait through which a backend offers them ([`DeviceTiles`]),
 //! and, with a CubeCL backend compiled in (`wgpu`, `cuda`), their CubeCL source (`tiles.rs`) and
 //! launches on Burn's tensors (`CubeTiles`). The ring reaches them through
-//! [`crate::host::HostRead::device_tiles`]; `kernels/device_fused.rs` makes them a tile kernel.
+//! [`crate::host::HostRead::device_tiles`]; `kernels/device_fused.rs` makes them a tile kernel. With
+//! `cuda`, also the CUDA memory behind a tensor (`CudaMemory`), which NCCL sends from in place.
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
+#[cfg(feature = "cuda")]
+mod cuda_memory;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod tiles;
+
+#[cfg(feature = "cuda")]
+pub use cuda_memory::CudaMemory;
 
 /// One tile's operands on the device: q `[b, h, tq, d]`, k and v `[b, hk, tk, d]`, the queries'
 /// windows' first and last visible key position `[tq]` and the keys' positions `[tk]` (f32), and

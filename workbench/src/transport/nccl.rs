@@ -5,9 +5,17 @@
 //! without CUDA gets [`TransportError::Unavailable`] instead of a panic.
 //!
 //! A ring exchange is one NCCL group (send to `to`, receive from `from`) queued on the rank's stream,
-//! so it runs while the host computes; `wait` synchronizes the stream and copies the block to the
-//! host. Both sides of an exchange move the same shapes (equal shards), so the receive size is the
-//! send size. Ranks meet through a file holding NCCL's unique id, written by rank 0.
+//! so it runs while the ranks compute. Both sides of an exchange move the same shapes (equal shards),
+//! so what a rank receives is shaped like what it sends. Ranks meet through a file holding NCCL's
+//! unique id, written by rank 0.
+//!
+//! Two ways a payload goes:
+//! - **In place** (with `cuda`, when every block is a tensor of Burn's CUDA backend): NCCL sends from
+//!   the tensors' own memory and receives into fresh tensors on the rank's GPU; only the header (a few
+//!   words: kinds, types, shapes) is staged through the host, and `wait` checks it against the
+//!   shapes received into.
+//! - **Staged** (host blocks: the CPU backend's ranks): the wire format's message is copied to the
+//!   device, exchanged, and copied back in `wait`.
 
 use super::wire::{decode, encode};
 use super::{Payload, Pending, Transport};
@@ -19,6 +27,16 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A posted receive: the device buffers it fills.
+enum Incoming {
+    /// One wire-format message.
+    Staged(CudaSlice<f32>),
+    /// The header, then each block's values in a tensor of its own.
+    #[cfg(feature = "cuda")]
+    InPlace(in_place::Receive),
+}
+
+
 /// One rank of an NCCL communicator: each exchange is a send and a receive queued on its CUDA stream.
 pub struct NcclTransport {
     comm: Comm,
@@ -26,9 +44,13 @@ pub struct NcclTransport {
     rank: usize,
     size: usize,
     /// Receives queued on the stream, by tag, with the device buffers they fill.
-    incoming: HashMap<u64, CudaSlice<f32>>,
-    /// Send buffers that must live until the stream has run their sends.
-    outgoing: Vec<CudaSlice<f32>>,
+    incoming: HashMap<u64, Incoming>,
+    /// Send buffers (staged messages, lent tensors) that must live until the stream has run their
+    /// sends.
+    outgoing: Vec<Box<dyn Send>>,
+    /// The GPU, as Burn's CUDA backend names it: where in-place receives are allocated.
+    #[cfg(feature = "cuda")]
+    device: cubecl::cuda::CudaDevice,
 }
 
 impl std::fmt::Debug for NcclTransport {
@@ -121,6 +143,8 @@ impl NcclTransport {
             size,
             incoming: HashMap::new(),
             outgoing: Vec::new(),
+            #[cfg(feature = "cuda")]
+            device: cubecl::cuda::CudaDevice { index: device },
         })
     }
 
@@ -160,6 +184,13 @@ impl Transport for NcclTransport {
         tag: u64,
         payload: Payload,
     ) -> Result<Pending, TransportError> {
+        #[cfg(feature = "cuda")]
+        if let Some(memories) = in_place::memories(&payload, self.rank)? {
+            let (send, receive) = in_place::post(self, to, from, &payload, memories)?;
+            self.outgoing.push(Box::new(send));
+            self.incoming.insert(tag, Incoming::InPlace(receive));
+            return Ok(Pending { from, tag });
+        }
         let message = encode(&payload);
         let send = self
             .stream
@@ -178,8 +209,8 @@ impl Transport for NcclTransport {
                 .recv(recv.as_view_mut(), from as i32)
                 .map_err(|e| self.failed("ncclRecv", e))?;
         }
-        self.outgoing.push(send);
-        self.incoming.insert(tag, recv);
+        self.outgoing.push(Box::new(send));
+        self.incoming.insert(tag, Incoming::Staged(recv));
         Ok(Pending { from, tag })
     }
 
@@ -188,7 +219,7 @@ impl Transport for NcclTransport {
     }
 
     fn wait(&mut self, pending: Pending) -> Result<Payload, TransportError> {
-        let buffer = self
+        let incoming = self
             .incoming
             .remove(&pending.tag)
             .ok_or(TransportError::Protocol {
@@ -197,9 +228,17 @@ impl Transport for NcclTransport {
                 expected: pending.tag,
                 got: 0,
             })?;
-        let message = self.download(&buffer)?;
+        let payload = match incoming {
+            Incoming::Staged(buffer) => {
+                let message = self.download(&buffer)?;
+                decode(&message, self.rank, pending.from)
+            }
+            #[cfg(feature = "cuda")]
+            Incoming::InPlace(receive) => in_place::finish(self, receive, pending.from),
+        };
+        // The stream has run everything queued before this receive, the sends included.
         self.outgoing.clear();
-        decode(&message, self.rank, pending.from)
+        payload
     }
 
     fn all_reduce_sum(&mut self, _tag: u64, data: &mut [f32]) -> Result<(), TransportError> {
@@ -234,6 +273,198 @@ impl Transport for NcclTransport {
     }
 }
 
+/// The in-place path: blocks that are tensors of Burn's CUDA backend go from their own memory and
+/// arrive in fresh tensors on this rank's GPU.
+#[cfg(feature = "cuda")]
+mod in_place {
+    use super::NcclTransport;
+    use crate::backends::Cuda;
+    use crate::block::Block;
+    use crate::cube::CudaMemory;
+    use crate::dtype::Dtype;
+    use crate::error::TransportError;
+    use crate::transport::Payload;
+    use crate::transport::wire::{self, Head};
+    use burn::tensor::DType;
+    use cudarc::driver::{CudaSlice, CudaStream};
+    use std::sync::Arc;
+
+    /// CubeCL's memory seen by cudarc as a byte slice that cudarc does not own: the slice is handed
+    /// back (leaked, never freed by cudarc) when this is dropped, and the memory lives as long as
+    /// the tensor that [`CudaMemory`] holds.
+    struct Lent {
+        slice: Option<CudaSlice<u8>>,
+        memory: Option<CudaMemory>,
+    }
+
+    impl Lent {
+        fn new(stream: &Arc<CudaStream>, memory: CudaMemory) -> Self {
+            // SAFETY: the address and size are those of a live CubeCL allocation in this GPU's
+            // primary context (CubeCL and cudarc both retain that context), kept alive by `memory`
+            // for as long as the slice exists; cudarc never frees it (`Drop` leaks the slice).
+            let slice = unsafe { stream.upgrade_device_ptr::<u8>(memory.address(), memory.bytes()) };
+            Self {
+                slice: Some(slice),
+                memory: Some(memory),
+            }
+        }
+
+        fn slice(&self) -> &CudaSlice<u8> {
+            self.slice.as_ref().expect("a lent slice lives until the value is dropped")
+        }
+
+        fn slice_mut(&mut self) -> &mut CudaSlice<u8> {
+            self.slice.as_mut().expect("a lent slice lives until the value is dropped")
+        }
+
+        /// The memory, given back by cudarc.
+        fn into_memory(mut self) -> CudaMemory {
+            if let Some(slice) = self.slice.take() {
+                slice.leak();
+            }
+            self.memory.take().expect("taken once")
+        }
+    }
+
+    impl Drop for Lent {
+        fn drop(&mut self) {
+            if let Some(slice) = self.slice.take() {
+                slice.leak();
+            }
+        }
+    }
+
+    /// A posted send: the header and the blocks' memory, alive until the stream has run it.
+    pub(super) struct Sending {
+        _header: CudaSlice<f32>,
+        _blocks: Vec<Lent>,
+    }
+
+    /// A posted receive: the header's buffer, the heads it must list, and the tensors it fills.
+    pub(super) struct Receive {
+        header: CudaSlice<f32>,
+        expected: Vec<Head>,
+        blocks: Vec<Lent>,
+    }
+
+    /// Every block's CUDA memory, once the kernels computing it have run; None when the payload is
+    /// empty or a block is not a tensor of Burn's CUDA backend (it is then staged).
+    pub(super) fn memories(
+        payload: &Payload,
+        rank: usize,
+    ) -> Result<Option<Vec<CudaMemory>>, TransportError> {
+        if payload.is_empty() {
+            return Ok(None);
+        }
+        let mut memories = Vec::with_capacity(payload.len());
+        for block in payload {
+            match block.cuda_memory() {
+                None => return Ok(None),
+                Some(Ok(memory)) => memories.push(memory),
+                Some(Err(why)) => {
+                    return Err(TransportError::RankFailed {
+                        rank,
+                        message: format!("the {:?} block's CUDA memory: {why}", block.kind),
+                    });
+                }
+            }
+        }
+        Ok(Some(memories))
+    }
+
+    /// Queues one NCCL group: the header and every block to `to`; from `from`, a header and blocks
+    /// shaped like this rank's own (equal shards), into fresh tensors.
+    pub(super) fn post(
+        t: &NcclTransport,
+        to: usize,
+        from: usize,
+        payload: &Payload,
+        memories: Vec<CudaMemory>,
+    ) -> Result<(Sending, Receive), TransportError> {
+        let header = wire::header(payload);
+        crate::host::count_bytes((header.len() * size_of::<f32>()) as u64);
+        let send_header = t
+            .stream
+            .clone_htod(&header)
+            .map_err(|e| t.failed("copy the header to the device", e))?;
+        let mut recv_header = t
+            .stream
+            .alloc_zeros::<f32>(header.len())
+            .map_err(|e| t.failed("alloc", e))?;
+        let sends: Vec<Lent> = memories
+            .into_iter()
+            .map(|m| Lent::new(&t.stream, m))
+            .collect();
+        let mut receives = Vec::with_capacity(payload.len());
+        for block in payload {
+            let dtype = match block.dtype() {
+                Dtype::F32 => DType::F32,
+                Dtype::Bf16 => DType::BF16,
+            };
+            let memory = CudaMemory::empty(block.len(), dtype, &t.device)
+                .map_err(|e| t.failed("allocate a receive tensor", e))?;
+            receives.push(Lent::new(&t.stream, memory));
+        }
+        {
+            let mut group = t.comm.group();
+            group
+                .send(send_header.as_view(), to as i32)
+                .map_err(|e| t.failed("ncclSend", e))?;
+            group
+                .recv(recv_header.as_view_mut(), from as i32)
+                .map_err(|e| t.failed("ncclRecv", e))?;
+            for (send, receive) in sends.iter().zip(receives.iter_mut()) {
+                group
+                    .send(send.slice().as_view(), to as i32)
+                    .map_err(|e| t.failed("ncclSend", e))?;
+                group
+                    .recv(receive.slice_mut().as_view_mut(), from as i32)
+                    .map_err(|e| t.failed("ncclRecv", e))?;
+            }
+        }
+        let send = Sending {
+            _header: send_header,
+            _blocks: sends,
+        };
+        let receive = Receive {
+            header: recv_header,
+            expected: payload.iter().map(|b| Head::of(b)).collect(),
+            blocks: receives,
+        };
+        Ok((send, receive))
+    }
+
+    /// Waits for the group, checks the header against the shapes received into, and gives the
+    /// filled tensors as blocks on this rank's GPU.
+    pub(super) fn finish(
+        t: &NcclTransport,
+        receive: Receive,
+        from: usize,
+    ) -> Result<Payload, TransportError> {
+        let header = t.download(&receive.header)?;
+        crate::host::count_bytes((header.len() * size_of::<f32>()) as u64);
+        let (heads, _) = wire::read_header(&header, t.rank, from)?;
+        if heads != receive.expected {
+            return Err(TransportError::RankFailed {
+                rank: from,
+                message: format!(
+                    "rank {} received into {:?} but rank {from} sent {heads:?} (NCCL moves equal shards)",
+                    t.rank, receive.expected
+                ),
+            });
+        }
+        Ok(receive
+            .blocks
+            .into_iter()
+            .zip(heads)
+            .map(|(lent, head)| {
+                let flat = lent.into_memory().into_tensor();
+                Arc::new(Block::from_flat_on_device::<Cuda>(head.kind, head.shape, flat))
+            })
+            .collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,6 +492,35 @@ mod tests {
         t.all_reduce_sum(2, &mut data).unwrap();
         assert_eq!(data, [1.5, -2.0]);
         t.barrier(3).unwrap();
+        #[cfg(feature = "cuda")]
+        one_rank_in_place(&mut t);
+    }
+
+    /// CUDA tensors (f32 and bf16) sent to this rank itself from their own memory: they arrive as
+    /// tensors on the GPU, equal, and only the headers crossed the host (this thread's own count).
+    #[cfg(feature = "cuda")]
+    fn one_rank_in_place(t: &mut NcclTransport) {
+        use crate::backends::Cuda;
+        use burn::tensor::{FloatDType, Tensor, TensorData};
+        let device = cubecl::cuda::CudaDevice { index: 0 };
+        let values: Vec<f32> = (0..6).map(|i| i as f32 * 0.25 - 0.5).collect();
+        let k = Tensor::<Cuda, 2>::from_data(TensorData::new(values, [2, 3]), &device);
+        let payload: Payload = vec![
+            Arc::new(crate::block::Block::on_device(crate::block::BlockKind::K, k.clone())),
+            Arc::new(crate::block::Block::on_device(
+                crate::block::BlockKind::V,
+                k.cast(FloatDType::BF16),
+            )),
+        ];
+        let before = crate::host::moved_bytes();
+        let pending = t.send_recv(0, 0, 4, payload.clone()).unwrap();
+        t.commit().unwrap();
+        let got = t.wait(pending).unwrap();
+        let moved = crate::host::moved_bytes() - before;
+        // The header, up and down: the count, then (kind, dtype, ndim = 2, 2 dims) twice.
+        assert_eq!(moved, 2 * 4 * (1 + 2 * 5));
+        assert!(got.iter().all(|b| b.is_on_device()), "{got:?}");
+        assert_eq!(got, payload);
     }
 
     /// Without CUDA, joining is a typed error with this exact text. On a machine with CUDA that

@@ -55,8 +55,29 @@ fn words(dtype: Dtype, len: usize) -> usize {
     }
 }
 
-/// One message: `[blocks, (kind, dtype, ndim, dims…)…, data…]`, every count exact in f32 below 2^24.
-pub(crate) fn encode(payload: &Payload) -> Vec<f32> {
+/// What the header says of one block: its kind, element type and shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Head {
+    pub(crate) kind: BlockKind,
+    pub(crate) dtype: Dtype,
+    pub(crate) shape: Vec<usize>,
+}
+
+impl Head {
+    /// The head of `block` (what an in-place NCCL receive expects).
+    #[cfg(any(test, all(feature = "nccl", feature = "cuda")))]
+    pub(crate) fn of(block: &Block) -> Self {
+        Self {
+            kind: block.kind,
+            dtype: block.dtype(),
+            shape: block.shape.clone(),
+        }
+    }
+}
+
+/// A message's header: `[blocks, (kind, dtype, ndim, dims…)…]`, every count exact in f32 below 2^24.
+/// A transport that moves the values apart (NCCL from device memory) sends it alone.
+pub(crate) fn header(payload: &Payload) -> Vec<f32> {
     let mut header = vec![payload.len() as f32];
     for b in payload {
         header.push(code(b.kind) as f32);
@@ -64,6 +85,12 @@ pub(crate) fn encode(payload: &Payload) -> Vec<f32> {
         header.push(b.shape.len() as f32);
         header.extend(b.shape.iter().map(|&d| d as f32));
     }
+    header
+}
+
+/// One message: the [`header`], then every block's values.
+pub(crate) fn encode(payload: &Payload) -> Vec<f32> {
+    let header = header(payload);
     let data_len: usize = payload.iter().map(|b| words(b.dtype(), b.len())).sum();
     let mut out = Vec::with_capacity(header.len() + data_len);
     out.extend(header);
@@ -79,11 +106,21 @@ pub(crate) fn encode(payload: &Payload) -> Vec<f32> {
     out
 }
 
-pub(crate) fn decode(message: &[f32], rank: usize, peer: usize) -> Result<Payload, TransportError> {
-    let bad = || TransportError::RankFailed {
+/// The error of a malformed message from `peer`.
+fn malformed(rank: usize, peer: usize) -> TransportError {
+    TransportError::RankFailed {
         rank: peer,
         message: format!("malformed message received by rank {rank}"),
-    };
+    }
+}
+
+/// The heads a message's header lists, and where its values begin.
+pub(crate) fn read_header(
+    message: &[f32],
+    rank: usize,
+    peer: usize,
+) -> Result<(Vec<Head>, usize), TransportError> {
+    let bad = || malformed(rank, peer);
     let mut at = 0;
     let mut next = || -> Result<usize, TransportError> {
         let x = *message.get(at).ok_or_else(bad)?;
@@ -91,21 +128,27 @@ pub(crate) fn decode(message: &[f32], rank: usize, peer: usize) -> Result<Payloa
         Ok(x as usize)
     };
     let blocks = next()?;
-    let mut heads = Vec::with_capacity(blocks);
+    let mut heads = Vec::with_capacity(blocks.min(message.len()));
     for _ in 0..blocks {
         let kind = *KINDS.get(next()?).ok_or_else(bad)?;
         let dtype = *Dtype::ALL.get(next()?).ok_or_else(bad)?;
         let ndim = next()?;
         let shape = (0..ndim).map(|_| next()).collect::<Result<Vec<_>, _>>()?;
-        heads.push((kind, dtype, shape));
+        heads.push(Head { kind, dtype, shape });
     }
-    let mut offset = at;
+    Ok((heads, at))
+}
+
+pub(crate) fn decode(message: &[f32], rank: usize, peer: usize) -> Result<Payload, TransportError> {
+    let (heads, mut offset) = read_header(message, rank, peer)?;
     heads
         .into_iter()
-        .map(|(kind, dtype, shape)| {
+        .map(|Head { kind, dtype, shape }| {
             let len: usize = shape.iter().product();
             let n = words(dtype, len);
-            let data = message.get(offset..offset + n).ok_or_else(bad)?;
+            let data = message
+                .get(offset..offset + n)
+                .ok_or_else(|| malformed(rank, peer))?;
             offset += n;
             Ok(Arc::new(match dtype {
                 Dtype::F32 => Block::host(kind, shape, data.to_vec()),
@@ -145,8 +188,13 @@ mod tests {
         assert_eq!(back, payload);
         assert_eq!(back[1].dtype(), Dtype::Bf16);
         assert_eq!(back[1].bytes(), 14);
+        // The header alone says the same of every block.
+        let (heads, values_at) = read_header(&header(&payload), 0, 1).unwrap();
+        assert_eq!(heads, payload.iter().map(|b| Head::of(b)).collect::<Vec<_>>());
+        assert_eq!(values_at, 1 + 4 + 5);
         // A message cut short is an error naming the peer, not a panic.
         assert!(decode(&message[..message.len() - 1], 0, 1).is_err());
+        assert!(read_header(&message[..7], 0, 1).is_err());
     }
 
     #[test]
