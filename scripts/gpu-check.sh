@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The GPU check, in two halves, so that the GPU machine runs prebuilt binaries and nothing else:
 #
-#   bash scripts/gpu-check.sh build   # here, no GPU needed: ringbench with the cuda and nccl features and
-#                                     # the CUDA exactness test, stripped and packed into
-#                                     # target/gpu-check/binaries.tar.xz (14 MB; the raw ones are 78 MB)
+#   bash scripts/gpu-check.sh build   # here, no GPU needed: ringbench with the cuda and nccl features,
+#                                     # the CUDA exactness test and the NCCL transport's GPU test,
+#                                     # stripped and packed into target/gpu-check/binaries.tar.xz
 #   bash scripts/gpu-check.sh run     # on the GPU machine, from the repository root (the device tool:
 #                                     # carry target/gpu-check): writes results/gpu/ (or $OUT/gpu/)
 #
 # `run` records the GPU's name and driver, runs the exactness subset on CUDA (the fused CubeCL kernel and
 # the generic one, every strategy x direction x scheme x N in {1, 2, 4}, causal and not, MHA and GQA,
 # within 1e-5 of float64), `bench attn --backend cuda` (both kernels, zig-zag, causal and not, S up to
-# 64K beside the same run's CUDA matmul), and with two or more GPUs the NCCL transport under mpirun.
+# 64K beside the same run's CUDA matmul), the NCCL transport's one-rank test (CUDA tensors sent to the
+# rank itself from their own memory, only the header through the host), and with two or more GPUs
+# `attn` over NCCL under mpirun on the cuda backend, its outputs compared with the NumPy fixture.
 # Unattended: each step has a timeout, under 10 minutes in all. Without a GPU it says so in one line and
 # exits 2.
 set -uo pipefail
@@ -31,10 +33,19 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda":
         print(m["executable"])')
+  local nccl_bin
+  nccl_bin=$(cargo test --locked --release -p workbench --features cuda,nccl --lib --no-run \
+    --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "workbench":
+        print(m["executable"])')
   rm -rf "$stage" "$bins" && mkdir -p "$stage" "$bins"
   cp target/release/ringbench "$bins/ringbench"
   cp "$test_bin" "$bins/cuda-exactness"
-  tar -C "$bins" -cf - ringbench cuda-exactness | xz -T0 -6 >"$stage/binaries.tar.xz"
+  cp "$nccl_bin" "$bins/workbench-lib"
+  tar -C "$bins" -cf - ringbench cuda-exactness workbench-lib | xz -T0 -6 >"$stage/binaries.tar.xz"
   du -sh "$stage"/*
   echo "staged in $stage: carry it, then run 'bash scripts/gpu-check.sh run' on the GPU machine"
 }
@@ -72,15 +83,22 @@ run() {
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     done
   done
+  echo "== NCCL on one GPU: exchange with itself (staged and in place), all-reduce, barrier"
+  timeout 60 "$bins/workbench-lib" --ignored --exact \
+    transport::nccl::tests::one_rank_exchanges_with_itself_reduces_and_meets_at_the_barrier \
+    2>&1 | tee "$out/nccl_one_rank.log" | tail -3
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   if [ "$gpus" -ge 2 ]; then
-    echo "== NCCL: ringbench attn under mpirun on $gpus GPUs"
+    echo "== NCCL: ringbench attn under mpirun on $gpus GPUs, cuda backend (blocks sent in place)"
     local fixture=experiments/tests/fixtures/attn_gqa
-    timeout 60 mpirun --allow-run-as-root --oversubscribe -n "$gpus" "$bin" attn \
+    timeout 90 mpirun --allow-run-as-root --oversubscribe -n "$gpus" "$bin" attn \
       --q "$fixture/q.npy" --k "$fixture/k.npy" --v "$fixture/v.npy" --do "$fixture/do.npy" \
-      --ranks "$gpus" --causal --nccl-id-file "$out/nccl.id" --out "$out/nccl" 2>&1 | tail -3
+      --ranks "$gpus" --causal --backend cuda --nccl-id-file "$out/nccl.id" --out "$out/nccl" \
+      2>&1 | tail -3
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    python3 scripts/npy_close.py "$out/nccl" "$fixture" 1e-5 || status=1
   else
-    echo "== NCCL: skipped (one GPU)"
+    echo "== NCCL across GPUs: skipped (one GPU)"
   fi
   echo "== gpu-check: $( [ $status -eq 0 ] && echo passed || echo FAILED ); results in $out"
   exit $status

@@ -1046,17 +1046,34 @@ fn nccl_ranks_refuse_in_one_line_without_a_launcher_or_cuda() {
     let o = out.join("o").to_string_lossy().into_owned();
     let args = attn_on_fixture(
         true,
-        &["--ranks", "2", "--nccl-id-file", &id, "--backend", "flex", "--out", &o],
+        &[
+            "--ranks",
+            "2",
+            "--nccl-id-file",
+            &id,
+            "--backend",
+            "flex",
+            "--out",
+            &o,
+        ],
     );
     let run = |env: &[(&str, &str)]| {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_ringbench"));
         command.args(&args);
-        for var in ["RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"] {
+        for var in [
+            "RANK",
+            "WORLD_SIZE",
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+        ] {
             command.env_remove(var);
         }
         command.envs(env.iter().copied());
         let run = command.output().expect("running ringbench");
-        (run.status.code(), String::from_utf8_lossy(&run.stderr).into_owned())
+        (
+            run.status.code(),
+            String::from_utf8_lossy(&run.stderr).into_owned(),
+        )
     };
     let (code, stderr) = run(&[]);
     assert_eq!(code, Some(1), "{stderr}");
@@ -1075,5 +1092,57 @@ fn nccl_ranks_refuse_in_one_line_without_a_launcher_or_cuda() {
             "{stderr}"
         );
     }
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// The GPU check's comparison (`scripts/npy_close.py`, NumPy-free) passes `attn`'s outputs on the
+/// fixture, and fails a NaN, a wrong value and a wrong fixture: it cannot pass what the tests fail.
+#[test]
+fn the_gpu_checks_npy_comparison_fails_what_the_tests_fail() {
+    let out = temp_dir("npy-close");
+    let o = out.to_string_lossy().into_owned();
+    let run = ringbench(&attn_on_fixture(
+        true,
+        &["--ranks", "2", "--causal", "--out", &o],
+    ));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let close = |fixture_dir: &Path| {
+        let run = std::process::Command::new("python3")
+            .arg(root.join("scripts/npy_close.py"))
+            .arg(&out)
+            .arg(fixture_dir)
+            .arg("1e-5")
+            .output()
+            .expect("running python3");
+        (
+            run.status.code(),
+            String::from_utf8_lossy(&run.stdout).into_owned(),
+        )
+    };
+    let gqa = fixture("q.npy").parent().unwrap().to_path_buf();
+    let (code, said) = close(&gqa);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(said.matches(": ok: ").count(), 5, "{said}");
+    // Another fixture (other shapes) fails.
+    let packed = gqa.parent().unwrap().join("attn_packed");
+    assert_eq!(close(&packed).0, Some(1));
+    // A value off by 1e-4 of the scale fails; so does a NaN.
+    let path = out.join("dk.npy");
+    let mut dk = npy::read(&path).unwrap();
+    assert!(dk.data.iter().all(|x| x.is_finite()), "checked above");
+    let scale = dk.data.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    dk.data[7] += 1e-4 * scale;
+    npy::write(&path, &dk).unwrap();
+    let (code, said) = close(&gqa);
+    assert!(code == Some(1) && said.contains("dk: FAILED"), "{said}");
+    dk.data[7] = f32::NAN;
+    npy::write(&path, &dk).unwrap();
+    let (code, said) = close(&gqa);
+    assert!(code == Some(1) && said.contains("not finite"), "{said}");
     std::fs::remove_dir_all(&out).unwrap();
 }

@@ -36,7 +36,6 @@ enum Incoming {
     InPlace(in_place::Receive),
 }
 
-
 /// One rank of an NCCL communicator: each exchange is a send and a receive queued on its CUDA stream.
 pub struct NcclTransport {
     comm: Comm,
@@ -302,7 +301,8 @@ mod in_place {
             // SAFETY: the address and size are those of a live CubeCL allocation in this GPU's
             // primary context (CubeCL and cudarc both retain that context), kept alive by `memory`
             // for as long as the slice exists; cudarc never frees it (`Drop` leaks the slice).
-            let slice = unsafe { stream.upgrade_device_ptr::<u8>(memory.address(), memory.bytes()) };
+            let slice =
+                unsafe { stream.upgrade_device_ptr::<u8>(memory.address(), memory.bytes()) };
             Self {
                 slice: Some(slice),
                 memory: Some(memory),
@@ -310,11 +310,15 @@ mod in_place {
         }
 
         fn slice(&self) -> &CudaSlice<u8> {
-            self.slice.as_ref().expect("a lent slice lives until the value is dropped")
+            self.slice
+                .as_ref()
+                .expect("a lent slice lives until the value is dropped")
         }
 
         fn slice_mut(&mut self) -> &mut CudaSlice<u8> {
-            self.slice.as_mut().expect("a lent slice lives until the value is dropped")
+            self.slice
+                .as_mut()
+                .expect("a lent slice lives until the value is dropped")
         }
 
         /// The memory, given back by cudarc.
@@ -459,7 +463,9 @@ mod in_place {
             .zip(heads)
             .map(|(lent, head)| {
                 let flat = lent.into_memory().into_tensor();
-                Arc::new(Block::from_flat_on_device::<Cuda>(head.kind, head.shape, flat))
+                Arc::new(Block::from_flat_on_device::<Cuda>(
+                    head.kind, head.shape, flat,
+                ))
             })
             .collect())
     }
@@ -506,7 +512,10 @@ mod tests {
         let values: Vec<f32> = (0..6).map(|i| i as f32 * 0.25 - 0.5).collect();
         let k = Tensor::<Cuda, 2>::from_data(TensorData::new(values, [2, 3]), &device);
         let payload: Payload = vec![
-            Arc::new(crate::block::Block::on_device(crate::block::BlockKind::K, k.clone())),
+            Arc::new(crate::block::Block::on_device(
+                crate::block::BlockKind::K,
+                k.clone(),
+            )),
             Arc::new(crate::block::Block::on_device(
                 crate::block::BlockKind::V,
                 k.cast(FloatDType::BF16),

@@ -190,7 +190,10 @@ mod tests {
         assert_eq!(back[1].bytes(), 14);
         // The header alone says the same of every block.
         let (heads, values_at) = read_header(&header(&payload), 0, 1).unwrap();
-        assert_eq!(heads, payload.iter().map(|b| Head::of(b)).collect::<Vec<_>>());
+        assert_eq!(
+            heads,
+            payload.iter().map(|b| Head::of(b)).collect::<Vec<_>>()
+        );
         assert_eq!(values_at, 1 + 4 + 5);
         // A message cut short is an error naming the peer, not a panic.
         assert!(decode(&message[..message.len() - 1], 0, 1).is_err());
