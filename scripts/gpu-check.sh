@@ -77,21 +77,21 @@ run() {
   for seq in 4096 16384 65536; do
     local ranks=$(( seq > 8192 ? seq / 8192 : 1 ))
     for kernel in fused generic; do
-      timeout 55 "$bin" bench attn --backend cuda --kernels "$kernel" --strategies zigzag \
+      timeout 50 "$bin" bench attn --backend cuda --kernels "$kernel" --strategies zigzag \
         --seq "$seq" --ranks "$ranks" --heads 8 --head-dim 128 --repeats 2 \
         --out "$out/bench_${kernel}_$seq" 2>&1 | tail -3
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     done
   done
   echo "== NCCL on one GPU: exchange with itself (staged and in place), all-reduce, barrier"
-  timeout 60 "$bins/workbench-lib" --ignored --exact \
+  timeout 30 "$bins/workbench-lib" --ignored --exact \
     transport::nccl::tests::one_rank_exchanges_with_itself_reduces_and_meets_at_the_barrier \
     2>&1 | tee "$out/nccl_one_rank.log" | tail -3
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   if [ "$gpus" -ge 2 ]; then
     echo "== NCCL: ringbench attn under mpirun on $gpus GPUs, cuda backend (blocks sent in place)"
     local fixture=experiments/tests/fixtures/attn_gqa
-    timeout 90 mpirun --allow-run-as-root --oversubscribe -n "$gpus" "$bin" attn \
+    timeout 60 mpirun --allow-run-as-root --oversubscribe -n "$gpus" "$bin" attn \
       --q "$fixture/q.npy" --k "$fixture/k.npy" --v "$fixture/v.npy" --do "$fixture/do.npy" \
       --ranks "$gpus" --causal --backend cuda --nccl-id-file "$out/nccl.id" --out "$out/nccl" \
       2>&1 | tail -3
