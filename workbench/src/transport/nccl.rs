@@ -132,7 +132,11 @@ impl NcclTransport {
         };
         let context = CudaContext::new(device)
             .map_err(|e| unavailable(rank, "CUDA device", format!("{e:?}")))?;
-        let stream = context.default_stream();
+        // A stream of its own, non-blocking: NCCL's transfers never wait for (or hold up) the
+        // compute streams of Burn's CUDA backend on the same GPU.
+        let stream = context
+            .new_stream()
+            .map_err(|e| unavailable(rank, "CUDA stream", format!("{e:?}")))?;
         let comm = Comm::from_rank(stream.clone(), rank, size, id)
             .map_err(|e| unavailable(rank, "NCCL", format!("{e:?}")))?;
         Ok(Self {
