@@ -20,8 +20,10 @@ pub struct CudaMemory {
 }
 
 impl CudaMemory {
-    /// The memory of `tensor` once every kernel this thread has queued on its stream has run (the
-    /// values are final when this returns). A strided view is first made contiguous (a device copy).
+    /// The memory of `tensor` once every kernel queued before on this thread's stream, and on the
+    /// stream that wrote the tensor, has run: the values are final when this returns, and no kernel
+    /// queued before still reads memory that NCCL may then write (a receive buffer reuses freed
+    /// memory of this stream's pool). A strided view is first made contiguous (a device copy).
     pub fn of(tensor: FloatTensor<Cuda>) -> Result<Self, String> {
         let tensor = if tensor.is_contiguous() {
             tensor
@@ -29,12 +31,14 @@ impl CudaMemory {
             burn_cubecl::kernel::into_contiguous(tensor)
         };
         let bytes = tensor.meta.shape().num_elements() * tensor.dtype.size();
-        cubecl::future::block_on(tensor.client.sync())
-            .map_err(|e| format!("waiting for the tensor's kernels: {e:?}"))?;
+        // Asking for the memory first makes this thread's stream wait (on the device) for the
+        // stream that wrote the tensor, if another thread's; the sync then waits for both.
         let resource = tensor
             .client
             .get_resource(tensor.handle.clone())
             .map_err(|e| format!("the tensor's CUDA memory: {e:?}"))?;
+        cubecl::future::block_on(tensor.client.sync())
+            .map_err(|e| format!("waiting for the tensor's kernels: {e:?}"))?;
         let address = resource.resource().ptr;
         Ok(Self {
             address,
