@@ -9,7 +9,7 @@
 #[cfg(feature = "wgpu")]
 pub type Wgpu = burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>;
 
-/// Burn's CUDA runtime without its fusion layer, like [`Wgpu`] (Burn's `burn::backend::Cuda` is fused:
+/// Burn's CUDA runtime without its fusion layer, like `Wgpu` (Burn's `burn::backend::Cuda` is fused:
 /// its tensors are fusion handles, which the fused device kernel cannot launch on).
 #[cfg(feature = "cuda")]
 pub type Cuda = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
