@@ -93,18 +93,18 @@ pub fn rows_per_unit(head_dim: usize) -> usize {
     }
 }
 
-/// Shared memory a cube may use, in f32 values: WebGPU's guaranteed 16 KiB.
-pub const SHARED_VALUES: usize = 16 * 1024 / 4;
-
-/// The units of a cube (and the rows of each streamed sub-tile) for heads of `head_dim`: the
-/// largest power of two up to 32 whose two streamed sub-tiles (`head_dim` padded to a multiple of
-/// 4), four values a streamed row and the windows of the cube's own rows fit [`SHARED_VALUES`]
-/// values.
-pub fn tile_rows(head_dim: usize) -> usize {
+/// The units of a cube (and the rows of each streamed sub-tile) for heads of `head_dim` on a device
+/// that lets one cube use `shared_bytes` of shared memory (CubeCL's `max_shared_memory_size`:
+/// WebGPU guarantees 16 KiB, Mesa's software Vulkan device offers 32 KiB, CUDA's opt-in maximum is
+/// 227 KiB on H100 and H200): the largest power of two up to 32 whose two streamed sub-tiles
+/// (`head_dim` padded to a multiple of 4), four values a streamed row and the windows of the cube's
+/// own rows fit, as f32.
+pub fn tile_rows(head_dim: usize, shared_bytes: usize) -> usize {
     let padded = head_dim.div_ceil(4) * 4;
     let per_unit = 2 * padded + 4 + 2 * rows_per_unit(head_dim);
+    let values = shared_bytes / size_of::<f32>();
     let mut rows = 32;
-    while rows > 1 && rows * per_unit > SHARED_VALUES {
+    while rows > 1 && rows * per_unit > values {
         rows /= 2;
     }
     rows
@@ -141,6 +141,11 @@ mod launch {
         primitive
     }
 
+    /// Shared memory one cube may use on the tensors' device, in bytes.
+    fn shared_bytes<R: CubeRuntime>(client: &ComputeClient<R>) -> usize {
+        client.properties().hardware.max_shared_memory_size
+    }
+
     /// `n` per-cube counters, zero.
     fn counters<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
         n: usize,
@@ -162,14 +167,14 @@ mod launch {
         ) -> ForwardTileResult<CubeBackend<R, F, I, BT>> {
             let [b, h, tq, d] = t.q.dims();
             let device = t.q.device();
-            let rows = tile_rows(d);
+            let q = handle(t.q);
+            let client = q.client.clone();
+            let rows = tile_rows(d, shared_bytes(&client));
             let r = rows_per_unit(d);
             let blocks = tq.div_ceil(rows * r);
             let out = Tensor::empty([b, h, tq, d], &device);
             let lse = Tensor::empty([b, h, tq], &device);
             let work = counters(blocks * h * b, &device);
-            let q = handle(t.q);
-            let client = q.client.clone();
             // SAFETY: every index the kernel reads or writes is inside its tensor: reads clamp
             // the row to the last one, writes are guarded by the row's bounds.
             unsafe {
@@ -210,7 +215,9 @@ mod launch {
             let [b, h, tq, d] = t.q.dims();
             let [_, hk, tk, _] = t.k.dims();
             let device = t.q.device();
-            let rows = tile_rows(d);
+            let q = handle(t.q);
+            let client = q.client.clone();
+            let rows = tile_rows(d, shared_bytes(&client));
             let r = rows_per_unit(d);
             let (q_blocks, k_blocks) = (tq.div_ceil(rows * r), tk.div_ceil(rows * r));
             let dq = Tensor::empty([b, h, tq, d], &device);
@@ -218,8 +225,6 @@ mod launch {
             let dv = Tensor::empty([b, hk, tk, d], &device);
             let work_dkdv = counters(k_blocks * hk * b, &device);
             let work_dq = counters(q_blocks * h * b, &device);
-            let q = handle(t.q);
-            let client = q.client.clone();
             let cap = t.softcap.unwrap_or(1.0);
             // SAFETY: every index the kernel reads or writes is inside its tensor: reads clamp
             // the row to the last one, writes are guarded by the row's bounds.
@@ -342,9 +347,27 @@ mod wgpu_tests {
     /// the sub-tiles above the diagonal did no work.
     #[test]
     fn a_causal_tile_computes_only_the_sub_tiles_its_rows_see() {
-        let (h, hk, t, d) = (4, 2, 320, 16);
-        let rows = tile_rows(d);
+        let rows = causal_tile((4, 2, 320, 16), 1e-5);
         assert_eq!(rows, 32);
+    }
+
+    /// Wide heads, where a unit owns 2 rows (d = 128) and the cube's rows are what the device's
+    /// shared memory holds: a causal tile of 80 × 80 within the float64 reference, at a tolerance
+    /// derived like `F32_ATTENTION` (`ringbench_tests`): a score sums d = 128 products, p·V 80
+    /// terms, the merge one partial a sub-tile: (128 + 80 + 8)·u ≈ 1.3e-5 of the magnitudes.
+    #[test]
+    fn a_causal_tile_of_wide_heads_matches_float64() {
+        let u = 2f64.powi(-24);
+        causal_tile((4, 2, 80, 68), (68.0 + 80.0 + 8.0) * u);
+    }
+
+    /// One causal tile `(h, hk, t, d)`, batch 2, read through strided views, checked against the
+    /// float64 reference within `tolerance` of its largest magnitude, with each cube's own count of
+    /// the key sub-tiles it computed: those up to its last row's. Returns the cube's rows.
+    fn causal_tile((h, hk, t, d): (usize, usize, usize, usize), tolerance: f64) -> usize {
+        let device = Default::default();
+        let client = <burn::backend::wgpu::WgpuRuntime as cubecl::Runtime>::client(&device);
+        let rows = tile_rows(d, client.properties().hardware.max_shared_memory_size);
         let wave =
             |n: usize, f: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * f).sin() * 1.5).collect() };
         let (q, k, v) = (
@@ -354,7 +377,6 @@ mod wgpu_tests {
         );
         let positions: Vec<f32> = (0..t).map(|p| p as f32).collect();
         let zero: Vec<f32> = vec![0.0; t];
-        let device = Default::default();
         // Batch 2 (the second a copy of the first), laid out [b, t, h, d] and swapped: strided reads.
         let strided = |x: &[f32], heads: usize| {
             let mut tokens_first = vec![0.0; 2 * t * heads * d];
@@ -394,10 +416,11 @@ mod wgpu_tests {
         );
         let want = reference(&q, &k, &v, (h, hk, t, d), 0.3);
         let got = values(result.out);
+        assert!(want.iter().all(|w| w.is_finite()));
         let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
         for (i, (g, w)) in got.iter().zip(want.iter().chain(&want)).enumerate() {
             assert!(
-                ((*g as f64) - w).abs() <= 1e-5 * scale,
+                ((*g as f64) - w).abs() <= tolerance * scale,
                 "out[{i}] (row {}): {g} vs {w}",
                 i / d % t
             );
@@ -411,5 +434,6 @@ mod wgpu_tests {
             .map(|n| n as f32)
             .collect();
         assert_eq!(work, want_work);
+        rows
     }
 }
