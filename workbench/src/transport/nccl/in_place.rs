@@ -111,14 +111,7 @@ pub(super) fn post(
 ) -> Result<(Sending, Receive), TransportError> {
     let header = wire::header(payload);
     crate::host::count_bytes((header.len() * size_of::<f32>()) as u64);
-    let send_header = t
-        .stream
-        .clone_htod(&header)
-        .map_err(|e| t.failed("copy the header to the device", e))?;
-    let mut recv_header = t
-        .stream
-        .alloc_zeros::<f32>(header.len())
-        .map_err(|e| t.failed("alloc", e))?;
+    let (send_header, mut recv_header) = t.stage(&header)?;
     let sends: Vec<Lent> = memories
         .into_iter()
         .map(|m| Lent::new(&t.stream, m))

@@ -154,6 +154,20 @@ impl NcclTransport {
         })
     }
 
+    /// A message copied to the device to be sent, and a zeroed buffer of its length to receive the
+    /// peer's into (equal shards: the peer's message is as long).
+    fn stage(&self, message: &[f32]) -> Result<(CudaSlice<f32>, CudaSlice<f32>), TransportError> {
+        let send = self
+            .stream
+            .clone_htod(message)
+            .map_err(|e| self.failed("copy to device", e))?;
+        let recv = self
+            .stream
+            .alloc_zeros::<f32>(message.len())
+            .map_err(|e| self.failed("alloc", e))?;
+        Ok((send, recv))
+    }
+
     /// Copies a device buffer to the host once the stream has run everything queued before.
     fn download(&self, buffer: &CudaSlice<f32>) -> Result<Vec<f32>, TransportError> {
         let host = self
@@ -197,15 +211,7 @@ impl Transport for NcclTransport {
             self.incoming.insert(tag, Incoming::InPlace(receive));
             return Ok(Pending { from, tag });
         }
-        let message = encode(&payload);
-        let send = self
-            .stream
-            .clone_htod(&message)
-            .map_err(|e| self.failed("copy to device", e))?;
-        let mut recv = self
-            .stream
-            .alloc_zeros::<f32>(message.len())
-            .map_err(|e| self.failed("alloc", e))?;
+        let (send, mut recv) = self.stage(&encode(&payload))?;
         {
             let mut group = self.comm.group();
             group
