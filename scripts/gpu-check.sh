@@ -11,8 +11,10 @@
 # the generic one, every strategy x direction x scheme x N in {1, 2, 4}, causal and not, MHA and GQA,
 # within 1e-5 of float64), `bench attn --backend cuda` (both kernels, zig-zag, causal and not, S up to
 # 64K beside the same run's CUDA matmul), the NCCL transport's one-rank test (CUDA tensors sent to the
-# rank itself from their own memory, only the header through the host), and with two or more GPUs
-# `attn` over NCCL under mpirun on the cuda backend, its outputs compared with the NumPy fixture.
+# rank itself from their own memory, only the header through the host; a tensor all-reduced in place),
+# and with two or more GPUs, under mpirun over NCCL on the cuda backend: `attn`, its outputs compared
+# with the NumPy fixture, and 5 training steps (gradients all-reduced in GPU memory), their losses
+# compared with the same spec trained on the CPU's threads.
 # Unattended: each step has a timeout, under 10 minutes in all. Without a GPU it says so in one line and
 # exits 2.
 set -uo pipefail
@@ -50,6 +52,63 @@ for line in sys.stdin:
   echo "staged in $stage: carry it, then run 'bash scripts/gpu-check.sh run' on the GPU machine"
 }
 
+# A 5-step line-retrieval training spec on $1 zig-zag ranks, with clipping and a replica checksum every
+# step, writing into $2.
+train_spec() {
+  cat <<SPEC
+[model]
+d_model = 32
+layers = 1
+heads = 2
+kv_heads = 1
+ffn_multiple_of = 16
+rope_theta = 10000.0
+ffn_chunk = 64
+
+[ring]
+ranks = $1
+strategy = "zigzag"
+forward = "cw"
+backward = "kv"
+kernel = "fused"
+
+[train]
+steps = 5
+batch = 2
+lr = 1e-3
+warmup_steps = 2
+min_lr_ratio = 0.1
+weight_decay = 0.01
+grad_clip = 1.0
+seed = 3
+lm_weight = 0.1
+min_lines = 1
+num_lines = 3
+checksum_every = 1
+out = "$2"
+stop_loss = 0.0
+max_minutes = 0.0
+SPEC
+}
+
+# Whether two metrics.csv files hold the same number of steps and losses within 1e-4 of each other
+# (relative; the rule the wgpu training test applies between backends); NaN or inf is a failure.
+same_losses() {
+  python3 - "$1" "$2" <<'PY'
+import csv, math, sys
+def losses(path):
+    with open(path) as f:
+        return [float(row["loss"]) for row in csv.DictReader(f)]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+bad = [(i, x, y) for i, (x, y) in enumerate(zip(a, b))
+       if not (math.isfinite(x) and math.isfinite(y) and abs(x - y) <= 1e-4 * abs(x))]
+if len(a) != len(b) or not a or bad:
+    print(f"FAILED: {len(a)} and {len(b)} steps; differing (step, cpu, gpu): {bad}")
+    sys.exit(1)
+print(f"losses agree over {len(a)} steps (last {a[-1]:.6f} vs {b[-1]:.6f})")
+PY
+}
+
 run() {
   local out="${OUT:-results}/gpu"
   local bin="$bins/ringbench"
@@ -69,7 +128,7 @@ run() {
   echo "== $(date -u +%FT%TZ): $gpus GPU(s): $(tail -n +2 "$out/gpu.csv" | head -1)"
   local status=0
   echo "== exactness subset on CUDA (tests/tests/cuda.rs)"
-  timeout 200 "$bins/cuda-exactness" --test-threads 1 2>&1 | tee "$out/exactness.log" | tail -5
+  timeout 160 "$bins/cuda-exactness" --test-threads 1 2>&1 | tee "$out/exactness.log" | tail -5
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   echo "== bench attn on CUDA (fused CubeCL and generic kernels, zig-zag)"
   # Tiles of at most 8K x 8K per rank (the generic kernel materializes a tile's scores, 2 GiB at 8
@@ -77,14 +136,14 @@ run() {
   for seq in 4096 16384 65536; do
     local ranks=$(( seq > 8192 ? seq / 8192 : 1 ))
     for kernel in fused generic; do
-      timeout 50 "$bin" bench attn --backend cuda --kernels "$kernel" --strategies zigzag \
+      timeout 45 "$bin" bench attn --backend cuda --kernels "$kernel" --strategies zigzag \
         --seq "$seq" --ranks "$ranks" --heads 8 --head-dim 128 --repeats 2 \
         --out "$out/bench_${kernel}_$seq" 2>&1 | tail -3
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     done
   done
-  echo "== NCCL on one GPU: exchange with itself (staged and in place), all-reduce, barrier"
-  timeout 30 "$bins/workbench-lib" --ignored --exact \
+  echo "== NCCL on one GPU: exchange with itself (staged and in place), all-reduces, barrier"
+  timeout 20 "$bins/workbench-lib" --ignored --exact \
     transport::nccl::tests::one_rank_exchanges_with_itself_reduces_and_meets_at_the_barrier \
     2>&1 | tee "$out/nccl_one_rank.log" | tail -3
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
@@ -97,6 +156,15 @@ run() {
       2>&1 | tail -3
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     python3 scripts/npy_close.py "$out/nccl" "$fixture" 1e-5 || status=1
+    echo "== NCCL: ringbench train under mpirun on $gpus GPUs, cuda backend, against flex threads"
+    train_spec "$gpus" "$out/train_flex" >"$out/train_flex.toml"
+    train_spec "$gpus" "$out/train_nccl" >"$out/train_nccl.toml"
+    timeout 30 "$bin" train --config "$out/train_flex.toml" 2>&1 | tail -2
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    timeout 40 mpirun --allow-run-as-root --oversubscribe -n "$gpus" "$bin" train \
+      --config "$out/train_nccl.toml" --backend cuda --nccl-id-file "$out/nccl_train.id" 2>&1 | tail -2
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    same_losses "$out/train_flex/metrics.csv" "$out/train_nccl/metrics.csv" || status=1
   else
     echo "== NCCL across GPUs: skipped (one GPU)"
   fi

@@ -1,6 +1,7 @@
 //! `ringbench attn`: ring attention on NumPy arrays, for checking against PyTorch or JAX.
 
 use crate::backend::{BackendName, OnBackend, on_backend, parse_devices};
+use crate::nccl_rank::NcclRank;
 use crate::npy;
 use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
@@ -10,6 +11,7 @@ use workbench::dtype::{Dtype, Precision};
 use workbench::ring::jobs::{
     AttentionJob, AttentionResult, Fault, HostTensor, run_attention_on_devices,
 };
+use workbench::transport::Comm;
 use workbench::{BackwardScheme, Direction, Kernel, LayerBackend, RingConfig};
 
 /// `ringbench attn`'s arguments.
@@ -123,75 +125,34 @@ impl OnBackend for AttnOnBackend<'_> {
     }
 }
 
-/// A variable of the launcher's environment: PyTorch-style or Open MPI's.
-#[cfg(feature = "nccl")]
-fn launcher_var(names: &[&str]) -> Result<usize> {
-    names
-        .iter()
-        .find_map(|n| std::env::var(n).ok())
-        .ok_or_else(|| anyhow::anyhow!("--nccl-id-file needs one of {names:?} in the environment"))?
-        .parse()
-        .map_err(|e| anyhow::anyhow!("{names:?}: {e}"))
-}
-
-#[cfg(feature = "nccl")]
+/// This process's rank over NCCL, on one device of the chosen backend: on flex NCCL stages every
+/// block through host memory; on cuda it sends the tensors' own GPU memory.
 fn run_nccl(job: &AttentionJob, id_file: &Path, args: &AttnArgs) -> Result<()> {
-    use workbench::transport::{Comm, nccl::NcclTransport};
-    let rank = launcher_var(&["RANK", "OMPI_COMM_WORLD_RANK"])?;
-    let world = launcher_var(&["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"])?;
-    let device = launcher_var(&["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"]).unwrap_or(0);
-    // NCCL's receive size is its send size: every shard must have the same length.
-    let seq = job.q.shape[1];
-    let padded = strategies::padded_len(job.strategy, seq, world)?;
-    let layout = job.strategy.layout_packed(padded, job.doc_lens, world)?;
-    let lens: Vec<usize> = (0..world).map(|r| layout.shard_len(r)).collect();
-    if lens.iter().min() != lens.iter().max() {
-        anyhow::bail!(
-            "NCCL moves equal shards; {} gives shards of {lens:?} tokens for these documents",
-            job.strategy.name()
-        );
-    }
-    let transport = NcclTransport::from_id_file(
-        rank,
-        world,
-        device,
-        id_file,
-        Duration::from_secs_f64(args.timeout),
-    )?;
-
-    /// This process's rank on one device of the chosen backend: on flex NCCL stages every block
-    /// through host memory; on cuda it sends the tensors' own GPU memory.
-    struct NcclRank<'a> {
+    let place = NcclRank::from_env()?;
+    let comm = place.join(id_file, Duration::from_secs_f64(args.timeout))?;
+    struct OnRank<'a> {
         job: &'a AttentionJob<'a>,
-        transport: NcclTransport,
+        comm: Comm,
     }
-    impl OnBackend for NcclRank<'_> {
+    impl OnBackend for OnRank<'_> {
         type Output = AttentionResult;
         fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<Self::Output> {
             Ok(workbench::ring::jobs::run_attention_on::<Autodiff<I>>(
-                Comm::new(Box::new(self.transport)),
+                self.comm,
                 self.job,
                 &devices[0],
             )?)
         }
     }
-    // Flex has one device; a GPU backend runs on this rank's GPU.
-    let indices: &[usize] = match args.backend {
-        BackendName::Flex => &[],
-        _ => std::slice::from_ref(&device),
-    };
-    let result = on_backend(args.backend, indices, NcclRank { job, transport })?;
-    if rank == 0 {
+    let result = on_backend(
+        args.backend,
+        &place.devices(args.backend),
+        OnRank { job, comm },
+    )?;
+    if place.rank == 0 {
         write_outputs(args, &result)?;
     }
     Ok(())
-}
-
-#[cfg(not(feature = "nccl"))]
-fn run_nccl(_: &AttentionJob, _: &Path, _: &AttnArgs) -> Result<()> {
-    bail!(
-        "--nccl-id-file needs a ringbench built with the `nccl` feature (cargo build --features nccl)"
-    )
 }
 
 /// Reads one input array; it must have the four axes (batch, seq, heads, head_dim).

@@ -18,6 +18,7 @@ pub mod markdown;
 pub mod measure;
 pub mod memory_model;
 pub mod mpi_rank;
+pub mod nccl_rank;
 pub mod npy;
 pub mod plot;
 pub mod reproduce;

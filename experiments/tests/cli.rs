@@ -1034,17 +1034,17 @@ fn bench_lengths_and_rank_counts_of_zero_are_refused() {
     }
 }
 
-/// `attn --nccl-id-file` refuses in one line, naming what is missing: the launcher's variables, or
-/// (on a machine without an NVIDIA driver) CUDA itself (or NCCL, or a device, where the libraries
-/// are installed without one). On a machine with the driver, one rank of two would wait for its
-/// peer, so only the first case runs there.
+/// `attn --nccl-id-file` and `train --nccl-id-file` refuse in one line, naming what is missing: the
+/// launcher's variables, or (on a machine without an NVIDIA driver) CUDA itself (or NCCL, or a
+/// device, where the libraries are installed without one). On a machine with the driver, one rank
+/// of two would wait for its peer, so only the first case runs there.
 #[cfg(feature = "nccl")]
 #[test]
 fn nccl_ranks_refuse_in_one_line_without_a_launcher_or_cuda() {
     let out = temp_dir("nccl-refusals");
     let id = out.join("nccl.id").to_string_lossy().into_owned();
     let o = out.join("o").to_string_lossy().into_owned();
-    let args = attn_on_fixture(
+    let attn = attn_on_fixture(
         true,
         &[
             "--ranks",
@@ -1057,9 +1057,13 @@ fn nccl_ranks_refuse_in_one_line_without_a_launcher_or_cuda() {
             &o,
         ],
     );
-    let run = |env: &[(&str, &str)]| {
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/line_retrieval.toml");
+    let train: Vec<String> = ["train", "--config", spec, "--nccl-id-file", &id]
+        .map(String::from)
+        .to_vec();
+    let run = |args: &[String], env: &[(&str, &str)]| {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_ringbench"));
-        command.args(&args);
+        command.args(args);
         for var in [
             "RANK",
             "WORLD_SIZE",
@@ -1075,22 +1079,24 @@ fn nccl_ranks_refuse_in_one_line_without_a_launcher_or_cuda() {
             String::from_utf8_lossy(&run.stderr).into_owned(),
         )
     };
-    let (code, stderr) = run(&[]);
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(
-        stderr.lines().count() == 1 && stderr.contains("--nccl-id-file needs one of [\"RANK\""),
-        "{stderr}"
-    );
-    let cuda = std::path::Path::new("/proc/driver/nvidia").exists();
-    if !cuda {
-        let (code, stderr) = run(&[("RANK", "0"), ("WORLD_SIZE", "2")]);
-        assert_eq!(code, Some(1), "{stderr}");
+    for args in [&attn, &train] {
+        let (code, stderr) = run(args, &[]);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
         assert!(
-            stderr.lines().count() == 1
-                && stderr.contains("rank 0: ")
-                && stderr.contains(" is not available: "),
-            "{stderr}"
+            stderr.lines().count() == 1 && stderr.contains("--nccl-id-file needs one of [\"RANK\""),
+            "{args:?}: {stderr}"
         );
+        let cuda = std::path::Path::new("/proc/driver/nvidia").exists();
+        if !cuda {
+            let (code, stderr) = run(args, &[("RANK", "0"), ("WORLD_SIZE", "2")]);
+            assert_eq!(code, Some(1), "{args:?}: {stderr}");
+            assert!(
+                stderr.lines().count() == 1
+                    && stderr.contains("rank 0: ")
+                    && stderr.contains(" is not available: "),
+                "{args:?}: {stderr}"
+            );
+        }
     }
     std::fs::remove_dir_all(&out).unwrap();
 }

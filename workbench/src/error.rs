@@ -135,6 +135,19 @@ pub enum RingError {
         /// Key/value heads.
         kv_heads: usize,
     },
+    /// The transport sizes a receive by the receiver's own shard (NCCL), but the layout's shards
+    /// differ in length.
+    #[error(
+        "{transport} moves equal shards; {strategy} gives shards of {lens:?} tokens for this sequence"
+    )]
+    UnequalShards {
+        /// The transport.
+        transport: &'static str,
+        /// The partition strategy.
+        strategy: &'static str,
+        /// Every rank's shard length.
+        lens: Vec<usize>,
+    },
     /// The transport's rank count differs from the layout's.
     #[error("transport has {world} ranks but the layout has {layout}")]
     WorldMismatch {

@@ -499,7 +499,7 @@ fn wgpu_gradients_equal_flex_on_every_try() {
     use burn::tensor::backend::AutodiffBackend;
     use workbench::backends::Wgpu;
     use workbench::{Kernel, LayerBackend};
-    fn gradient<Bk: AutodiffBackend + LayerBackend>(
+    fn gradient<Bk: AutodiffBackend<InnerBackend: workbench::HostRead> + LayerBackend>(
         model: &workbench::model::Llama<Bk>,
         ring: RingConfig,
     ) -> Vec<f32> {

@@ -62,6 +62,52 @@ fn all_reduce_sums_and_every_rank_gets_identical_bits() {
     }
 }
 
+/// A device block's all-reduce over threads is staged: its values are read to the host once (this
+/// rank's own counter grows by exactly its bytes) and the rank-order sum comes back as a host
+/// block of the same kind and shape. One rank sums nothing: its block comes back on the device and
+/// nothing crosses.
+#[test]
+fn a_device_blocks_all_reduce_is_staged_through_the_host_once() {
+    use workbench::block::{Block, BlockKind};
+    let results = run_ranks(3, TIMEOUT, |mut comm| -> Result<_, RingError> {
+        let mut values = [1e8f32, 1.0, -1e8];
+        values.rotate_left(comm.rank());
+        let tensor = Tensor::<Flex, 2>::from_floats([values], &Default::default());
+        let before = workbench::host::moved_bytes();
+        let reduced = comm.all_reduce_block(Block::on_device(BlockKind::Reduce, tensor))?;
+        let moved = workbench::host::moved_bytes() - before;
+        Ok((reduced, moved))
+    });
+    // Rank r holds (1e8, 1, -1e8) rotated left by r: each column sums 1e8, 1 and -1e8 in another
+    // order, and in f32 only the rank order gives these sums (0, 0, 1).
+    let ordered = |a: f32, b: f32, c: f32| (a + b) + c;
+    let want = vec![
+        ordered(1e8, 1.0, -1e8),
+        ordered(1.0, -1e8, 1e8),
+        ordered(-1e8, 1e8, 1.0),
+    ];
+    for result in results {
+        let (block, moved) = result.unwrap();
+        assert_eq!(moved, 3 * 4);
+        assert!(!block.is_on_device());
+        assert_eq!(
+            (block.kind, block.shape.clone()),
+            (BlockKind::Reduce, vec![1, 3])
+        );
+        assert_eq!(block.host_values().to_vec(), want);
+    }
+    let one = run_ranks(1, TIMEOUT, |mut comm| -> Result<_, RingError> {
+        let tensor = Tensor::<Flex, 1>::from_floats([2.5, -1.0], &Default::default());
+        let before = workbench::host::moved_bytes();
+        let block = comm.all_reduce_block(Block::on_device(BlockKind::Reduce, tensor))?;
+        Ok((
+            block.is_on_device(),
+            workbench::host::moved_bytes() - before,
+        ))
+    });
+    assert_eq!(one[0].as_ref().unwrap(), &(true, 0));
+}
+
 /// Runs ring attention on 4 ranks where `failing` returns early instead of joining the ring.
 fn ring_with_failure(failing: usize, panic: bool, timeout: Duration) -> Vec<Result<(), RingError>> {
     let layout = Arc::new(
@@ -259,4 +305,58 @@ fn a_rate_limited_link_delays_delivery_but_not_the_sender() {
             "rank {rank}: the transport counted {waited} s of waiting; the transfer had {left} s left"
         );
     }
+}
+
+/// A transport that sizes receives by the receiver (as NCCL does): a layout whose shards differ in
+/// length is refused when the context is built, naming the lengths, before anything is sent.
+#[test]
+fn a_transport_that_needs_equal_shards_refuses_unequal_ones() {
+    use workbench::transport::{Comm, Payload, Pending, Transport, thread_ring};
+    #[derive(Debug)]
+    struct EqualShardsOnly(workbench::transport::ThreadTransport);
+    impl Transport for EqualShardsOnly {
+        fn rank(&self) -> usize {
+            self.0.rank()
+        }
+        fn world(&self) -> usize {
+            self.0.world()
+        }
+        fn send_recv(
+            &mut self,
+            to: usize,
+            from: usize,
+            tag: u64,
+            payload: Payload,
+        ) -> Result<Pending, TransportError> {
+            self.0.send_recv(to, from, tag, payload)
+        }
+        fn commit(&mut self) -> Result<(), TransportError> {
+            self.0.commit()
+        }
+        fn wait(&mut self, pending: Pending) -> Result<Payload, TransportError> {
+            self.0.wait(pending)
+        }
+        fn needs_equal_shards(&self) -> Option<&'static str> {
+            Some("equal-shards-only")
+        }
+    }
+    let unequal = Arc::new(strategies::Layout {
+        strategy: "by-hand",
+        seq_len: 5,
+        positions: vec![vec![0, 1, 2], vec![3, 4]],
+    });
+    let equal = Arc::new(strategies::by_name("zigzag").unwrap().layout(8, 2).unwrap());
+    let want = "equal-shards-only moves equal shards; by-hand gives shards of [3, 2] tokens for this sequence";
+    for transport in thread_ring(2, TIMEOUT) {
+        let comm = Comm::new(Box::new(EqualShardsOnly(transport)));
+        // Equal shards are accepted; a later step's unequal layout is refused too.
+        let ctx = RingContext::new(comm, equal.clone(), RingConfig::default()).unwrap();
+        let err = ctx.with_layout(unequal.clone()).unwrap_err();
+        assert!(matches!(err, RingError::UnequalShards { .. }), "{err}");
+        assert_eq!(err.to_string(), want);
+    }
+    let transport = thread_ring(2, TIMEOUT).swap_remove(0);
+    let comm = Comm::new(Box::new(EqualShardsOnly(transport)));
+    let err = RingContext::new(comm, unequal, RingConfig::default()).unwrap_err();
+    assert_eq!(err.to_string(), want);
 }

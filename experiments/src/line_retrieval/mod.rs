@@ -11,6 +11,7 @@ pub use spec::{
 };
 
 use crate::backend::{BackendName, OnBackend, on_backend};
+use crate::nccl_rank::NcclRank;
 use crate::results::RowWriter;
 use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
@@ -22,10 +23,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use workbench::LayerBackend;
 use workbench::model::lazy::seeded;
 use workbench::model::{Llama, LlamaConfig};
 use workbench::train::{Example, StepLog, TrainOptions, train};
+use workbench::transport::Comm;
+use workbench::{HostRead, LayerBackend};
 
 /// One row of `metrics.csv`.
 #[derive(Debug, Serialize)]
@@ -43,33 +45,70 @@ pub struct TrainArgs {
     /// The training spec, e.g. experiments/line_retrieval.toml.
     #[arg(long)]
     pub config: PathBuf,
-    /// Backend: flex (CPU), wgpu or cuda (every rank on the backend's default device).
+    /// Backend: flex (CPU), wgpu or cuda (every rank on the backend's default device; over NCCL,
+    /// on its own GPU).
     #[arg(long, default_value = "flex")]
     pub backend: BackendName,
+    /// GPU ranks over NCCL (feature `nccl`), one process per rank started by a launcher (torchrun
+    /// style `RANK`/`WORLD_SIZE`/`LOCAL_RANK`, or mpirun): NCCL's id is exchanged through this file
+    /// (rank 0 writes it). The world size must be the spec's `ring.ranks`. On cuda every step's
+    /// gradient is all-reduced in GPU memory.
+    #[arg(long)]
+    pub nccl_id_file: Option<PathBuf>,
 }
 
 /// `ringbench train`: trains and writes the checkpoint, metrics and loss curve.
 pub fn run_train(args: &TrainArgs) -> Result<()> {
     let spec = load_spec(&args.config)?;
-    on_backend(args.backend, &[], TrainOn(&spec))
+    let Some(id_file) = &args.nccl_id_file else {
+        return on_backend(
+            args.backend,
+            &[],
+            TrainOn {
+                spec: &spec,
+                comm: None,
+            },
+        );
+    };
+    let place = NcclRank::from_env()?;
+    let timeout = spec
+        .train
+        .schedule()
+        .options(spec.ring.ranks, spec.ring.config()?)
+        .timeout;
+    let comm = place.join(id_file, timeout)?;
+    on_backend(
+        args.backend,
+        &place.devices(args.backend),
+        TrainOn {
+            spec: &spec,
+            comm: Some(comm),
+        },
+    )
 }
 
-struct TrainOn<'a>(&'a TrainSpec);
+/// Training on one backend: every rank on threads (or under mpirun), or this process's rank over
+/// `comm`.
+struct TrainOn<'a> {
+    spec: &'a TrainSpec,
+    comm: Option<Comm>,
+}
 
 impl OnBackend for TrainOn<'_> {
     type Output = ();
     fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<()> {
-        if self.0.model.checkpointing {
-            train_with::<Autodiff<I, BalancedCheckpointing>>(self.0, &devices[0])
+        if self.spec.model.checkpointing {
+            train_with::<Autodiff<I, BalancedCheckpointing>>(self.spec, &devices[0], self.comm)
         } else {
-            train_with::<Autodiff<I>>(self.0, &devices[0])
+            train_with::<Autodiff<I>>(self.spec, &devices[0], self.comm)
         }
     }
 }
 
-fn train_with<B: AutodiffBackend + LayerBackend>(
+fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBackend>(
     spec: &TrainSpec,
     device: &B::Device,
+    comm: Option<Comm>,
 ) -> Result<()> {
     let tokenizer = Tokenizer::line_retrieval();
     let config = spec.model.config(tokenizer.vocab_size());
@@ -153,8 +192,9 @@ fn train_with<B: AutodiffBackend + LayerBackend>(
             );
         }
     };
-    let Some(trained) = run_training(model, partition, &options, batch_for, on_step, &stop)? else {
-        return Ok(()); // a rank other than 0 under mpirun: rank 0 writes the checkpoint
+    let trained = run_training(comm, model, partition, &options, batch_for, on_step, &stop)?;
+    let Some(trained) = trained else {
+        return Ok(()); // a rank other than 0 of a launcher: rank 0 writes the checkpoint
     };
     bar.finish();
     save_checkpoint(&t.out, &trained.model, &config, &tokenizer)?;
@@ -210,9 +250,10 @@ fn start_from<B: Backend>(
     Ok(model)
 }
 
-/// Trains on in-process threads, or, under `mpirun`, as this process's rank (then only rank 0 gets
-/// the model back; a failing rank aborts the whole job at once).
+/// Trains as this process's rank over `comm` (NCCL), or, under `mpirun`, over MPI (a failing rank
+/// aborts the whole job at once), or else on in-process threads. Only rank 0 gets the model back.
 fn run_training<B, F, L>(
+    comm: Option<Comm>,
     model: Llama<B>,
     partition: &dyn strategies::Partition,
     options: &TrainOptions,
@@ -221,10 +262,15 @@ fn run_training<B, F, L>(
     stop: &std::sync::atomic::AtomicBool,
 ) -> Result<Option<workbench::train::Trained<workbench::model::Llama<B>>>>
 where
-    B: AutodiffBackend + LayerBackend,
+    B: AutodiffBackend<InnerBackend: HostRead> + LayerBackend,
     F: Fn(usize) -> Vec<Example> + Sync,
     L: Fn(&StepLog) + Sync,
 {
+    if let Some(comm) = comm {
+        let trained =
+            workbench::train::train_on(comm, model, partition, options, &batch_for, &on_step, stop);
+        return Ok(trained?);
+    }
     let ranked = crate::mpi_rank::as_mpi_rank(options.timeout, |comm| {
         let model = model.clone();
         workbench::train::train_on(comm, model, partition, options, &batch_for, &on_step, stop)

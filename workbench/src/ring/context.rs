@@ -106,6 +106,19 @@ impl Shared {
             poisoned_step,
             heads,
         };
+        let needs_equal_shards = lock(&self.comm).needs_equal_shards();
+        if let Some(transport) = needs_equal_shards {
+            let lens: Vec<usize> = (0..ring_layout.ranks())
+                .map(|r| ring_layout.shard_len(r))
+                .collect();
+            if lens.iter().min() != lens.iter().max() {
+                return Err(RingError::UnequalShards {
+                    transport,
+                    strategy: ring_layout.strategy,
+                    lens,
+                });
+            }
+        }
         let world = Group::world(self.rank, self.world);
         if ulysses == 1 {
             return Ok(context(ring_layout, self.rank, world, None));

@@ -2,9 +2,10 @@
 
 use super::error::TrainError;
 use super::objective::{Example, NextToken, Objective, assembled};
-use super::replicas::{Unflatten, checksum, clip_global_norm};
+use super::replicas::{checksum, clip_to_norm, norm_pieces, unflatten_gradient};
 use super::step::{StepGradient, step_gradient};
 use crate::error::{RingError, all_or_root_cause};
+use crate::host::HostRead;
 use crate::model::Llama;
 use crate::model::layer::LayerBackend;
 use crate::model::lazy::materialize;
@@ -12,7 +13,7 @@ use crate::ring::context::{RingConfig, RingContext, Sequence};
 use crate::ring::op::RingBackend;
 use crate::transport::{Comm, run_ranks};
 use burn::module::Module;
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::{AdamWConfig, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -144,7 +145,7 @@ pub fn train<B, F, L>(
     stop: &AtomicBool,
 ) -> Result<Trained<Llama<B>>, TrainError>
 where
-    B: AutodiffBackend + LayerBackend,
+    B: AutodiffBackend<InnerBackend: HostRead> + LayerBackend,
     F: Fn(usize) -> Vec<Example> + Sync,
     L: Fn(&StepLog) + Sync,
 {
@@ -196,7 +197,7 @@ pub fn train_objective<B, O, F>(
     run: Training<'_, O::Model, F>,
 ) -> Result<Trained<O::Model>, TrainError>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend<InnerBackend: HostRead> + RingBackend,
     O: Objective<B>,
     F: Fn(usize) -> O::Batch + Sync,
 {
@@ -228,7 +229,7 @@ fn train_ranks<B, O, F, L>(
     stop: &AtomicBool,
 ) -> Result<Trained<O::Model>, TrainError>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend<InnerBackend: HostRead> + RingBackend,
     O: Objective<B>,
     F: Fn(usize) -> Result<O::Batch, TrainError> + Sync,
     L: Fn(&StepLog) + Sync,
@@ -262,7 +263,7 @@ pub fn train_on<B, F, L>(
     stop: &AtomicBool,
 ) -> Result<Option<Trained<Llama<B>>>, TrainError>
 where
-    B: AutodiffBackend + LayerBackend,
+    B: AutodiffBackend<InnerBackend: HostRead> + LayerBackend,
     F: Fn(usize) -> Vec<Example>,
     L: Fn(&StepLog),
 {
@@ -294,7 +295,7 @@ fn train_rank<B, O, F, L>(
     stop: &AtomicBool,
 ) -> Result<Option<Trained<O::Model>>, TrainError>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend<InnerBackend: HostRead> + RingBackend,
     O: Objective<B>,
     F: Fn(usize) -> Result<O::Batch, TrainError>,
     L: Fn(&StepLog),
@@ -351,16 +352,19 @@ where
             mut flat,
         } = step_gradient(objective, &model, &batch, &ctx, step, stop_requested)?;
         if let Some(max_norm) = options.grad_clip {
-            clip_global_norm(&mut flat, max_norm);
+            // Every rank scales by rank 0's norm: a reduction on the device need not give the
+            // same bits twice, and replicas that scaled differently would drift apart.
+            let mut pieces = if rank == 0 {
+                norm_pieces(&flat)
+            } else {
+                [0.0; 2]
+            };
+            ctx.with_comm(|c| c.all_reduce_sum(&mut pieces))?;
+            flat = clip_to_norm(flat, pieces, max_norm);
         }
-        let mut unflatten = Unflatten {
-            flat: &flat,
-            offset: 0,
-            grads: GradientsParams::new(),
-        };
-        model.visit(&mut unflatten);
+        let grads = unflatten_gradient::<B, _>(&model, flat);
         let lr = learning_rate(options, step);
-        model = optim.step(lr, model, unflatten.grads);
+        model = optim.step(lr, model, grads);
         losses.push(step_loss);
         if options.checksum_every > 0 && (step + 1) % options.checksum_every == 0 {
             let mine = checksum::<B, _>(&model);

@@ -2,8 +2,10 @@
 
 use super::error::TrainError;
 use super::objective::{Example, NextToken, Objective, assemble};
-use super::replicas::Flatten;
+use super::replicas::{all_finite, flat_gradient};
+use crate::block::{Block, BlockKind};
 use crate::error::all_or_root_cause;
+use crate::host::HostRead;
 use crate::model::Llama;
 use crate::model::layer::LayerBackend;
 use crate::model::lazy::materialize;
@@ -13,25 +15,31 @@ use crate::transport::run_ranks;
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::ElementConversion;
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::Tensor;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use std::sync::Arc;
 use std::time::Duration;
 use strategies::Partition;
 
 /// One step's global loss and all-reduced gradient, as every rank sees them.
-pub(crate) struct StepGradient {
+pub(crate) struct StepGradient<B: Backend> {
     /// The batch's loss: the sum over ranks of their local losses.
     pub(crate) loss: f64,
     /// Whether rank 0 asked every rank to stop after this step.
     pub(crate) stop: bool,
-    /// Every parameter's gradient summed over ranks, in module order, before any clipping.
-    pub(crate) flat: Vec<f32>,
+    /// Every parameter's gradient summed over ranks, in module order, before any clipping: one 1-d
+    /// tensor on the rank's device.
+    pub(crate) flat: Tensor<B, 1>,
 }
 
 /// This rank's loss and gradient for `batch`, all-reduced over the ranks of `ctx`.
 ///
 /// A non-finite loss or gradient on any rank is an error on every rank, naming the first such rank,
 /// before any gradient is exchanged (nothing non-finite reaches the parameters).
+///
+/// The gradient stays on the device: it is joined there into one tensor, checked there (one value
+/// read back), and handed to the transport as a device block, which reduces it in place where it
+/// can (NCCL on CUDA) and stages it through the host where it cannot (threads, MPI).
 pub(crate) fn step_gradient<B, O>(
     objective: &O,
     model: &O::Model,
@@ -39,9 +47,9 @@ pub(crate) fn step_gradient<B, O>(
     ctx: &Arc<RingContext>,
     step: usize,
     stop_requested: bool,
-) -> Result<StepGradient, TrainError>
+) -> Result<StepGradient<B::InnerBackend>, TrainError>
 where
-    B: AutodiffBackend + RingBackend,
+    B: AutodiffBackend<InnerBackend: HostRead> + RingBackend,
     O: Objective<B>,
 {
     let rank = ctx.rank();
@@ -52,12 +60,8 @@ where
         return Err(error.into());
     }
     let mut params = GradientsParams::from_grads(grads, model);
-    let mut flatten = Flatten {
-        grads: &mut params,
-        flat: Vec::new(),
-    };
-    model.visit(&mut flatten);
-    let mut flat = flatten.flat;
+    let flat = flat_gradient::<B, _>(model, &mut params);
+    let gradient_finite = all_finite(&flat);
     // One all-reduce carries the loss, rank 0's stop request and every rank's health (0: finite,
     // 1: its loss is not, 2: its gradient is not), so all ranks stop at the same step together.
     let mut reduced = vec![0.0f32; 2 + ctx.world()];
@@ -65,7 +69,7 @@ where
     reduced[1] = f32::from(u8::from(stop_requested));
     reduced[2 + rank] = if !local_loss.is_finite() {
         1.0
-    } else if flat.iter().any(|x| !x.is_finite()) {
+    } else if !gradient_finite {
         2.0
     } else {
         0.0
@@ -81,11 +85,14 @@ where
             });
         }
     }
-    ctx.with_comm(|c| c.all_reduce_sum(&mut flat))?;
+    let device = flat.device();
+    let len = flat.dims()[0];
+    let block = Block::from_flat_on_device(BlockKind::Reduce, vec![len], flat);
+    let reduced_gradient = ctx.with_comm(|c| c.all_reduce_block(block))?;
     Ok(StepGradient {
         loss: f64::from(reduced[0]),
         stop: reduced[1] > 0.0,
-        flat,
+        flat: reduced_gradient.into_tensor(&device),
     })
 }
 
@@ -101,7 +108,7 @@ pub fn global_gradient<B>(
     timeout: Duration,
 ) -> Result<(f64, Vec<f32>), TrainError>
 where
-    B: AutodiffBackend + LayerBackend,
+    B: AutodiffBackend<InnerBackend: HostRead> + LayerBackend,
 {
     strategies::check_ranks(ranks)?;
     materialize(model);
@@ -120,7 +127,7 @@ where
         // graphs together.
         let model = model.clone().fork(&Default::default());
         let g = step_gradient(&NextToken, &model, &batch, &ctx, 0, false)?;
-        Ok((g.loss, g.flat))
+        Ok((g.loss, crate::host::read(g.flat)))
     });
     all_or_root_cause(results, TrainError::echo_level)?
         .into_iter()

@@ -1,6 +1,7 @@
 //! `Comm`: the counting, tagging front of a transport. Every byte any engine sends passes here.
 
 use super::{Payload, Pending, Transport};
+use crate::block::Block;
 use crate::error::TransportError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -110,6 +111,11 @@ impl Comm {
         self.transport.world()
     }
 
+    /// The transport's name when every rank's shard must be as long ([`Transport::needs_equal_shards`]).
+    pub fn needs_equal_shards(&self) -> Option<&'static str> {
+        self.transport.needs_equal_shards()
+    }
+
     /// What this rank has sent so far.
     pub fn traffic(&self) -> &Traffic {
         &self.traffic
@@ -192,6 +198,22 @@ impl Comm {
             bytes: (world.saturating_sub(1)) * (data.len() * 4) as u64,
         });
         let reduced = self.transport.all_reduce_sum(tag, data);
+        self.failed(reduced)
+    }
+
+    /// Elementwise sum over ranks of an f32 block (a training step's flat gradient), identical bits
+    /// on every rank: in place on the device where the transport can (NCCL on CUDA), else staged
+    /// through the host.
+    pub fn all_reduce_block(&mut self, block: Block) -> Result<Block, TransportError> {
+        let tag = self.tag();
+        let world = self.world() as u64;
+        self.traffic.sends.push(SendRecord {
+            phase: Phase::Collective,
+            step: 0,
+            kind: block.kind,
+            bytes: world.saturating_sub(1) * block.bytes(),
+        });
+        let reduced = self.transport.all_reduce_block(tag, block);
         self.failed(reduced)
     }
 

@@ -109,11 +109,41 @@ pub trait Transport: Send + std::fmt::Debug {
         }
         Ok(())
     }
+    /// Elementwise sum over ranks of an f32 block, identical bits on every rank, as a block of the
+    /// same kind and shape. The default stages it through the host ([`all_reduce_staged`]); a
+    /// transport that reduces device memory in place (NCCL, for tensors of Burn's CUDA backend)
+    /// overrides it.
+    fn all_reduce_block(&mut self, tag: u64, block: Block) -> Result<Block, TransportError> {
+        all_reduce_staged(self, tag, block)
+    }
     /// Returns once every rank has called it (by default an all-reduce of nothing, which waits for every rank's message).
     fn barrier(&mut self, tag: u64) -> Result<(), TransportError> {
         self.all_reduce_sum(tag, &mut [])
     }
+    /// The transport's name when a receive is sized by the receiver (NCCL: what a rank receives is
+    /// shaped like what it sends), so that every rank's shard must be as long; None when messages
+    /// carry their own sizes.
+    fn needs_equal_shards(&self) -> Option<&'static str> {
+        None
+    }
     /// Called once this rank has failed: make the failure visible to the peers now (they may be
     /// blocked waiting for this rank) rather than when the rank's thread or process ends.
     fn abort(&mut self) {}
+}
+
+/// [`Transport::all_reduce_block`] through host memory: the block's values read to the host
+/// (counted, when it is a device block), summed by [`Transport::all_reduce_sum`] and given back as
+/// a host block, which the caller places where it needs it. One rank has nothing to sum: its block
+/// comes back as it was, wherever it is.
+pub fn all_reduce_staged<T: Transport + ?Sized>(
+    transport: &mut T,
+    tag: u64,
+    block: Block,
+) -> Result<Block, TransportError> {
+    if transport.world() == 1 {
+        return Ok(block);
+    }
+    let mut values = block.host_values().into_owned();
+    transport.all_reduce_sum(tag, &mut values)?;
+    Ok(Block::host(block.kind, block.shape, values))
 }

@@ -1,5 +1,6 @@
 //! NCCL's in-place path: blocks that are tensors of Burn's CUDA backend go from their own GPU memory
-//! and arrive in fresh tensors on this rank's GPU; only the header crosses the host.
+//! and arrive in fresh tensors on this rank's GPU (only an exchange's header crosses the host), and
+//! an f32 tensor is all-reduced the same way.
 
 use super::NcclTransport;
 use crate::backends::Cuda;
@@ -11,35 +12,38 @@ use crate::transport::Payload;
 use crate::transport::wire::{self, Head};
 use burn::tensor::DType;
 use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::nccl::safe::ReduceOp;
 use std::sync::Arc;
 
-/// CubeCL's memory seen by cudarc as a byte slice that cudarc does not own: the slice is handed
-/// back (leaked, never freed by cudarc) when this is dropped, and the memory lives as long as
-/// the tensor that [`CudaMemory`] holds.
-struct Lent {
-    slice: Option<CudaSlice<u8>>,
+/// CubeCL's memory seen by cudarc as a slice of `T` (bytes, to send and receive; f32, to reduce)
+/// that cudarc does not own: the slice is handed back (leaked, never freed by cudarc) when this is
+/// dropped, and the memory lives as long as the tensor that [`CudaMemory`] holds.
+struct Lent<T = u8> {
+    slice: Option<CudaSlice<T>>,
     memory: Option<CudaMemory>,
 }
 
-impl Lent {
+impl<T> Lent<T> {
     fn new(stream: &Arc<CudaStream>, memory: CudaMemory) -> Self {
+        let len = memory.bytes() / size_of::<T>();
         // SAFETY: the address and size are those of a live CubeCL allocation in this GPU's
         // primary context (CubeCL and cudarc both retain that context), kept alive by `memory`
-        // for as long as the slice exists; cudarc never frees it (`Drop` leaks the slice).
-        let slice = unsafe { stream.upgrade_device_ptr::<u8>(memory.address(), memory.bytes()) };
+        // for as long as the slice exists; cudarc never frees it (`Drop` leaks the slice). The
+        // callers lend f32 memory as f32 or as bytes.
+        let slice = unsafe { stream.upgrade_device_ptr::<T>(memory.address(), len) };
         Self {
             slice: Some(slice),
             memory: Some(memory),
         }
     }
 
-    fn slice(&self) -> &CudaSlice<u8> {
+    fn slice(&self) -> &CudaSlice<T> {
         self.slice
             .as_ref()
             .expect("a lent slice lives until the value is dropped")
     }
 
-    fn slice_mut(&mut self) -> &mut CudaSlice<u8> {
+    fn slice_mut(&mut self) -> &mut CudaSlice<T> {
         self.slice
             .as_mut()
             .expect("a lent slice lives until the value is dropped")
@@ -54,7 +58,7 @@ impl Lent {
     }
 }
 
-impl Drop for Lent {
+impl<T> Drop for Lent<T> {
     fn drop(&mut self) {
         if let Some(slice) = self.slice.take() {
             slice.leak();
@@ -185,4 +189,31 @@ pub(super) fn finish(
             ))
         })
         .collect())
+}
+
+/// An f32 block summed over the ranks by NCCL from its own GPU memory into a fresh tensor on this
+/// rank's GPU, which it returns once the NCCL stream has run: nothing crosses the host. NCCL's ring
+/// all-reduce reduces each chunk once and forwards the result, so every rank gets the same bits.
+pub(super) fn all_reduce(
+    t: &NcclTransport,
+    block: &Block,
+    memory: CudaMemory,
+) -> Result<Block, TransportError> {
+    let send = Lent::<f32>::new(&t.stream, memory);
+    let reduced = CudaMemory::empty(block.len(), DType::F32, &t.device)
+        .map_err(|e| t.failed("allocate the reduced tensor", e))?;
+    let mut receive = Lent::<f32>::new(&t.stream, reduced);
+    t.comm
+        .all_reduce(send.slice(), receive.slice_mut(), &ReduceOp::Sum)
+        .map_err(|e| t.failed("ncclAllReduce", e))?;
+    t.stream
+        .synchronize()
+        .map_err(|e| t.failed("synchronize", e))?;
+    drop(send);
+    let flat = receive.into_memory().into_tensor();
+    Ok(Block::from_flat_on_device::<Cuda>(
+        block.kind,
+        block.shape.clone(),
+        flat,
+    ))
 }

@@ -16,9 +16,13 @@
 //!   shapes received into.
 //! - **Staged** (host blocks: the CPU backend's ranks): the wire format's message is copied to the
 //!   device, exchanged, and copied back in `wait`.
+//!
+//! A block all-reduce (a training step's gradient) goes the same two ways: a CUDA tensor is summed
+//! by `ncclAllReduce` from its own memory into a fresh tensor; anything else is staged.
 
 use super::wire::{decode, encode};
 use super::{Payload, Pending, Transport};
+use crate::block::Block;
 use crate::error::TransportError;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::safe::{Comm, Id, ReduceOp};
@@ -197,6 +201,10 @@ impl Transport for NcclTransport {
         self.size
     }
 
+    fn needs_equal_shards(&self) -> Option<&'static str> {
+        Some("NCCL")
+    }
+
     fn send_recv(
         &mut self,
         to: usize,
@@ -270,6 +278,19 @@ impl Transport for NcclTransport {
         Ok(())
     }
 
+    /// A tensor of Burn's CUDA backend (f32) is reduced from its own GPU memory; any other block is
+    /// staged through the host.
+    fn all_reduce_block(&mut self, tag: u64, block: Block) -> Result<Block, TransportError> {
+        #[cfg(feature = "cuda")]
+        if block.dtype() == crate::dtype::Dtype::F32
+            && let Some(memory) = block.cuda_memory()
+        {
+            let memory = memory.map_err(|why| self.failed("the block's CUDA memory", why))?;
+            return in_place::all_reduce(self, &block, memory);
+        }
+        crate::transport::all_reduce_staged(self, tag, block)
+    }
+
     /// An all-reduce of one value, waited for on the host: no rank gets past it before every rank has
     /// joined it. (The default barrier, an all-reduce of nothing, would return at once here.)
     fn barrier(&mut self, tag: u64) -> Result<(), TransportError> {
@@ -318,6 +339,7 @@ mod tests {
 
     /// CUDA tensors (f32 and bf16) sent to this rank itself from their own memory: they arrive as
     /// tensors on the GPU, equal, and only the headers crossed the host (this thread's own count).
+    /// Then an f32 tensor all-reduced in place: nothing crosses.
     #[cfg(feature = "cuda")]
     fn one_rank_in_place(t: &mut NcclTransport) {
         use crate::backends::Cuda;
@@ -332,7 +354,7 @@ mod tests {
             )),
             Arc::new(crate::block::Block::on_device(
                 crate::block::BlockKind::V,
-                k.cast(FloatDType::BF16),
+                k.clone().cast(FloatDType::BF16),
             )),
         ];
         let before = crate::host::moved_bytes();
@@ -344,6 +366,14 @@ mod tests {
         assert_eq!(moved, 2 * 4 * (1 + 2 * 5));
         assert!(got.iter().all(|b| b.is_on_device()), "{got:?}");
         assert_eq!(got, payload);
+        // A gradient's all-reduce: summed by NCCL from the tensor's memory into a new tensor on the
+        // GPU (one rank: the sum is the tensor itself), with nothing crossing the host.
+        let gradient = crate::block::Block::on_device(crate::block::BlockKind::Reduce, k);
+        let before = crate::host::moved_bytes();
+        let reduced = t.all_reduce_block(5, gradient.clone()).unwrap();
+        assert_eq!(crate::host::moved_bytes() - before, 0);
+        assert!(reduced.is_on_device(), "{reduced:?}");
+        assert_eq!(reduced, gradient);
     }
 
     /// Without CUDA, joining is a typed error with this exact text. On a machine with CUDA that
