@@ -39,6 +39,8 @@ LAYERS = {
     "experiments": [
         ["units", "markdown", "alloc", "hardware", "npy", "spec", "simulator", "memory_model",
          "dir_lock", "backend", "mpi_rank"],
+        # A process's rank over NCCL: its devices on the chosen backend.
+        ["nccl_rank"],
         # Cost models on the simulator and the hardware profiles.
         ["results", "measure", "grid_model"],
         ["plot"],
