@@ -172,3 +172,63 @@ where
         }
     }
 }
+
+/// bf16 operands with an f32 merge on `device` with `kernel` (zig-zag, 2 ranks, causal, GQA, each
+/// backward scheme): where the device stores and computes bf16, every tensor lies within the bf16
+/// bound ([`crate::bf16`]) of the float64 reference of the rounded inputs; where it does not (Mesa's
+/// software device), the run is refused before any step with the typed error naming bf16 and the
+/// backend. Returns whether the device ran it.
+pub fn bf16_runs_or_says_why_not<B>(device: &B::Device, kernel: Kernel) -> bool
+where
+    B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
+{
+    use burn::tensor::DType;
+    use burn::tensor::backend::Backend;
+    use workbench::RingError;
+    use workbench::dtype::{Dtype, Precision};
+    let c = crate::case_in(
+        Dtype::Bf16,
+        SEQ,
+        (4, 2),
+        true,
+        0.25,
+        &[],
+        crate::Variant::default(),
+    );
+    let runs_bf16 = B::InnerBackend::supports_dtype(device, DType::BF16);
+    for backward in BackwardScheme::ALL {
+        let config = RingConfig {
+            scale: Some(0.25),
+            precision: Precision {
+                dtype: Dtype::Bf16,
+                merge: Dtype::F32,
+            },
+            ..on(kernel, true, Direction::Cw, backward)
+        };
+        let label = format!("{kernel:?} {backward}");
+        let result = run_case::<B>(&c, "zigzag", 2, config, device);
+        if runs_bf16 {
+            let result = result.unwrap_or_else(|e| panic!("{label}: {e}"));
+            let errors = crate::bf16::errors(&result, &c.want);
+            for ((name, e), bound) in errors.into_iter().zip(crate::bf16::bounds()) {
+                assert!(e <= bound, "{label}: {name} error {e:.3e} over {bound:.3e}");
+            }
+        } else {
+            match result {
+                Err(e @ RingError::DtypeUnsupported { .. }) => {
+                    let message = e.to_string();
+                    assert!(
+                        message.contains("bf16")
+                            && message.contains(&B::InnerBackend::name(device)),
+                        "{label}: {message}"
+                    );
+                }
+                other => panic!(
+                    "{label}: expected DtypeUnsupported, got {:?}",
+                    other.map(|_| ())
+                ),
+            }
+        }
+    }
+    runs_bf16
+}

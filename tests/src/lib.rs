@@ -4,6 +4,7 @@
 //! blocking, no log-sum-exp merging and no shared code with the engine. Comparisons with it go through
 //! [`compare`], the workspace's one NaN-aware comparison.
 
+pub mod bf16;
 pub mod compare;
 pub mod covering;
 pub mod device;

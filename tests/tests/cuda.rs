@@ -42,3 +42,15 @@ fn cuda_ring_steps_stay_on_the_device() {
         host_device_bytes_are_inputs_outputs_and_positions::<OnCuda>(&device, kernel);
     }
 }
+
+/// bf16 operands on CUDA with each kernel (the fused one widens bf16 blocks as a tile reads them and
+/// rounds P and dS to bf16 in the kernel): every tensor within the bf16 bound of the float64
+/// reference of the rounded inputs.
+#[test]
+fn cuda_bf16_within_the_bound() {
+    let device = CudaDevice::new(0);
+    for kernel in Kernel::ALL {
+        let ran = ringbench_tests::device::bf16_runs_or_says_why_not::<OnCuda>(&device, kernel);
+        assert!(ran, "CUDA stores and computes bf16");
+    }
+}

@@ -10,7 +10,7 @@ use ringbench_tests::device::{SEQ, case, generic, on};
 use ringbench_tests::{F32_ATTENTION, assert_within, ran_every_pass, run_case};
 use strategies::names;
 use workbench::backends::Wgpu;
-use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
+use workbench::{BackwardScheme, Direction, Kernel};
 
 type OnWgpu = Autodiff<Wgpu>;
 
@@ -87,53 +87,25 @@ fn wgpu_windows_softcap_and_sinks() {
     assert_eq!(runs, 2 * names().len() * 2 * Kernel::ALL.len());
 }
 
-/// bf16 with the generic kernel on the device: where the device computes bf16 the run keeps its
-/// blocks in bf16 and matches the float64 reference of the rounded inputs within 4u of bf16 (the
-/// bound of `tests/tests/precision.rs`, normwise); where it does not (Mesa's software device), the
-/// run is refused before any step with the typed error naming bf16 and the backend.
+/// bf16 on the device, with each kernel: where the device computes bf16 the run keeps its blocks in
+/// bf16 and every tensor lies within the bf16 bound of the float64 reference of the rounded inputs;
+/// where it does not (Mesa's software device), the run is refused before any step with the typed
+/// error naming bf16 and the backend ([`ringbench_tests::device::bf16_runs_or_says_why_not`]).
 #[test]
 fn wgpu_bf16_runs_or_says_why_not() {
-    use burn::tensor::DType;
-    use burn::tensor::backend::Backend;
-    use ringbench_tests::{Variant, case_in};
-    use workbench::RingError;
-    use workbench::dtype::{Dtype, Precision};
-    let device = WgpuDevice::DefaultDevice;
-    let c = case_in(
-        Dtype::Bf16,
-        SEQ,
-        (4, 2),
-        true,
-        0.25,
-        &[],
-        Variant::default(),
-    );
-    let config = RingConfig {
-        precision: Precision {
-            dtype: Dtype::Bf16,
-            merge: Dtype::Bf16,
-        },
-        ..generic(true, Direction::Cw, BackwardScheme::Kv)
-    };
-    let result = run_case::<OnWgpu>(&c, "zigzag", 2, config, &device);
-    if Wgpu::supports_dtype(&device, DType::BF16) {
-        let result = result.expect("a device with bf16 runs it");
-        let bound = 4.0 * Dtype::Bf16.unit_roundoff() + TOLERANCE;
-        let d = ringbench_tests::rms_rel_err(&result.out.data, &c.want.out);
-        println!("wgpu computes bf16: out rms error {d:e}");
-        assert!(d <= bound, "out: {d:e}");
-    } else {
-        match result {
-            Err(e @ RingError::DtypeUnsupported { .. }) => {
-                let message = e.to_string();
-                println!("wgpu refuses bf16: {message}");
-                assert!(
-                    message.contains("bf16") && message.contains("wgpu"),
-                    "{message}"
-                );
+    for kernel in Kernel::ALL {
+        let ran = ringbench_tests::device::bf16_runs_or_says_why_not::<OnWgpu>(
+            &WgpuDevice::DefaultDevice,
+            kernel,
+        );
+        println!(
+            "wgpu, {kernel:?} kernel: bf16 {}",
+            if ran {
+                "ran within the bound"
+            } else {
+                "refused"
             }
-            other => panic!("expected DtypeUnsupported, got {:?}", other.map(|_| ())),
-        }
+        );
     }
 }
 

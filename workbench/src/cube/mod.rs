@@ -15,9 +15,9 @@ mod tiles;
 #[cfg(feature = "cuda")]
 pub use cuda_memory::CudaMemory;
 
-/// One tile's operands on the device: q `[b, h, tq, d]`, k and v `[b, hk, tk, d]`, the queries'
-/// windows' first and last visible key position `[tq]` and the keys' positions `[tk]` (f32), and
-/// how scores are made.
+/// One tile's operands on the device: q `[b, h, tq, d]`, k and v `[b, hk, tk, d]` (f32 tensors),
+/// the queries' windows' first and last visible key position `[tq]` and the keys' positions `[tk]`
+/// (f32), and how scores are made.
 pub struct TileOperands<'a, B: Backend> {
     /// Queries.
     pub q: &'a Tensor<B, 4>,
@@ -35,6 +35,9 @@ pub struct TileOperands<'a, B: Backend> {
     pub scale: f32,
     /// The soft cap, if any.
     pub softcap: Option<f32>,
+    /// A bf16 run: P and dS are rounded to bf16 before their products (the operands, f32 tensors,
+    /// hold bf16 values).
+    pub bf16: bool,
 }
 
 /// A forward tile's result: the running output and log-sum-exp with this tile merged in, and how
@@ -136,7 +139,7 @@ mod launch {
         assert_eq!(
             primitive.dtype,
             burn::tensor::DType::F32,
-            "the fused device kernel reads f32 tensors (bf16 runs are refused before a pass)"
+            "the fused device kernel reads f32 tensors (a bf16 block is widened before the launch)"
         );
         primitive
     }
@@ -200,6 +203,7 @@ mod launch {
                     r,
                     d,
                     t.softcap.is_some(),
+                    t.bf16,
                 )
             };
             ForwardTileResult { out, lse, work }
@@ -252,6 +256,7 @@ mod launch {
                     r,
                     d,
                     t.softcap.is_some(),
+                    t.bf16,
                 )
             };
             // SAFETY: every index the kernel reads or writes is inside its tensor: reads clamp
@@ -279,6 +284,7 @@ mod launch {
                     r,
                     d,
                     t.softcap.is_some(),
+                    t.bf16,
                 )
             };
             BackwardTileResult {

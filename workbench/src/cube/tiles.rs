@@ -9,7 +9,9 @@
 //! and each key's position (f32, exact below 2^24): a sub-tile that no row of the cube sees is
 //! skipped (each cube counts the sub-tiles it computed, in `work`), and one that every row sees
 //! whole checks no position; inside a sub-tile a hidden pair's probability is selected to 0, without
-//! a branch. Query head `h` reads kv head `h / (heads / kv_heads)`. Everything accumulates in f32.
+//! a branch. Query head `h` reads kv head `h / (heads / kv_heads)`. Everything accumulates in f32;
+//! in a bf16 run (`bf16`) P and dS are rounded to bf16 before their products, as the other kernels
+//! round them (the operands arrive as f32 holding bf16 values).
 //!
 //! −∞ arrives as the runtime argument `neg_inf` (WGSL has no infinity literal): a row that saw no
 //! key gets output 0 and lse −∞, as every kernel's.
@@ -69,6 +71,22 @@ fn capped_score(s: f32, cap: f32, #[comptime] capped: bool) -> (f32, f32) {
         (cap * t, 1.0f32 - t * t)
     } else {
         (s, 1.0f32)
+    }
+}
+
+/// `x` rounded to bf16's 8 significant bits (to nearest, ties to even) and kept in f32, when
+/// `rounded` (a bf16 run: P and dS enter their products so, as a bf16 tensor core's operands);
+/// else `x`. Integer arithmetic on the bits, so that devices without bf16 (WebGPU) run it too. For
+/// finite values (P and dS are); one that rounds past bf16's largest becomes ∞, as bf16's own
+/// rounding does.
+#[cube]
+fn to_bf16(x: f32, #[comptime] rounded: bool) -> f32 {
+    if rounded {
+        let bits = u32::reinterpret(x);
+        let tie_to_even = (bits >> 16u32) & 1u32;
+        f32::reinterpret((bits + 0x7fffu32 + tie_to_even) & 0xffff_0000u32)
+    } else {
+        x
     }
 }
 
@@ -146,6 +164,7 @@ pub fn forward_tile(
     #[comptime] r: usize,
     #[comptime] d: usize,
     #[comptime] capped: bool,
+    #[comptime] bf16: bool,
 ) {
     let d4 = comptime!(d.div_ceil(4));
     let unit = UNIT_POS_X as usize;
@@ -241,7 +260,9 @@ pub fn forward_tile(
                     let m_safe = select(m_new == neg_inf, 0.0f32, m_new);
                     correction[t] = (m[t] - m_safe).exp();
                     p[t] = (s - m_safe).exp();
+                    // The row's sum takes P in f32; its product with V, in the operands' type.
                     l[t] = l[t] * correction[t] + p[t];
+                    p[t] = to_bf16(p[t], bf16);
                     m[t] = m_new;
                 }
                 #[unroll]
@@ -324,6 +345,7 @@ pub fn backward_dkdv(
     #[comptime] r: usize,
     #[comptime] d: usize,
     #[comptime] capped: bool,
+    #[comptime] bf16: bool,
 ) {
     let d4 = comptime!(d.div_ceil(4));
     let unit = UNIT_POS_X as usize;
@@ -420,8 +442,11 @@ pub fn backward_dkdv(
                     for t in 0..r {
                         let seen = covered == 2u32 || (pos[t] >= row_lo && pos[t] <= row_hi);
                         let (s, through_cap) = capped_score(sum4(score[t]), cap, capped);
-                        p[t] = select(seen, (s - row_lse).exp(), 0.0f32);
-                        ds[t] = p[t] * (sum4(dp[t]) - row_delta) * through_cap * scale;
+                        let p_row = select(seen, (s - row_lse).exp(), 0.0f32);
+                        // dS takes P in f32; P and dS enter their products in the operands' type.
+                        let ds_row = p_row * (sum4(dp[t]) - row_delta) * through_cap;
+                        ds[t] = to_bf16(ds_row, bf16) * scale;
+                        p[t] = to_bf16(p_row, bf16);
                     }
                     #[unroll]
                     for c4 in 0..d4 {
@@ -479,6 +504,7 @@ pub fn backward_dq(
     #[comptime] r: usize,
     #[comptime] d: usize,
     #[comptime] capped: bool,
+    #[comptime] bf16: bool,
 ) {
     let d4 = comptime!(d.div_ceil(4));
     let unit = UNIT_POS_X as usize;
@@ -573,7 +599,7 @@ pub fn backward_dq(
                     let seen = covered == 2u32 || (pos >= lo[t] && pos <= hi[t]);
                     let (s, through_cap) = capped_score(sum4(score[t]), cap, capped);
                     let p = select(seen, (s - row_lse[t]).exp(), 0.0f32);
-                    ds[t] = p * (sum4(dp[t]) - row_delta[t]) * through_cap * scale;
+                    ds[t] = to_bf16(p * (sum4(dp[t]) - row_delta[t]) * through_cap, bf16) * scale;
                 }
                 #[unroll]
                 for c4 in 0..d4 {

@@ -2,18 +2,20 @@
 //! forward kernel, or two of the backward (`crate::cube`), on the backend's own device; operands,
 //! accumulators and masks never leave it. Masks are made inside the kernels from the shard's
 //! windows and positions, placed once per pass as the generic kernel's are (`device_mask.rs`).
-//! `--kernel fused` is this kernel on a device backend and the CPU kernel on the CPU.
+//! `--kernel fused` is this kernel on a device backend and the CPU kernel on the CPU. In a bf16 run
+//! a tile widens its bf16 blocks to f32 (exactly) before the launch, and the kernels round P and dS
+//! to bf16 before their products, as the other kernels do.
 
 use super::device_mask::DeviceShard;
-use super::generic::{GenericTwin, merge_block, settle_on_device};
+use super::generic::{GenericTwin, merge_block, rounded, settle_on_device};
 use super::mask::Window;
 use super::tile::{BackwardTile, ForwardTile, Queries, Scores, TileDims, TileKernel, Travelling};
 use crate::block::{Block, BlockKind};
 use crate::cube::{DeviceTiles, TileOperands};
-use crate::dtype::Precision;
+use crate::dtype::{Dtype, Precision};
 use crate::error::RingError;
 use crate::host::HostRead;
-use burn::tensor::Tensor;
+use burn::tensor::{DType, FloatDType, Tensor};
 use std::sync::Arc;
 
 /// The fused device kernel as a [`TileKernel`].
@@ -35,6 +37,15 @@ fn tiles<B: HostRead>() -> &'static dyn DeviceTiles<B> {
     B::device_tiles().expect("the engine asks `implementation` before a pass")
 }
 
+/// `x` as the kernels read it, f32: a bf16 tensor (a bf16 run's block) widened, exactly.
+fn widened<B: HostRead, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    if x.dtype() == DType::BF16 {
+        x.cast(FloatDType::F32)
+    } else {
+        x
+    }
+}
+
 /// One tile's operands for the launches.
 fn operands<'a, B: HostRead>(
     q: &'a Tensor<B, 4>,
@@ -52,6 +63,7 @@ fn operands<'a, B: HostRead>(
         k_pos: keys.positions(),
         scale: how.scale,
         softcap: how.softcap,
+        bf16: how.precision.dtype == Dtype::Bf16,
     }
 }
 
@@ -59,11 +71,10 @@ impl<B: HostRead> TileKernel<B> for DeviceFused {
     type Shard = DeviceShard<B>;
     type Forward = DeviceForward<B>;
 
-    fn implementation(
-        &self,
-        device: &B::Device,
-        precision: Precision,
-    ) -> Result<&'static str, RingError> {
+    /// Any precision: a bf16 run's blocks are widened to f32 as a tile reads them, and the
+    /// kernels round P and dS to bf16 before their products (the engine refuses bf16 blocks on a
+    /// device that does not store them).
+    fn implementation(&self, device: &B::Device, _: Precision) -> Result<&'static str, RingError> {
         let unavailable = |why| RingError::KernelUnavailable {
             kernel: "fused",
             backend: B::name(device),
@@ -72,9 +83,6 @@ impl<B: HostRead> TileKernel<B> for DeviceFused {
         match B::device_tiles() {
             None => Err(unavailable(
                 "this backend has no fused device kernel (CubeCL backends do: wgpu, cuda); use --kernel generic",
-            )),
-            Some(_) if precision.uses_bf16() => Err(unavailable(
-                "the fused device kernel computes in f32 only; bf16 runs use --kernel generic, on a device that computes bf16",
             )),
             Some(_) => Ok("cubecl-fused"),
         }
@@ -120,7 +128,7 @@ impl<B: HostRead> TileKernel<B> for DeviceFused {
     ) -> DeviceForward<B> {
         let shard = queries.prepared.clone();
         let device = shard.device();
-        let q: Tensor<B, 4> = q.tensor(&device);
+        let q: Tensor<B, 4> = widened(q.tensor(&device));
         let [b, h, t, d] = q.dims();
         DeviceForward {
             running: (
@@ -137,8 +145,8 @@ impl<B: HostRead> TileKernel<B> for DeviceFused {
     fn forward_tile(&self, state: &mut DeviceForward<B>, tile: ForwardTile<'_, DeviceShard<B>>) {
         let device = state.q.device();
         let (k, v) = (
-            tile.k.tensor::<B, 4>(&device),
-            tile.v.tensor::<B, 4>(&device),
+            widened(tile.k.tensor::<B, 4>(&device)),
+            widened(tile.v.tensor::<B, 4>(&device)),
         );
         let running = state.running.clone();
         let operands = operands(
@@ -149,7 +157,8 @@ impl<B: HostRead> TileKernel<B> for DeviceFused {
             state.how,
         );
         let result = state.tiles.forward(operands, running);
-        state.running = (result.out, result.lse);
+        // Between ring steps the output is kept in the merge's type; lse stays f32.
+        state.running = (rounded(result.out, state.how.precision.merge), result.lse);
     }
 
     fn forward_finish(
@@ -194,14 +203,14 @@ impl<B: HostRead> TileKernel<B> for DeviceFused {
     ) -> Vec<Block> {
         let device = t.queries.prepared.device();
         let (q, k, v) = (
-            t.q.tensor::<B, 4>(&device),
-            t.k.tensor::<B, 4>(&device),
-            t.v.tensor::<B, 4>(&device),
+            widened(t.q.tensor::<B, 4>(&device)),
+            widened(t.k.tensor::<B, 4>(&device)),
+            widened(t.v.tensor::<B, 4>(&device)),
         );
         let operands = operands(&q, (&k, &v), t.queries.prepared, t.keys.prepared, t.scores);
         let grads = tiles::<B>().backward(
             operands,
-            &t.d_out.tensor(&device),
+            &widened(t.d_out.tensor(&device)),
             &t.lse.tensor(&device),
             &t.delta.tensor(&device),
         );

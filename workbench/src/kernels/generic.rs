@@ -50,7 +50,7 @@ fn scores<B: Backend>(
 
 /// `x` with its values rounded to `dtype` (a cast there and back: the engine checked that the
 /// backend computes in it).
-fn rounded<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: Dtype) -> Tensor<B, D> {
+pub(super) fn rounded<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: Dtype) -> Tensor<B, D> {
     match dtype {
         Dtype::F32 => x,
         Dtype::Bf16 => x.cast(FloatDType::BF16).cast(FloatDType::F32),
