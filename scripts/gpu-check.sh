@@ -7,14 +7,15 @@
 #   bash scripts/gpu-check.sh run     # on the GPU machine, from the repository root (the device tool:
 #                                     # carry target/gpu-check): writes results/gpu/ (or $OUT/gpu/)
 #
-# `run` records the GPU's name and driver, runs the exactness subset on CUDA (the fused CubeCL kernel and
-# the generic one, every strategy x direction x scheme x N in {1, 2, 4}, causal and not, MHA and GQA,
-# within 1e-5 of float64), `bench attn --backend cuda` (both kernels, zig-zag, causal and not, S up to
-# 64K beside the same run's CUDA matmul), the NCCL transport's one-rank test (CUDA tensors sent to the
-# rank itself from their own memory, only the header through the host; a tensor all-reduced in place),
-# and with two or more GPUs, under mpirun over NCCL on the cuda backend: `attn`, its outputs compared
-# with the NumPy fixture, and 5 training steps (gradients all-reduced in GPU memory), their losses
-# compared with the same spec trained on the CPU's threads.
+# `run` records the GPU's name and driver, runs the exactness subset on CUDA (the fused CubeCL kernel
+# and the generic one, every strategy x direction x scheme x N in {1, 2, 4}, causal and not, MHA and
+# GQA, within 1e-5 of float64; bf16 with each kernel within the bf16 bound), `bench attn --backend
+# cuda` (both kernels, zig-zag, causal and not, S up to 64K beside the same run's CUDA matmul;
+# gathered into bench_attn.csv and bench_attn.md), the NCCL transport's one-rank test (CUDA tensors
+# sent to the rank itself from their own memory, only the header through the host; a tensor
+# all-reduced in place), and with two or more GPUs, under mpirun over NCCL on the cuda backend:
+# `attn`, its outputs compared with the NumPy fixture, and 5 training steps (gradients all-reduced in
+# GPU memory), their losses compared with the same spec trained on the CPU's threads.
 # Unattended: each step has a timeout, under 10 minutes in all. Without a GPU it says so in one line and
 # exits 2.
 set -uo pipefail
@@ -109,6 +110,45 @@ print(f"losses agree over {len(a)} steps (last {a[-1]:.6f} vs {b[-1]:.6f})")
 PY
 }
 
+# The bench runs under $1 (bench_<kernel>_<seq>/bench_attn.csv) gathered into $1/bench_attn.csv and
+# $1/bench_attn.md, the latter headed by the GPU's name, driver and memory ($1/gpu.csv).
+gather_bench() {
+  python3 - "$1" <<'PY'
+import csv, glob, os, sys
+out = sys.argv[1]
+rows, header = [], None
+for path in glob.glob(os.path.join(out, "bench_*_*", "bench_attn.csv")):
+    with open(path) as f:
+        reader = csv.DictReader(f)
+        header = header or reader.fieldnames
+        rows += list(reader)
+if not rows:
+    print("FAILED: no bench_attn.csv under", out)
+    sys.exit(1)
+rows.sort(key=lambda r: (int(r["seq"]), r["causal"], r["kernel"]))
+with open(os.path.join(out, "bench_attn.csv"), "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=header)
+    writer.writeheader()
+    writer.writerows(rows)
+with open(os.path.join(out, "gpu.csv")) as f:
+    gpu = f.read().strip().splitlines()[1:]
+columns = ["seq", "ranks", "strategy", "causal", "kernel", "kernel_impl", "fwd_bwd_seconds",
+           "fwd_bwd_gflops", "matmul_gflops", "fwd_bwd_over_matmul"]
+lines = ["# bench attn on CUDA (scripts/gpu-check.sh run)", "",
+         "GPU (name, driver, memory): " + "; ".join(gpu), "",
+         "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+def cell(value):
+    try:
+        return value if value.isdigit() else f"{float(value):.4g}"
+    except ValueError:
+        return value
+lines += ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows]
+with open(os.path.join(out, "bench_attn.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+print(f"{len(rows)} bench rows in {out}/bench_attn.csv and bench_attn.md")
+PY
+}
+
 run() {
   local out="${OUT:-results}/gpu"
   local bin="$bins/ringbench"
@@ -142,6 +182,7 @@ run() {
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     done
   done
+  gather_bench "$out" || status=1
   echo "== NCCL on one GPU: exchange with itself (staged and in place), all-reduces, barrier"
   timeout 20 "$bins/workbench-lib" --ignored --exact \
     transport::nccl::tests::one_rank_exchanges_with_itself_reduces_and_meets_at_the_barrier \
