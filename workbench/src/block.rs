@@ -335,6 +335,14 @@ impl Block {
         host::place(self.host_values().into_owned(), [self.len()], device)
     }
 
+    /// The block as an f32 tensor of backend `B` on `device`: a bf16 block's values widened
+    /// (exactly). What the kernels compute with, whatever type the block is kept and sent in (a
+    /// CubeCL backend reads both operands of an elementwise op in the first one's type, so a bf16
+    /// tensor must never meet an f32 one).
+    pub fn f32_tensor<B: Backend, const D: usize>(&self, device: &B::Device) -> Tensor<B, D> {
+        f32_of(self.tensor(device))
+    }
+
     /// The block as a tensor of `B` on `device`, consuming it.
     pub fn into_tensor<B: Backend, const D: usize>(self, device: &B::Device) -> Tensor<B, D> {
         self.tensor(device)
@@ -373,7 +381,7 @@ impl Block {
         debug_assert_eq!(self.shape, other.shape);
         let dtype = self.dtype();
         if self.is_on_device() {
-            let sum = self.flat::<B>(device) + other.flat::<B>(device);
+            let sum = f32_of(self.flat::<B>(device)) + f32_of(other.flat::<B>(device));
             *self =
                 Self::flat_on_device(self.kind, std::mem::take(&mut self.shape), sum, Dtype::F32);
         } else {
@@ -386,5 +394,44 @@ impl Block {
             *self = std::mem::replace(self, Block::zeros(self.kind, Vec::new()))
                 .in_dtype::<B>(dtype, device);
         }
+    }
+}
+
+/// `x` in f32: itself, or a bf16 tensor widened (exactly).
+fn f32_of<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    if x.dtype() == DType::F32 {
+        x
+    } else {
+        x.cast(FloatDType::F32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::tensor::TensorData;
+
+    /// A bf16 device block reads as an f32 tensor of the same values, and adding an f32 block into
+    /// it sums in f32 and rounds once: 1 + (2⁻⁸ + 2⁻¹⁷) rounds up to 1 + 2⁻⁷ in bf16, where rounding
+    /// the addend first (to 2⁻⁸) would leave a tie that rounds to 1. (Flex promotes a mixed-type
+    /// add by itself; a CubeCL backend would not, which is why both sides are widened first: only
+    /// the GPU check can show that part.)
+    #[test]
+    fn a_bf16_device_block_reads_and_adds_in_f32() {
+        let device = Default::default();
+        let on = |v: Vec<f32>| Tensor::<Flex, 1>::from_data(TensorData::new(v, [2]), &device);
+        let mut acc = Block::on_device(BlockKind::DK, on(vec![1.0, -3.0]))
+            .in_dtype::<Flex>(Dtype::Bf16, &device);
+        let read = acc.f32_tensor::<Flex, 1>(&device);
+        assert_eq!(read.dtype(), DType::F32);
+        assert_eq!(read.into_data().into_vec::<f32>().unwrap(), [1.0, -3.0]);
+        let small = 2f32.powi(-8) + 2f32.powi(-17);
+        acc.add_assign::<Flex>(
+            &Block::on_device(BlockKind::DK, on(vec![small, 0.5])),
+            &device,
+        );
+        assert_eq!(acc.dtype(), Dtype::Bf16);
+        assert_eq!(acc.host_values().to_vec(), [1.0 + 2f32.powi(-7), -2.5]);
     }
 }

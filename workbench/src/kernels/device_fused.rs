@@ -15,7 +15,7 @@ use crate::cube::{DeviceTiles, TileOperands};
 use crate::dtype::{Dtype, Precision};
 use crate::error::RingError;
 use crate::host::HostRead;
-use burn::tensor::{DType, FloatDType, Tensor};
+use burn::tensor::Tensor;
 use std::sync::Arc;
 
 /// The fused device kernel as a [`TileKernel`].
@@ -35,15 +35,6 @@ pub struct DeviceForward<B: HostRead> {
 /// The backend's fused device kernels; only reached after [`DeviceFused::implementation`] said yes.
 fn tiles<B: HostRead>() -> &'static dyn DeviceTiles<B> {
     B::device_tiles().expect("the engine asks `implementation` before a pass")
-}
-
-/// `x` as the kernels read it, f32: a bf16 tensor (a bf16 run's block) widened, exactly.
-fn widened<B: HostRead, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    if x.dtype() == DType::BF16 {
-        x.cast(FloatDType::F32)
-    } else {
-        x
-    }
 }
 
 /// One tile's operands for the launches.
@@ -128,7 +119,7 @@ impl<B: HostRead> TileKernel<B> for DeviceFused {
     ) -> DeviceForward<B> {
         let shard = queries.prepared.clone();
         let device = shard.device();
-        let q: Tensor<B, 4> = widened(q.tensor(&device));
+        let q: Tensor<B, 4> = q.f32_tensor(&device);
         let [b, h, t, d] = q.dims();
         DeviceForward {
             running: (
@@ -145,8 +136,8 @@ impl<B: HostRead> TileKernel<B> for DeviceFused {
     fn forward_tile(&self, state: &mut DeviceForward<B>, tile: ForwardTile<'_, DeviceShard<B>>) {
         let device = state.q.device();
         let (k, v) = (
-            widened(tile.k.tensor::<B, 4>(&device)),
-            widened(tile.v.tensor::<B, 4>(&device)),
+            tile.k.f32_tensor::<B, 4>(&device),
+            tile.v.f32_tensor::<B, 4>(&device),
         );
         let running = state.running.clone();
         let operands = operands(
@@ -172,7 +163,7 @@ impl<B: HostRead> TileKernel<B> for DeviceFused {
             // The sink as one more partial: output 0, log-sum-exp the sink's logit.
             Some(sinks) => {
                 let sink = sinks
-                    .tensor::<B, 1>(device)
+                    .f32_tensor::<B, 1>(device)
                     .reshape([1, h, 1])
                     .expand([b, h, t]);
                 merge_block(state.running, (Tensor::zeros([b, h, t, d], device), sink))
@@ -203,16 +194,16 @@ impl<B: HostRead> TileKernel<B> for DeviceFused {
     ) -> Vec<Block> {
         let device = t.queries.prepared.device();
         let (q, k, v) = (
-            widened(t.q.tensor::<B, 4>(&device)),
-            widened(t.k.tensor::<B, 4>(&device)),
-            widened(t.v.tensor::<B, 4>(&device)),
+            t.q.f32_tensor::<B, 4>(&device),
+            t.k.f32_tensor::<B, 4>(&device),
+            t.v.f32_tensor::<B, 4>(&device),
         );
         let operands = operands(&q, (&k, &v), t.queries.prepared, t.keys.prepared, t.scores);
         let grads = tiles::<B>().backward(
             operands,
-            &widened(t.d_out.tensor(&device)),
-            &t.lse.tensor(&device),
-            &t.delta.tensor(&device),
+            &t.d_out.f32_tensor(&device),
+            &t.lse.f32_tensor(&device),
+            &t.delta.f32_tensor(&device),
         );
         settle_on_device((grads.dq, grads.dk, grads.dv), stay, travelling, &device)
     }

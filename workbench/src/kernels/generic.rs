@@ -213,7 +213,7 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
     ) -> GenericForward<B> {
         let shard = queries.prepared.clone();
         GenericForward {
-            q: q.tensor(&shard.device()),
+            q: q.f32_tensor(&shard.device()),
             shard,
             acc: None,
             how,
@@ -223,8 +223,8 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
     fn forward_tile(&self, state: &mut GenericForward<B>, tile: ForwardTile<'_, DeviceShard<B>>) {
         let device = state.q.device();
         let (k, v) = (
-            tile.k.tensor::<B, 4>(&device),
-            tile.v.tensor::<B, 4>(&device),
+            tile.k.f32_tensor::<B, 4>(&device),
+            tile.v.f32_tensor::<B, 4>(&device),
         );
         let bias = bias(tile.visibility, &state.shard, tile.keys.prepared);
         let part = block_attention(&state.q, &k, &v, bias, state.how);
@@ -253,7 +253,7 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
             // The sink as one more partial: output 0, log-sum-exp the sink's logit.
             Some(sinks) => {
                 let sink = sinks
-                    .tensor::<B, 1>(device)
+                    .f32_tensor::<B, 1>(device)
                     .reshape([1, h, 1])
                     .expand([b, h, t]);
                 merge_block(acc, (Tensor::zeros([b, h, t, d], device), sink))
@@ -272,13 +272,13 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
         let [b, h, t] = lse.shape[..] else {
             unreachable!("lse blocks are 3-d")
         };
-        let lse = lse.tensor::<B, 3>(device);
+        let lse = lse.f32_tensor::<B, 3>(device);
         let sink = sinks
-            .tensor::<B, 1>(device)
+            .f32_tensor::<B, 1>(device)
             .reshape([1, h, 1])
             .expand([b, h, t]);
         let p = (sink - lse).exp();
-        let dsinks = (p * delta.tensor::<B, 3>(device))
+        let dsinks = (p * delta.f32_tensor::<B, 3>(device))
             .sum_dim(2)
             .sum_dim(0)
             .reshape([h])
@@ -287,7 +287,7 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
     }
 
     fn delta(&self, d_out: &Block, out: Tensor<B, 4>) -> Block {
-        let d_out = d_out.tensor::<B, 4>(&out.device());
+        let d_out = d_out.f32_tensor::<B, 4>(&out.device());
         let delta: Tensor<B, 3> = (d_out * out).sum_dim(3).squeeze_dim(3);
         Block::on_device(BlockKind::Delta, delta)
     }
@@ -300,12 +300,12 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
     ) -> Vec<Block> {
         let device = t.queries.prepared.device();
         let (dq, dk, dv) = block_attention_backward(
-            &t.q.tensor(&device),
-            &t.k.tensor(&device),
-            &t.v.tensor(&device),
-            &t.d_out.tensor(&device),
-            &t.lse.tensor(&device),
-            &t.delta.tensor(&device),
+            &t.q.f32_tensor(&device),
+            &t.k.f32_tensor(&device),
+            &t.v.f32_tensor(&device),
+            &t.d_out.f32_tensor(&device),
+            &t.lse.f32_tensor(&device),
+            &t.delta.f32_tensor(&device),
             bias(t.visibility, t.queries.prepared, t.keys.prepared),
             t.scores,
         );
