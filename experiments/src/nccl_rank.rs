@@ -62,12 +62,14 @@ impl NcclRank {
     }
 }
 
-/// A variable of the launcher's environment: the first of `names` that is set.
+/// A variable of the launcher's environment: the first of `names` that is set, as a count; an
+/// error naming the variable and its value when it is not one.
 fn launcher_var(names: &[&str]) -> Result<usize> {
-    names
+    let (name, value) = names
         .iter()
-        .find_map(|n| std::env::var(n).ok())
-        .ok_or_else(|| anyhow::anyhow!("--nccl-id-file needs one of {names:?} in the environment"))?
+        .find_map(|n| std::env::var(n).ok().map(|v| (n, v)))
+        .ok_or_else(|| anyhow::anyhow!("--nccl-id-file needs one of {names:?} in the environment"))?;
+    value
         .parse()
-        .map_err(|e| anyhow::anyhow!("{names:?}: {e}"))
+        .map_err(|e| anyhow::anyhow!("{name}={value:?} is not a rank count or index: {e}"))
 }
