@@ -68,7 +68,9 @@ fn launcher_var(names: &[&str]) -> Result<usize> {
     let (name, value) = names
         .iter()
         .find_map(|n| std::env::var(n).ok().map(|v| (n, v)))
-        .ok_or_else(|| anyhow::anyhow!("--nccl-id-file needs one of {names:?} in the environment"))?;
+        .ok_or_else(|| {
+            anyhow::anyhow!("--nccl-id-file needs one of {names:?} in the environment")
+        })?;
     value
         .parse()
         .map_err(|e| anyhow::anyhow!("{name}={value:?} is not a rank count or index: {e}"))
