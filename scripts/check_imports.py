@@ -37,6 +37,8 @@ LAYERS = {
         ["train"],
     ],
     "experiments": [
+        # NaN-aware extremes, for every table and model that folds numbers.
+        ["extremes"],
         ["units", "markdown", "alloc", "hardware", "npy", "spec", "simulator", "memory_model",
          "dir_lock", "backend", "mpi_rank"],
         # A process's rank over NCCL: its devices on the chosen backend.

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use workbench::dtype::{Dtype, Precision};
 use workbench::ring::jobs::{
-    AttentionJob, AttentionResult, Fault, HostTensor, run_attention_on_devices,
+    AttentionJob, AttentionResult, Fault, FaultKind, HostTensor, run_attention_on_devices,
 };
-use workbench::transport::Comm;
+use workbench::transport::{Comm, Phase};
 use workbench::{BackwardScheme, Direction, Kernel, LayerBackend, RingConfig};
 
 /// `ringbench attn`'s arguments.
@@ -93,12 +93,51 @@ pub struct AttnArgs {
     /// it). Rank, world size and GPU come from RANK / WORLD_SIZE / LOCAL_RANK or Open MPI's variables.
     #[arg(long)]
     pub nccl_id_file: Option<PathBuf>,
-    /// Fault injection (tests): this rank fails at its `--fail-step`-th ring exchange.
-    #[arg(long, requires = "fail_step")]
+    /// Fault injection (tests): this rank fails at its `--fail-step`-th exchange of `--fail-phase`.
+    #[arg(long, requires_all = ["fail_phase", "fail_step"])]
     pub fail_rank: Option<usize>,
-    /// Testing: this rank fails at this exchange (with `--fail-rank`).
+    /// The phase whose exchanges `--fail-step` counts: fwd (the forward ring pass), bwd (the
+    /// backward's) or all-to-all (Ulysses' exchanges of heads, forward and backward).
+    #[arg(long, requires = "fail_rank")]
+    pub fail_phase: Option<FailPhase>,
+    /// The exchange, counted from 0 within the phase on the failing rank; one past the phase's last
+    /// is refused before the job starts, naming how many the phase has.
     #[arg(long, requires = "fail_rank")]
     pub fail_step: Option<usize>,
+    /// How the rank fails: `error` (a typed transport error; its peers hear of it at once) or
+    /// `kill` (its process dies by SIGKILL, as a crashed MPI rank: run it under mpirun).
+    #[arg(long, default_value = "error", requires = "fail_rank")]
+    pub fail_mode: FailMode,
+}
+
+/// `--fail-phase`: which exchanges `--fail-step` counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailPhase {
+    /// The forward ring pass.
+    Fwd,
+    /// The backward ring pass (any scheme).
+    Bwd,
+    /// Ulysses' all-to-alls (with `--ulysses` above 1).
+    AllToAll,
+}
+
+impl FailPhase {
+    fn phase(self) -> Phase {
+        match self {
+            FailPhase::Fwd => Phase::Forward,
+            FailPhase::Bwd => Phase::Backward,
+            FailPhase::AllToAll => Phase::AllToAll,
+        }
+    }
+}
+
+/// `--fail-mode`: what the failing rank does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailMode {
+    /// A typed error at the exchange.
+    Error,
+    /// SIGKILL of the rank's process at the exchange.
+    Kill,
 }
 
 /// The job on in-process threads, or, under `mpirun`, as this process's rank, on one backend.
@@ -227,10 +266,18 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
             },
         },
         timeout: Duration::from_secs_f64(args.timeout),
-        fault: args
-            .fail_rank
-            .zip(args.fail_step)
-            .map(|(rank, step)| Fault::fail(rank, step)),
+        fault: match (args.fail_rank, args.fail_phase, args.fail_step) {
+            (Some(rank), Some(phase), Some(step)) => Some(Fault {
+                rank,
+                phase: phase.phase(),
+                step,
+                kind: match args.fail_mode {
+                    FailMode::Error => FaultKind::Fail,
+                    FailMode::Kill => FaultKind::Kill,
+                },
+            }),
+            _ => None,
+        },
         link: None,
         doc_lens: &doc_lens,
         sinks: sinks.as_deref(),

@@ -1,7 +1,8 @@
 //! A rerun's table against its committed reference, column by column as its kind declares them:
 //! deterministic columns must hold (equal, within a stated tolerance, or under their bound);
 //! measurements are ratios, read against their column's median ratio, since another machine or
-//! load moves every row of a column alike.
+//! load moves every row of a column alike. A table holds only when it has exactly the reference's
+//! rows and every measured cell is a number where the reference has one.
 
 use crate::kinds::{Check, Experiment};
 use crate::results::{Record, SPEC_HASH, Table, VERSION, significant};
@@ -64,10 +65,10 @@ pub struct TableComparison {
     pub has_reference: bool,
     /// Rows present in both.
     pub rows: usize,
-    /// Rows of this run the reference lacks.
-    pub only_here: usize,
-    /// Reference rows this run did not make.
-    pub only_there: usize,
+    /// Rows of this run the reference lacks (their keys, as shown): a failed check.
+    pub only_here: Vec<String>,
+    /// Reference rows this run did not make (their keys, as shown): a failed check.
+    pub only_there: Vec<String>,
     /// Deterministic cells compared.
     pub deterministic: usize,
     /// Deterministic cells that differ (or exceed their bound): a failed check.
@@ -78,6 +79,9 @@ pub struct TableComparison {
     pub medians: Vec<Median>,
     /// Measured cells whose ratio strays from their column's median by [`STRAY_FACTOR`].
     pub strayed: Vec<Moved>,
+    /// Measured cells that are NaN, infinite or empty where the reference has a finite number: a
+    /// failed check (a measurement that did not happen is not a ratio).
+    pub broken: Vec<Moved>,
     /// Columns this run has that are neither keys nor declared by the kind: not compared.
     pub undeclared: Vec<String>,
 }
@@ -187,12 +191,18 @@ pub fn compare(
         })
         .collect();
     result.rows = pairs.len();
-    result.only_here = ours.rows.len() - pairs.len();
+    result.only_here = ours
+        .rows
+        .iter()
+        .filter(|r| !reference.rows.iter().any(|t| id(t) == id(r)))
+        .map(shown_id)
+        .collect();
     result.only_there = reference
         .rows
         .iter()
         .filter(|t| !ours.rows.iter().any(|r| id(r) == id(t)))
-        .count();
+        .map(shown_id)
+        .collect();
     // Measured cells: (column, row, reference, run, ratio or None when near zero).
     let mut measured: Vec<(&str, &Record, &str, &str, Option<f64>)> = Vec::new();
     for column in card.columns {
@@ -211,8 +221,28 @@ pub fn compare(
             match kind.check(row, column) {
                 Check::Shown => {}
                 Check::Measured => {
-                    let (Some(x), Some(y)) = (number(a), number(b)) else {
-                        continue;
+                    let x = match number(a) {
+                        Some(x) if x.is_finite() => x,
+                        // A reference without a number here (a skipped point) compares nothing.
+                        _ => continue,
+                    };
+                    let y = match number(b) {
+                        Some(y) if y.is_finite() => y,
+                        _ => {
+                            result.broken.push(Moved {
+                                row: shown_id(row),
+                                column: column.name.into(),
+                                reference: cell(a),
+                                run: if b.trim().is_empty() {
+                                    "(empty)".into()
+                                } else {
+                                    cell(b)
+                                },
+                                how: "not a finite number where the reference has one".into(),
+                                severity: f64::INFINITY,
+                            });
+                            continue;
+                        }
                     };
                     result.measured += 1;
                     let near = NEAR_ZERO * scale;
@@ -281,9 +311,40 @@ pub fn compare(
 }
 
 impl TableComparison {
-    /// Whether every deterministic cell held.
+    /// Whether the table held: the reference's rows and no others, every deterministic cell equal
+    /// (or under its bound), every measured cell a finite number where the reference has one.
     pub fn held(&self) -> bool {
         self.moved.is_empty()
+            && self.broken.is_empty()
+            && self.only_here.is_empty()
+            && self.only_there.is_empty()
+    }
+
+    /// Every failed check of this table, one line each (`table: row ...: ...`), worst first: lost
+    /// and unknown rows, deterministic cells that moved, measured cells that are not numbers.
+    pub fn failures(&self) -> Vec<String> {
+        let name = &self.name;
+        let rows = |ids: &[String], what: &str| {
+            ids.iter()
+                .map(|id| format!("{name}: row {id}: {what}"))
+                .collect::<Vec<_>>()
+        };
+        let cells = |cells: &[Moved]| {
+            cells
+                .iter()
+                .map(|m| {
+                    format!(
+                        "{name}: row {}: column {}: reference {} -> this run {} ({})",
+                        m.row, m.column, m.reference, m.run, m.how
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut lines = rows(&self.only_there, "in the reference, missing from this run");
+        lines.extend(rows(&self.only_here, "not in the reference"));
+        lines.extend(cells(&self.broken));
+        lines.extend(cells(&self.moved));
+        lines
     }
 
     /// One line: held or what moved, with the worst.
@@ -295,6 +356,11 @@ impl TableComparison {
         if self.held() {
             line += &format!(
                 "held: {} rows, {} deterministic cells equal",
+                self.rows, self.deterministic
+            );
+        } else if self.moved.is_empty() {
+            line += &format!(
+                "FAILED: {} rows compared, {} deterministic cells equal",
                 self.rows, self.deterministic
             );
         } else {
@@ -342,10 +408,19 @@ impl TableComparison {
                 );
             }
         }
-        if self.only_here + self.only_there > 0 {
+        if !self.only_there.is_empty() {
             line += &format!(
-                "; rows only in this run: {}, only in the reference: {}",
-                self.only_here, self.only_there
+                "; {} reference row(s) missing from this run",
+                self.only_there.len()
+            );
+        }
+        if !self.only_here.is_empty() {
+            line += &format!("; {} row(s) the reference lacks", self.only_here.len());
+        }
+        if !self.broken.is_empty() {
+            line += &format!(
+                "; {} measured cell(s) not a number where the reference has one",
+                self.broken.len()
             );
         }
         if !self.undeclared.is_empty() {
@@ -357,11 +432,36 @@ impl TableComparison {
     /// The cells that moved (deterministic) or strayed (measured), worst first, at most a few of
     /// each; empty when nothing did.
     pub fn details(&self) -> String {
-        if self.moved.is_empty() && self.strayed.is_empty() {
+        if self.moved.is_empty()
+            && self.strayed.is_empty()
+            && self.broken.is_empty()
+            && self.only_here.is_empty()
+            && self.only_there.is_empty()
+        {
             return String::new();
         }
         let mut md = format!("### {}\n\n", self.name);
+        for (what, ids) in [
+            ("Reference rows missing from this run", &self.only_there),
+            ("Rows of this run the reference lacks", &self.only_here),
+        ] {
+            if ids.is_empty() {
+                continue;
+            }
+            md += &format!("{what} ({}):\n\n", ids.len());
+            for id in ids.iter().take(LISTED) {
+                md += &format!("- {id}\n");
+            }
+            if ids.len() > LISTED {
+                md += &format!("- ... and {} more\n", ids.len() - LISTED);
+            }
+            md += "\n";
+        }
         for (what, cells) in [
+            (
+                "Measured cells that are not a number where the reference has one",
+                &self.broken,
+            ),
             ("Deterministic cells that moved", &self.moved),
             (
                 "Measured cells that strayed from their column's median ratio",

@@ -39,8 +39,12 @@ impl DirLock {
                         path.display()
                     ),
                     // The process that wrote it is gone (killed, or crashed): its lock is stale.
-                    _ => match std::fs::remove_file(&path) {
-                        Ok(()) => {}
+                    stale => match std::fs::remove_file(&path) {
+                        Ok(()) => eprintln!(
+                            "{}: taking over the lock of {}, which is no longer running",
+                            dir.display(),
+                            stale.map_or("a process".to_owned(), |pid| format!("pid {pid}"))
+                        ),
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                         Err(e) => {
                             return Err(e).with_context(|| format!("removing {}", path.display()));

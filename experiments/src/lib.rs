@@ -10,6 +10,7 @@ pub mod bench;
 pub mod comparison;
 pub mod dir_lock;
 pub mod exorl;
+pub mod extremes;
 pub mod grid_model;
 pub mod hardware;
 pub mod kinds;

@@ -49,3 +49,15 @@ pub fn as_mpi_rank<T, E: std::fmt::Display>(
     }
     Ok(None)
 }
+
+/// This process's rank as an MPI launcher says in the environment (Open MPI, MPICH, PMIx), read
+/// before MPI starts: `None` outside a launcher of more than one rank. Used to let one process of a
+/// job (rank 0) own the files the job writes.
+pub fn launcher_rank() -> Option<usize> {
+    if !workbench::transport::launched_by_mpirun() {
+        return None;
+    }
+    ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+}

@@ -1,6 +1,6 @@
 //! `ringbench reproduce quick|full`: every table computed afresh into a run directory, then compared
 //! with the committed reference in `results/` (`comparison.md`: one line per table, then what moved);
-//! `--check` fails when a deterministic column moved.
+//! `--check` fails when a deterministic column moved, a row was lost or gained, or a measured cell is not a number.
 
 use crate::comparison::{TableComparison, compare};
 use crate::kinds;
@@ -38,8 +38,9 @@ pub struct ReproduceArgs {
     /// With --into: recompute its tables' rows.
     #[arg(long)]
     pub force: bool,
-    /// Exit with status 1 when a deterministic column differs from the reference (naming the
-    /// table, row and column).
+    /// Exit with status 1 when a table fails its comparison with the reference: a deterministic cell
+    /// that differs, a reference row this run lost or a row it lacks, a measured cell that is NaN,
+    /// infinite or empty where the reference has a number (each named: table, row, column).
     #[arg(long)]
     pub check: bool,
     /// Only these tables (names as in `results/`, comma-separated; default: every one).
@@ -156,6 +157,7 @@ pub fn run(args: &ReproduceArgs) -> Result<()> {
             match (found.has_reference, found.held()) {
                 (false, _) => "no committed reference",
                 (true, true) => "held",
+                (true, false) if found.moved.is_empty() => "FAILED",
                 (true, false) => "MOVED",
             }
         );
@@ -180,7 +182,7 @@ pub fn run(args: &ReproduceArgs) -> Result<()> {
     }
     let details: String = comparisons.iter().map(TableComparison::details).collect();
     if !details.is_empty() {
-        md += "\n## What moved\n\n";
+        md += "\n## What moved, or failed\n\n";
         md += &details;
     }
     md += &format!(
@@ -189,27 +191,21 @@ pub fn run(args: &ReproduceArgs) -> Result<()> {
     );
     write_whole(&out.join("comparison.md"), md.as_bytes())?;
     println!("wrote {}", out.join("comparison.md").display());
-    let moved: Vec<String> = comparisons
+    let failures: Vec<String> = comparisons
         .iter()
-        .flat_map(|c| {
-            c.moved.iter().map(move |m| {
-                format!(
-                    "{}: row {}: column {}: reference {} -> this run {} ({})",
-                    c.name, m.row, m.column, m.reference, m.run, m.how
-                )
-            })
-        })
+        .flat_map(TableComparison::failures)
         .collect();
-    if args.check && !moved.is_empty() {
-        for line in moved.iter().take(20) {
+    if args.check && !failures.is_empty() {
+        for line in failures.iter().take(20) {
             eprintln!("{line}");
         }
-        if moved.len() > 20 {
-            eprintln!("... and {} more", moved.len() - 20);
+        if failures.len() > 20 {
+            eprintln!("... and {} more", failures.len() - 20);
         }
         bail!(
-            "reproduce --check: {} deterministic cell(s) differ from {} (listed above and in {})",
-            moved.len(),
+            "reproduce --check: {} check(s) failed against {}: rows lost or unknown, deterministic \
+             cells that differ, measured cells that are not numbers (listed above and in {})",
+            failures.len(),
             args.reference.display(),
             out.join("comparison.md").display()
         );

@@ -4,6 +4,8 @@
 //! arrived; that block left rank r − 1 (clockwise) when r − 1 started step s, and takes
 //! latency + bytes / bandwidth to cross the link.
 
+use crate::extremes::largest;
+
 /// The outcome of one simulated pass.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Simulation {
@@ -31,18 +33,20 @@ pub fn simulate(compute: &[Vec<f64>], link_seconds: f64) -> Simulation {
             start = (0..n)
                 .map(|r| {
                     let prev = (r + n - 1) % n;
-                    end[r].max(start[prev] + link_seconds)
+                    let arrival = start[prev] + link_seconds;
+                    largest([end[r], arrival]).unwrap_or(arrival)
                 })
                 .collect();
         }
     }
-    let makespan = end.iter().copied().fold(0.0, f64::max);
+    // A NaN compute time makes a NaN makespan, never a finite one that leaves it out.
+    let makespan = largest(end.iter().copied()).unwrap_or(0.0);
     let totals: Vec<f64> = compute.iter().map(|c| c.iter().sum()).collect();
-    let busiest = totals.iter().copied().fold(0.0, f64::max);
+    let busiest = largest(totals.iter().copied()).unwrap_or(0.0);
     Simulation {
         makespan,
-        exposed_comm: (makespan - busiest).max(0.0),
-        overlap_efficiency: if makespan > 0.0 {
+        exposed_comm: largest([makespan - busiest, 0.0]).unwrap_or(0.0),
+        overlap_efficiency: if makespan > 0.0 || makespan.is_nan() {
             busiest / makespan
         } else {
             1.0
@@ -54,6 +58,16 @@ pub fn simulate(compute: &[Vec<f64>], link_seconds: f64) -> Simulation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nan_compute_time_makes_a_nan_makespan() {
+        let mut work = vec![vec![1.0; 4]; 4];
+        work[2][1] = f64::NAN;
+        let sim = simulate(&work, 0.5);
+        assert!(sim.makespan.is_nan(), "{sim:?}");
+        assert!(sim.overlap_efficiency.is_nan(), "{sim:?}");
+        assert!(sim.exposed_comm.is_nan(), "{sim:?}");
+    }
 
     #[test]
     fn hidden_and_exposed_communication() {

@@ -3,8 +3,7 @@
 mod common;
 
 use common::{
-    ENDS_BEFORE_TIMEOUT, PEER_TIMEOUT_S, attn_on_fixture, backward_fault_args, fixture, ringbench,
-    temp_dir,
+    ENDS_BEFORE_TIMEOUT, STRIKES, attn_on_fixture, fixture, ringbench, temp_dir, tiny_train_spec,
 };
 use experiments::npy;
 use std::path::Path;
@@ -63,7 +62,7 @@ fn bad_input_is_one_clear_line() {
     let f = |n: &str| fixture(n).to_string_lossy().into_owned();
     let out = temp_dir("bad");
     let o = out.to_string_lossy().into_owned();
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         (
             &[
                 "--q",
@@ -147,12 +146,36 @@ fn bad_input_is_one_clear_line() {
                 "2",
                 "--fail-rank",
                 "5",
+                "--fail-phase",
+                "fwd",
                 "--fail-step",
                 "0",
                 "--out",
                 &o,
             ],
             "fault injected at rank 5, but the job has ranks 0 to 1",
+        ),
+        (
+            &[
+                "--q",
+                &f("q.npy"),
+                "--k",
+                &f("k.npy"),
+                "--v",
+                &f("v.npy"),
+                "--ranks",
+                "2",
+                "--fail-rank",
+                "1",
+                "--fail-phase",
+                "fwd",
+                "--fail-step",
+                "1",
+                "--out",
+                &o,
+            ],
+            "fault injected at forward exchange 1 of rank 1, but each rank makes 1 forward \
+             exchange(s) in this job (0 to 0)",
         ),
         (
             &[
@@ -233,41 +256,12 @@ fn train_eval_and_checkpoint_errors() {
     let dir = temp_dir("train");
     std::fs::create_dir_all(&dir).unwrap();
     let ckpt = dir.join("ckpt");
-    let spec = format!(
-        r#"
-[model]
-d_model = 32
-layers = 1
-heads = 2
-kv_heads = 1
-ffn_multiple_of = 16
-rope_theta = 10000.0
-ffn_chunk = 64
-
-[ring]
-ranks = 2
-strategy = "striped"
-forward = "ccw"
-backward = "q"
-kernel = "fused"
-
-[train]
-steps = 3
-batch = 2
-lr = 1e-3
-warmup_steps = 1
-min_lr_ratio = 0.1
-weight_decay = 0.0
-seed = 1
-min_lines = 2
-num_lines = 3
-checksum_every = 1
-out = "{}"
-stop_loss = 0.0
-max_minutes = 0.0
-"#,
-        ckpt.display()
+    // The tiny run on another ring: striped, counter-clockwise, the q backward.
+    let spec = tiny_train_spec(&ckpt, 3).replace(
+        "strategy = \"zigzag\"\nforward = \"cw\"\nbackward = \"kv\"",
+        "strategy = \"striped\"\nforward = \"ccw\"\nbackward = \"q\"",
     );
+    assert!(spec.contains("backward = \"q\""));
     let spec_path = dir.join("spec.toml");
     std::fs::write(&spec_path, &spec).unwrap();
     let s = |p: &Path| p.to_string_lossy().into_owned();
@@ -281,14 +275,15 @@ max_minutes = 0.0
     assert_eq!(metrics.lines().count(), 4, "header and 3 steps: {metrics}");
 
     // A curriculum stage starts from that checkpoint; a missing one, or one of another shape, is one line.
-    for (init, message) in [
-        (s(&ckpt), None),
+    for (stage, init, message) in [
+        ("stage2", s(&ckpt), None),
         (
+            "stage3",
             s(&dir.join("nowhere")),
             Some("no such checkpoint directory"),
         ),
     ] {
-        let staged = spec.replace(&s(&ckpt), &s(&dir.join("stage2"))).replace(
+        let staged = spec.replace(&s(&ckpt), &s(&dir.join(stage))).replace(
             "stop_loss = 0.0",
             &format!("init = \"{init}\"\nstop_loss = 0.0"),
         );
@@ -402,7 +397,7 @@ max_minutes = 0.0
     );
 
     // An unknown key in the spec names the key and the line.
-    std::fs::write(&spec_path, spec.replace("seed = 1", "seed = 1\nsead = 2")).unwrap();
+    std::fs::write(&spec_path, spec.replace("seed = 7", "seed = 7\nsead = 2")).unwrap();
     let out = ringbench(&["train", "--config", &s(&spec_path)]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
@@ -413,52 +408,31 @@ max_minutes = 0.0
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A rank failing at an exchange of each phase and backward scheme (the covering rows of
+/// [`STRIKES`]: the first, a middle and the last exchange, every rank) ends the job with one line
+/// naming the rank, the phase and the exchange, long before the peers' timeout, and writes nothing.
 #[test]
-fn a_failing_rank_stops_the_job_naming_it() {
-    let out = temp_dir("fault");
-    let start = std::time::Instant::now();
-    let o = out.to_string_lossy();
-    let output = ringbench(&attn_on_fixture(
-        true,
-        &[
-            "--ranks",
-            "4",
-            "--fail-rank",
-            "2",
-            "--fail-step",
-            "1",
-            "--timeout",
-            &PEER_TIMEOUT_S.to_string(),
-            "--out",
-            &o,
-        ],
-    ));
-    assert!(start.elapsed() < ENDS_BEFORE_TIMEOUT, "the peers timed out");
-    assert_eq!(output.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("rank 2 failed: injected fault at its ring exchange 1"),
-        "{stderr}"
-    );
-}
-
-#[test]
-fn a_rank_failing_in_the_backward_ends_the_job_and_writes_nothing() {
-    let dir = temp_dir("fault-backward");
-    let out = dir.join("out");
-    let o = out.to_string_lossy();
-    let start = std::time::Instant::now();
-    let output = ringbench(&backward_fault_args(&o));
-    let elapsed = start.elapsed();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("rank 1 failed: injected fault at its ring exchange 4"),
-        "{stderr}"
-    );
-    // The failed rank tells its peers at once: they do not wait out their timeout.
-    assert!(elapsed < ENDS_BEFORE_TIMEOUT, "took {elapsed:?}");
-    assert!(!out.join("dq.npy").exists() && !out.join("out.npy").exists());
+fn a_failing_rank_stops_the_job_naming_it_and_writes_nothing() {
+    let dir = temp_dir("fault");
+    for strike in STRIKES {
+        let out = dir.join(format!(
+            "{}-{}-{}",
+            strike.phase, strike.scheme, strike.step
+        ));
+        let start = std::time::Instant::now();
+        let output = ringbench(&strike.args(&out.to_string_lossy()));
+        let elapsed = start.elapsed();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{strike:?}: {stderr}");
+        assert!(stderr.contains(&strike.says()), "{strike:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{strike:?}: {stderr}");
+        // The failed rank tells its peers at once: they do not wait out their timeout.
+        assert!(
+            elapsed < ENDS_BEFORE_TIMEOUT,
+            "{strike:?}: took {elapsed:?}"
+        );
+        assert!(!out.exists(), "{strike:?}: nothing written");
+    }
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -1,5 +1,7 @@
 //! The experiment runner: the paper-analog tables' acceptance numbers, resuming, and malformed specs.
 
+mod common;
+
 use experiments::hardware::PROFILES;
 use experiments::runner::run;
 use std::path::{Path, PathBuf};
@@ -706,6 +708,27 @@ fn reproduce_check_holds_against_the_committed_tables_and_names_an_altered_value
         1,
         "only the altered cell moved: {stderr}"
     );
+    // The same copy with the first row of `overlap` deleted instead: this run makes a row the
+    // reference lacks, which fails the check by itself.
+    std::fs::write(&altered, text).unwrap();
+    let lost = reference.join("overlap/results.csv");
+    let text = std::fs::read_to_string(&lost).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.remove(1);
+    std::fs::write(&lost, lines.join("\n") + "\n").unwrap();
+    let out = reproduce(&root.join("run3"), &reference);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("overlap: row "), "{stderr}");
+    assert!(stderr.contains(": not in the reference"), "{stderr}");
+    assert_eq!(stderr.matches("overlap: row ").count(), 1, "{stderr}");
+    let comparison = std::fs::read_to_string(root.join("run3/comparison.md")).unwrap();
+    assert!(
+        comparison.contains("- **overlap**: FAILED")
+            && comparison.contains("1 row(s) the reference lacks")
+            && comparison.contains("Rows of this run the reference lacks (1)"),
+        "{comparison}"
+    );
     std::fs::remove_dir_all(root).unwrap();
 }
 
@@ -765,36 +788,16 @@ fn a_run_killed_while_it_writes_resumes_to_the_same_table() {
     std::fs::remove_dir_all(root).unwrap();
 }
 
+/// A directory whose lock a live process holds (a `sleep` the test starts, so that it is still
+/// running when `ringbench run` looks) is refused in one line naming that process; once the holder
+/// is gone, the next run takes the stale lock over, says so, and computes.
 #[test]
 fn a_second_run_into_the_same_directory_is_refused_with_one_line() {
     let root = temp("concurrent");
     let spec = root.join("many.toml");
     std::fs::write(&spec, MANY_POINTS).unwrap();
-    let lock = root.join("many").join(experiments::dir_lock::LOCK_FILE);
-    let mut first = run_command(&spec, &root).spawn().unwrap();
-    let started = std::time::Instant::now();
-    while !lock.exists() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(300),
-            "the first run never took its lock"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    let second = run_command(&spec, &root).output().unwrap();
-    let finished_first = first.try_wait().unwrap().is_some();
-    first.kill().ok();
-    first.wait().unwrap();
-    let stderr = String::from_utf8_lossy(&second.stderr);
-    if finished_first {
-        // The first run ended before the second looked: nothing to refuse (not seen on 2 cores).
-        return;
-    }
-    assert_eq!(second.status.code(), Some(1), "{stderr}");
-    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
-    assert!(
-        stderr.contains(&format!("another ringbench run (pid {})", first.id())),
-        "{stderr}"
-    );
+    let written = root.join("many/results.csv");
+    common::holds_one_writer(&root.join("many"), || run_command(&spec, &root), &written);
     std::fs::remove_dir_all(root).unwrap();
 }
 
@@ -850,4 +853,56 @@ fn every_column_of_the_committed_quick_tables_is_a_key_or_declared() {
         );
         assert!(found.held(), "{quick} against itself: {}", found.summary());
     }
+}
+
+/// A committed table with measured columns (`ablation_quick`: seconds and rates) against itself
+/// altered three ways, without computing anything: a measured cell that is NaN, infinite or empty
+/// where the reference has a number fails the check (a ratio of it says nothing), and so does a
+/// reference row the run lost and a row the reference lacks; each is named.
+#[test]
+fn a_lost_row_a_gained_row_and_a_measured_cell_that_is_not_a_number_fail_the_check() {
+    use experiments::comparison::compare;
+    use experiments::results::Table;
+    let name = "ablation_quick";
+    let spec =
+        experiments::spec::SpecText::load(&workspace().join(format!("experiments/{name}.toml")))
+            .unwrap();
+    let kind = experiments::kinds::by_name(&spec.kind).unwrap();
+    let reference =
+        Table::read(&workspace().join("results").join(name).join("results.csv")).unwrap();
+    assert!(compare(kind, name, &reference, &reference).held());
+    let measured = "fwd_seconds";
+    assert!(
+        kind.card()
+            .columns
+            .iter()
+            .any(|c| c.name == measured && c.check == experiments::kinds::Check::Measured),
+        "{measured} is a measured column of {name}"
+    );
+    for bad in ["NaN", "inf", ""] {
+        let mut ours = reference.clone();
+        let row = &mut ours.rows[2].0;
+        row.iter_mut().find(|(c, _)| c == measured).unwrap().1 = bad.into();
+        let found = compare(kind, name, &reference, &ours);
+        assert!(!found.held(), "{bad:?}: {}", found.summary());
+        assert_eq!(found.broken.len(), 1, "{bad:?}");
+        let failures = found.failures();
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(
+            failures[0].contains(&format!("column {measured}"))
+                && failures[0].contains("not a finite number"),
+            "{failures:?}"
+        );
+        assert!(found.summary().contains("FAILED"), "{}", found.summary());
+    }
+    let mut lost = reference.clone();
+    lost.rows.remove(0);
+    let found = compare(kind, name, &reference, &lost);
+    assert!(!found.held());
+    assert_eq!(found.only_there.len(), 1);
+    assert!(found.failures()[0].contains("missing from this run"));
+    let found = compare(kind, name, &lost, &reference);
+    assert!(!found.held());
+    assert_eq!(found.only_here.len(), 1);
+    assert!(found.failures()[0].contains("not in the reference"));
 }

@@ -32,8 +32,23 @@ pub const F32_UNIT_ROUNDOFF: f64 = 5.960_464_477_539_063e-8;
 /// score's 16 and the keys' 128. exp and log add a few u each. So ≈ (16 + 128 + 16 + 8)·u ≈ 1.0e-5 of
 /// the terms' magnitudes, which for these inputs (uniform in [−2, 2]; p ≥ 0 summing to 1) is the
 /// order of each tensor's largest value; the gradients' terms ds = p·(dp − δ) partly cancel, which
-/// uniform inputs keep mild. Measured errors are ~20× below it.
+/// uniform inputs keep mild. Measured errors are ~20× below it. The derivation covers tiles of at
+/// most 128 keys and 8 ring steps; a run with longer tiles is held to [`f32_attention_bound`].
 pub const F32_ATTENTION: f64 = 1e-5;
+
+/// The narrowest sub-tile of keys any kernel merges as one partial (the fused device kernel's 32).
+const NARROWEST_SUB_TILE: usize = 32;
+
+/// [`F32_ATTENTION`]'s derivation for a run whose tiles hold up to `tile_len` keys (or queries: a
+/// shard's length) over `ring_steps` steps: a score's [`HEAD_DIM`] products, a chain of `tile_len`
+/// terms (softmax sums, p·V, dK/dV), dP's [`HEAD_DIM`], and one merged partial per sub-tile and per
+/// ring step, each term rounded by at most u ([`F32_UNIT_ROUNDOFF`]); never below the project's
+/// standard 1e-5, which is what it gives for tiles of 128.
+pub fn f32_attention_bound(tile_len: usize, ring_steps: usize) -> f64 {
+    let merges = tile_len.div_ceil(NARROWEST_SUB_TILE) + ring_steps;
+    let chain = 2 * HEAD_DIM + tile_len + merges;
+    (chain as f64 * F32_UNIT_ROUNDOFF).max(F32_ATTENTION)
+}
 
 /// Sequences per batch of every case.
 pub const BATCH: usize = 2;

@@ -4,7 +4,7 @@
 use burn::backend::{Autodiff, Flex};
 use ringbench_tests::{
     BATCH, Case, F32_ATTENTION, F32_UNIT_ROUNDOFF, HEAD_DIM, assert_within, case_with, deviations,
-    job, ran_every_pass, rel_err, run_case,
+    f32_attention_bound, job, ran_every_pass, rel_err, run_case,
 };
 use strategies::{by_name, names};
 use workbench::block::BlockKind;
@@ -429,6 +429,7 @@ fn a_poisoned_tile_fails_the_table() {
         let mut poisoned = job(&c, "zigzag", 4, config);
         poisoned.fault = Some(Fault {
             rank: 1,
+            phase: workbench::transport::Phase::Forward,
             step: 0,
             kind: FaultKind::PoisonTile,
         });
@@ -593,7 +594,8 @@ fn cross_document_tiles_are_skipped_and_counted() {
 
 /// Lengths that span several fused sub-tiles in both directions (128 rows × 128 keys), so that the
 /// sub-tile skipping, partial masks and online-softmax rescaling across sub-tiles are exercised: every
-/// backward scheme and both directions, zig-zag on 4 ranks, and a softmax scale other than the default.
+/// backward scheme and both directions, zig-zag on 4 ranks, and a softmax scale other than the default;
+/// each within the f32 bound of its tiles' length ([`f32_attention_bound`]: 4.1e-5 for 640 keys).
 #[test]
 fn fused_kernel_across_sub_tiles() {
     let cases: [(usize, &str, usize, Direction, f64); 5] = [
@@ -623,7 +625,9 @@ fn fused_kernel_across_sub_tiles() {
                         "S={seq} causal={causal} {strategy} N={ranks} {forward} {backward} {kernel} scale={scale}"
                     );
                     let result = run(&c, strategy, ranks, config).unwrap();
-                    assert_within(&result, &c.want, TOLERANCE, &label);
+                    // Tiles of S/N keys, longer than F32_ATTENTION's derivation covers.
+                    let bound = f32_attention_bound(seq / ranks, ranks);
+                    assert_within(&result, &c.want, bound, &label);
                 }
             }
         }

@@ -58,12 +58,14 @@ pub enum TransportError {
         /// Why.
         why: String,
     },
-    /// A failure injected for tests (`--fail-rank R --fail-step S`).
-    #[error("rank {rank} failed: injected fault at its ring exchange {step}")]
+    /// A failure injected for tests (`--fail-rank R --fail-phase P --fail-step K`).
+    #[error("rank {rank} failed: injected fault at its {phase} exchange {step}")]
     Injected {
         /// The failing rank.
         rank: usize,
-        /// Its ring exchange, counted from 0.
+        /// The phase: `forward`, `backward` or `all-to-all`.
+        phase: &'static str,
+        /// Its exchange of that phase, counted from 0.
         step: usize,
     },
     /// A rank failed on its own (it panicked, or its transport reported an error).
@@ -224,6 +226,22 @@ pub enum RingError {
         rank: usize,
         /// The job's rank count.
         ranks: usize,
+    },
+    /// An injected fault aimed past the last exchange its phase has in the job.
+    #[error(
+        "fault injected at {phase} exchange {step} of rank {rank}, but each rank makes {exchanges} \
+         {phase} exchange(s) in this job{}",
+        if *exchanges == 0 { String::new() } else { format!(" (0 to {})", exchanges - 1) }
+    )]
+    FaultStep {
+        /// The rank named.
+        rank: usize,
+        /// The phase: `forward`, `backward` or `all-to-all`.
+        phase: &'static str,
+        /// The exchange named.
+        step: usize,
+        /// The exchanges a rank makes in that phase.
+        exchanges: usize,
     },
     /// A name outside a fixed set (direction, scheme, kernel).
     #[error("unknown {what} '{got}'; expected one of: {expected}")]

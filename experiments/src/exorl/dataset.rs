@@ -2,6 +2,7 @@
 //! observation normalizer, chains of trajectories as token rows, and training batches.
 
 use super::spec::ConfigSection;
+use crate::extremes::largest;
 use anyhow::{Result, ensure};
 use datasets::SplitMix64;
 use datasets::exorl::{Episode, episode_files, read_episode};
@@ -83,7 +84,7 @@ impl Dataset {
             .zip(&sq)
             .map(|(m, s)| (s - m * m).max(0.0).sqrt().max(1e-3) as f32)
             .collect();
-        let best = trajectories.iter().map(|t| t.total).fold(0.0, f64::max);
+        let best = largest(trajectories.iter().map(|t| t.total)).unwrap_or(0.0);
         Ok(Self {
             trajectories,
             mean: mean.iter().map(|&m| m as f32).collect(),
@@ -166,7 +167,7 @@ pub fn batch_for(
     };
     for _ in 0..batch {
         let chain = data.chain(config.k, &mut rng);
-        let best = chain.iter().map(|t| t.total).fold(0.0, f64::max);
+        let best = largest(chain.iter().map(|t| t.total)).unwrap_or(0.0);
         let (rows, targets, weights) = chain_rows(cfg, data, &chain, config.target(best));
         let pad = len - weights.len();
         out.features.extend(rows);

@@ -6,6 +6,7 @@ use super::collect_task;
 use super::dataset::{Dataset, batch_for, chain_rows};
 use super::spec::{ConfigSection, ExorlSpec, TaskSection};
 use crate::alloc;
+use crate::extremes::{largest, smallest};
 use crate::results::{Record, Table};
 use crate::units::MIB;
 use anyhow::{Context, Result, bail};
@@ -172,8 +173,9 @@ pub fn prepare_task(spec: &ExorlSpec, task: &TaskSection) -> Result<PreparedTask
             .map(|p| Ok(read_episode(p)?.total_return()))
             .collect::<Result<_>>()?;
         let (mean, _) = mean_std(&returns);
-        let min = returns.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = returns.iter().copied().fold(0.0, f64::max);
+        // NaN-aware, and a task whose returns are all negative keeps its negative maximum.
+        let min = smallest(returns.iter().copied()).unwrap_or(f64::NAN);
+        let max = largest(returns.iter().copied()).unwrap_or(f64::NAN);
         data_rows.push(Record::of(&DataRow {
             task: &task.name,
             algo: policy.name(),

@@ -55,11 +55,21 @@ pub fn load_checkpoint<B: Backend>(
             config.vocab
         );
     }
-    let file = dir.join("model.mpk");
+    let model = load_model_file::<B>(&dir.join("model.mpk"), &config, device)?;
+    Ok((model, config, tokenizer))
+}
+
+/// The weights in `file` (Burn's named MessagePack) as a model of `config` on `device`; an error
+/// naming the file when they do not fit it (another architecture, a parameter of another shape).
+pub fn load_model_file<B: Backend>(
+    file: &Path,
+    config: &LlamaConfig,
+    device: &B::Device,
+) -> Result<Llama<B>> {
     let fresh = config.init::<B>(device);
     let expected = param_shapes(&fresh);
     let model = fresh
-        .load_file(dir.join("model"), &recorder(), device)
+        .load_file(file.with_extension(""), &recorder(), device)
         .map_err(|e| {
             anyhow::anyhow!(
                 "{}: checkpoint does not match config.json: {e}",
@@ -82,7 +92,7 @@ pub fn load_checkpoint<B: Backend>(
             expected.len()
         );
     }
-    Ok((model, config, tokenizer))
+    Ok(model)
 }
 
 /// `config.json`; a field added to [`LlamaConfig`] after the checkpoint was written takes its

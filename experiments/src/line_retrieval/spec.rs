@@ -108,8 +108,14 @@ pub struct LineTrainSection {
     pub init: Option<PathBuf>,
     /// Stop early once the loss averaged over the last 50 steps is below this (0: never).
     pub stop_loss: f64,
-    /// Wall-clock limit in minutes (0: none).
+    /// Wall-clock limit of one sitting, in minutes (0: none): the run saves a resumable checkpoint
+    /// and stops; the same command resumes it.
     pub max_minutes: f64,
+    /// Save a resumable checkpoint every this many steps (at least 1). Absent: once a minute has
+    /// passed since the last save, or 50 times the last save's own duration if longer (a save then
+    /// costs at most 2% of the run's time). A run also saves at its last step and when it stops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every: Option<usize>,
 }
 
 /// The optimizer and schedule of a line-retrieval training run, whichever spec section set them.
@@ -156,6 +162,17 @@ impl Schedule {
 }
 
 impl LineTrainSection {
+    /// `checkpoint_every`, refused when 0.
+    pub fn checkpoint_every(&self) -> Result<Option<usize>> {
+        if self.checkpoint_every == Some(0) {
+            bail!(
+                "train.checkpoint_every = 0: save every K >= 1 steps, or leave it out to save about \
+                 once a minute"
+            );
+        }
+        Ok(self.checkpoint_every)
+    }
+
     /// Its optimizer and schedule.
     pub fn schedule(&self) -> Schedule {
         Schedule {

@@ -57,22 +57,194 @@ pub fn attn_on_fixture(with_grad: bool, extra: &[&str]) -> Vec<String> {
     args
 }
 
-/// `ringbench attn` on the fixture with dO, 4 ranks, rank 1 failing at ring exchange 4 and output to
-/// `out`. 4 ranks make 3 forward exchanges (0–2), so exchange 4 is inside the backward.
-pub fn backward_fault_args(out: &str) -> Vec<String> {
-    attn_on_fixture(
-        true,
-        &[
-            "--ranks",
-            "4",
-            "--fail-rank",
-            "1",
-            "--fail-step",
-            "4",
-            "--timeout",
-            &PEER_TIMEOUT_S.to_string(),
-            "--out",
-            out,
-        ],
+/// A fault the command-line tests strike, on in-process ranks and on MPI processes alike: the
+/// fixture with its dO on 4 ranks (not causal, so every pass is whole: 3 forward exchanges and
+/// 3 + 4 backward ones a rank; on a 2 × 2 grid, 5 + 4 all-to-alls of 1 exchange each).
+#[derive(Debug, Clone, Copy)]
+pub struct Strike {
+    /// The failing rank.
+    pub rank: usize,
+    /// `--fail-phase`.
+    pub phase: &'static str,
+    /// Its name in the error message.
+    pub phase_name: &'static str,
+    /// `--backward`.
+    pub scheme: &'static str,
+    /// `--ulysses`.
+    pub ulysses: usize,
+    /// `--fail-step`.
+    pub step: usize,
+}
+
+/// Each phase and backward scheme, at its first, a middle or its last exchange, on every rank.
+pub const STRIKES: [Strike; 7] = [
+    Strike {
+        rank: 0,
+        phase: "fwd",
+        phase_name: "forward",
+        scheme: "kv",
+        ulysses: 1,
+        step: 0,
+    },
+    Strike {
+        rank: 3,
+        phase: "fwd",
+        phase_name: "forward",
+        scheme: "q",
+        ulysses: 1,
+        step: 2,
+    },
+    Strike {
+        rank: 1,
+        phase: "bwd",
+        phase_name: "backward",
+        scheme: "kv",
+        ulysses: 1,
+        step: 3,
+    },
+    Strike {
+        rank: 2,
+        phase: "bwd",
+        phase_name: "backward",
+        scheme: "kv-reverse",
+        ulysses: 1,
+        step: 6,
+    },
+    Strike {
+        rank: 3,
+        phase: "bwd",
+        phase_name: "backward",
+        scheme: "q",
+        ulysses: 1,
+        step: 0,
+    },
+    Strike {
+        rank: 1,
+        phase: "all-to-all",
+        phase_name: "all-to-all",
+        scheme: "kv",
+        ulysses: 2,
+        step: 8,
+    },
+    Strike {
+        rank: 2,
+        phase: "all-to-all",
+        phase_name: "all-to-all",
+        scheme: "q",
+        ulysses: 2,
+        step: 0,
+    },
+];
+
+impl Strike {
+    /// `ringbench attn` on the fixture with dO, 4 ranks, this fault, output to `out`.
+    pub fn args(&self, out: &str) -> Vec<String> {
+        attn_on_fixture(
+            true,
+            &[
+                "--ranks",
+                "4",
+                "--ulysses",
+                &self.ulysses.to_string(),
+                "--backward",
+                self.scheme,
+                "--fail-rank",
+                &self.rank.to_string(),
+                "--fail-phase",
+                self.phase,
+                "--fail-step",
+                &self.step.to_string(),
+                "--timeout",
+                &PEER_TIMEOUT_S.to_string(),
+                "--out",
+                out,
+            ],
+        )
+    }
+
+    /// What the failing rank says.
+    pub fn says(&self) -> String {
+        format!(
+            "rank {} failed: injected fault at its {} exchange {}",
+            self.rank, self.phase_name, self.step
+        )
+    }
+}
+
+/// One writer per directory, for a command that writes into `dir` (its `run()` makes a fresh
+/// command each call, and `written` is a file it writes): while a live process (a `sleep` this test
+/// owns) holds `dir`'s lock, the command is refused in one line naming that process and writes
+/// nothing; once the holder is gone, the command takes its stale lock over, says so, runs, and
+/// removes its lock when it ends.
+pub fn holds_one_writer(dir: &Path, run: impl Fn() -> Command, written: &Path) {
+    let mut holder = Command::new("sleep").arg("600").spawn().expect("sleep");
+    std::fs::create_dir_all(dir).unwrap();
+    let lock = dir.join(experiments::dir_lock::LOCK_FILE);
+    std::fs::write(&lock, holder.id().to_string()).unwrap();
+    let refused = run().output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("another ringbench run (pid {})", holder.id())),
+        "{stderr}"
+    );
+    assert!(!written.exists(), "nothing written");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let taken = run().output().unwrap();
+    let stderr = String::from_utf8_lossy(&taken.stderr);
+    assert!(taken.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "taking over the lock of pid {}, which is no longer running",
+            holder.id()
+        )),
+        "{stderr}"
+    );
+    assert!(written.exists());
+    assert!(!lock.exists(), "the run removed its lock when it ended");
+}
+
+/// A training spec small enough for a test (a 1-layer model of width 32 on 2 zig-zag ranks, `steps`
+/// steps of 2 prompts of 2–3 lines, one resumable checkpoint every 3 steps) writing into `out`.
+pub fn tiny_train_spec(out: &Path, steps: usize) -> String {
+    format!(
+        r#"
+[model]
+d_model = 32
+layers = 1
+heads = 2
+kv_heads = 1
+ffn_multiple_of = 16
+rope_theta = 10000.0
+ffn_chunk = 64
+
+[ring]
+ranks = 2
+strategy = "zigzag"
+forward = "cw"
+backward = "kv"
+kernel = "fused"
+
+[train]
+steps = {steps}
+batch = 2
+lr = 1e-3
+warmup_steps = 2
+min_lr_ratio = 0.1
+weight_decay = 0.01
+grad_clip = 1.0
+seed = 7
+lm_weight = 0.1
+min_lines = 2
+num_lines = 3
+checksum_every = 4
+out = "{}"
+stop_loss = 0.0
+max_minutes = 0.0
+checkpoint_every = 3
+"#,
+        out.display()
     )
 }

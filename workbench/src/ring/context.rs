@@ -446,7 +446,8 @@ where
 /// Every rank's query windows, `[rank][local query]`.
 pub type Windows = Arc<Vec<Vec<Window>>>;
 
-fn all_windows(layout: &Layout, sequence: &Sequence, mask: Mask) -> Vec<Vec<Window>> {
+/// Every rank's query windows of `layout` over `sequence` under `mask`.
+pub(crate) fn all_windows(layout: &Layout, sequence: &Sequence, mask: Mask) -> Vec<Vec<Window>> {
     layout
         .positions
         .iter()

@@ -9,7 +9,7 @@ use crate::dtype::{Dtype, Precision};
 use crate::error::RingError;
 use crate::host::{self, HostRead};
 use crate::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM};
-use crate::kernels::mask::Visibility;
+use crate::kernels::mask::{Visibility, Window};
 use crate::kernels::{
     BackwardTile, ForwardTile, Keys, Queries, Scores, TileDims, TileKernel, Travelling, WithKernel,
     with_kernel,
@@ -243,15 +243,16 @@ fn shards<B: HostRead, K: TileKernel<B>>(
 
 /// How many steps a pass in `direction` needs: one past the last step at which some rank's tile is
 /// visible (its queries' `windows` against the keys it holds then, or, when the queries travel, the
-/// held queries against its keys). Every rank computes the same from the layout, so every rank
-/// stops at the same step; a sliding window or short packed documents stop the ring early.
+/// held queries against its keys). Every rank computes the same from the layout (`positions`, one
+/// list a rank), so every rank stops at the same step; a sliding window or short packed documents
+/// stop the ring early.
 pub(crate) fn steps_needed(
-    ctx: &RingContext,
-    windows: &Windows,
+    positions: &[Vec<usize>],
+    windows: &[Vec<Window>],
     direction: Direction,
     travelling: Travelling,
 ) -> usize {
-    let world = ctx.world();
+    let world = positions.len();
     let sees = |step: usize| {
         (0..world).any(|rank| {
             let owner = direction.owner(rank, step, world);
@@ -259,13 +260,37 @@ pub(crate) fn steps_needed(
                 Travelling::Queries => (owner, rank),
                 Travelling::Keys => (rank, owner),
             };
-            Visibility::of(&windows[q_rank], ctx.positions(k_rank)) != Visibility::None
+            Visibility::of(&windows[q_rank], &positions[k_rank]) != Visibility::None
         })
     };
     (0..world)
         .rev()
         .find(|&s| sees(s))
         .map_or(1, |last| last + 1)
+}
+
+/// The exchanges one rank makes in a [`ring_pass`] of `steps` steps: the cargo's `steps − 1` hops
+/// and, with a travelling accumulator, its hop after every step but the last and its hop home
+/// after the last (none when the pass is one step: it never left).
+pub(crate) fn pass_exchanges(steps: usize, accumulator: bool) -> usize {
+    let hops = steps.saturating_sub(1);
+    if accumulator && steps > 1 {
+        2 * hops + 1
+    } else {
+        hops
+    }
+}
+
+/// Which way the backward pass goes under `scheme` after a forward in `forward`, and what travels.
+pub(crate) fn backward_route(
+    scheme: BackwardScheme,
+    forward: Direction,
+) -> (Direction, Travelling) {
+    match scheme {
+        BackwardScheme::Kv => (forward, Travelling::Keys),
+        BackwardScheme::KvReverse => (forward.reversed(), Travelling::Keys),
+        BackwardScheme::Q => (forward, Travelling::Queries),
+    }
 }
 
 /// Ring forward on one rank: this rank's output `[b, h, t, d]`, log-sum-exp `[b, h, t]`, and what
@@ -345,7 +370,12 @@ impl<B: HostRead> WithKernel<B> for Forward<'_, B> {
             prepared: &shards[rank],
         };
         let mut state = kernel.forward_start(&q_block, kv_heads, queries, how, parallel_units(ctx));
-        let steps = steps_needed(ctx, &windows, ctx.config.forward, Travelling::Keys);
+        let steps = steps_needed(
+            &ctx.layout.positions,
+            &windows,
+            ctx.config.forward,
+            Travelling::Keys,
+        );
         let (k, v) = (
             operand(kernel.operand(BlockKind::K, k)),
             operand(kernel.operand(BlockKind::V, v)),
@@ -538,11 +568,7 @@ impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
         let (q_shape, kv_shape) = (q.shape.clone(), k.shape.clone());
 
         // The scheme decides what travels and in which direction.
-        let (direction, travelling) = match ctx.config.backward {
-            BackwardScheme::Kv => (ctx.config.forward, Travelling::Keys),
-            BackwardScheme::KvReverse => (ctx.config.forward.reversed(), Travelling::Keys),
-            BackwardScheme::Q => (ctx.config.forward, Travelling::Queries),
-        };
+        let (direction, travelling) = backward_route(ctx.config.backward, ctx.config.forward);
         let (cargo, accumulator, mut stay) = match travelling {
             Travelling::Queries => (
                 vec![q.clone(), d_out.clone(), lse.clone(), delta.clone()],
@@ -568,7 +594,7 @@ impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
         // Each step's contribution to the travelling accumulator is a fresh block of its size.
         let contribution_bytes: u64 = accumulator.iter().map(Block::bytes).sum();
         let tile_bytes = contribution_bytes + kernel.workspace_bytes(&dims, true);
-        let steps = steps_needed(ctx, &windows, direction, travelling);
+        let steps = steps_needed(&ctx.layout.positions, &windows, direction, travelling);
         let mut world = ctx.comm();
         let mut comm = world.in_group(ctx.group());
         let home = ring_pass::<B>(

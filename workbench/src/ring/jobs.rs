@@ -4,9 +4,13 @@
 
 use crate::error::{RingError, all_or_root_cause};
 use crate::host;
-use crate::ring::context::{RingConfig, RingContext, Sequence, StepEvent};
-use crate::ring::op::{RingBackend, ring_attention_with};
-use crate::transport::{Comm, Link, Traffic, run_ranks_with};
+use crate::kernels::Travelling;
+use crate::ring::context::{RingConfig, RingContext, Sequence, StepEvent, all_windows};
+use crate::ring::engine::{backward_route, pass_exchanges, steps_needed};
+use crate::ring::op::{
+    GRID_BACKWARD_ALL_TO_ALLS, GRID_FORWARD_ALL_TO_ALLS, RingBackend, ring_attention_with,
+};
+use crate::transport::{Comm, Exchanges, Link, Traffic, run_ranks_with};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use std::sync::Arc;
@@ -193,13 +197,62 @@ fn plan_job(job: &AttentionJob) -> Result<Plan, RingError> {
         1 => ring_layout.clone(),
         u => Arc::new(ring_layout.split_ranks(u)?),
     };
-    Ok(Plan {
+    let plan = Plan {
         layout,
         ring_layout,
         sequence,
         dims,
         kv_heads,
-    })
+    };
+    if let Some(fault) = job.fault
+        && fault.strike().is_some()
+    {
+        let exchanges = exchanges_of(job, &plan).of(fault.phase);
+        if fault.step >= exchanges {
+            return Err(RingError::FaultStep {
+                rank: fault.rank,
+                phase: fault.phase.name(),
+                step: fault.step,
+                exchanges,
+            });
+        }
+    }
+    Ok(plan)
+}
+
+/// The exchanges each rank of `job` makes, per phase (every rank makes as many): the forward pass's
+/// cargo hops, the backward pass's cargo and accumulator hops (with dO), each pass as long as the
+/// layout and mask need (a sliding window or short documents stop a pass early), and the Ulysses
+/// all-to-alls, `U − 1` exchanges each. What a fault's exchange is checked against before any rank
+/// starts; a run's traffic counts the same ([`Traffic::exchanges`]).
+pub fn expected_exchanges(job: &AttentionJob) -> Result<Exchanges, RingError> {
+    let mut unfaulted = job.clone();
+    unfaulted.fault = None;
+    let plan = plan_job(&unfaulted)?;
+    Ok(exchanges_of(job, &plan))
+}
+
+fn exchanges_of(job: &AttentionJob, plan: &Plan) -> Exchanges {
+    let config = job.config;
+    let positions = &plan.ring_layout.positions;
+    let windows = all_windows(&plan.ring_layout, &plan.sequence, config.attend().mask());
+    let forward = steps_needed(positions, &windows, config.forward, Travelling::Keys);
+    let backward = job.d_out.map_or(0, |_| {
+        let (direction, travelling) = backward_route(config.backward, config.forward);
+        pass_exchanges(
+            steps_needed(positions, &windows, direction, travelling),
+            true,
+        )
+    });
+    let all_to_alls = match job.ulysses {
+        1 => 0,
+        _ => GRID_FORWARD_ALL_TO_ALLS + job.d_out.map_or(0, |_| GRID_BACKWARD_ALL_TO_ALLS),
+    };
+    Exchanges {
+        forward: pass_exchanges(forward, false),
+        backward,
+        all_to_all: all_to_alls * (job.ulysses - 1),
+    }
 }
 
 /// One rank's part of the job: forward, and with dO the backward, on this rank's shards.
@@ -216,13 +269,10 @@ where
     let moved_before = host::moved_bytes();
     let rank = comm.rank();
     let fault = job.fault.filter(|f| f.rank == rank);
-    if let Some(Fault {
-        step,
-        kind: FaultKind::Fail,
-        ..
-    }) = fault
+    if let Some(fault) = fault
+        && let Some(strike) = fault.strike()
     {
-        comm.inject_fault(step);
+        comm.inject_fault(fault.phase, fault.step, strike);
     }
     let mut ctx = RingContext::grid(comm, plan.ring_layout.clone(), job.config, job.ulysses)?
         .with_sequence(plan.sequence.clone())?;

@@ -242,6 +242,13 @@ pub fn ring_attention_with<B: RingBackend>(
     Ok((wrap(out), wrap(lse)))
 }
 
+/// All-to-alls of one grid attention call's forward ([`grid_attention`]): q, k and v to heads, out
+/// and lse back to tokens; each makes `U − 1` exchanges on a rank of a Ulysses group of `U`.
+pub(crate) const GRID_FORWARD_ALL_TO_ALLS: usize = 5;
+/// All-to-alls of its backward when only the output reaches the loss: dO to heads, dq, dk and dv
+/// back to tokens.
+pub(crate) const GRID_BACKWARD_ALL_TO_ALLS: usize = 4;
+
 /// Ulysses × ring attention (head × context parallelism) of this rank's pieces (`q [b, h, t, d]`,
 /// `k, v [b, hk, t, d]`): to heads, the ring on this rank's heads over whole shards, back to tokens.
 /// `(out [b, h, t, d], lse [b, h, t])`.

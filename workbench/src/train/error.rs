@@ -1,5 +1,5 @@
 //! What can end a training run: a ring or transport failure, drifting replicas, an empty batch, a
-//! non-finite loss or gradient.
+//! non-finite loss or gradient, a run that cannot be saved.
 
 use crate::error::{RingError, TransportError};
 use thiserror::Error;
@@ -41,6 +41,22 @@ pub enum TrainError {
     /// No rank returned the model (no rank ran).
     #[error("training ended without rank 0's model")]
     NoModel,
+    /// A run asked to start past its last step.
+    #[error("a run of {steps} steps cannot start at step {start}")]
+    StartPastEnd {
+        /// The step it was to start at.
+        start: usize,
+        /// Its steps.
+        steps: usize,
+    },
+    /// Rank 0 could not save the run after a step (a full disk, a directory that went away).
+    #[error("saving the run after step {steps_done}: {message}")]
+    Save {
+        /// Steps done when saving failed.
+        steps_done: usize,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 impl TrainError {

@@ -3,14 +3,16 @@
 //! stay identical (checked by a checksum every few steps).
 //!
 //! [`run`] is the loop, [`step`] one step's gradient, [`objective`] what it optimizes and how batches are laid out for a partition,
-//! [`replicas`] how gradients and parameters travel as one flat vector, [`generation`] greedy decoding
-//! with a trained model, [`agentic`] the Agentic Transformer's objective and actions.
+//! [`replicas`] how gradients and parameters travel as one flat vector, [`resume`] where a run starts
+//! and what a resumable run saves, [`generation`] greedy decoding with a trained model, [`agentic`]
+//! the Agentic Transformer's objective and actions.
 
 pub mod agentic;
 mod error;
 pub mod generation;
 pub mod objective;
 pub mod replicas;
+pub mod resume;
 pub mod run;
 pub mod step;
 
@@ -18,6 +20,9 @@ pub use error::TrainError;
 pub use generation::{Decoding, greedy};
 pub use objective::{Example, Objective};
 pub use replicas::{flat_params, with_flat_params};
-pub use run::{StepLog, TrainOptions, Trained, Training, train, train_objective, train_on};
+pub use resume::{AfterStep, OptimizerRecord, Progress, Snapshot, TrainOptimizer};
+pub use run::{
+    StepLog, TrainOptions, Trained, Training, Watched, train, train_from, train_objective, train_on,
+};
 pub use step::global_gradient;
 pub use strategies::padded_len;

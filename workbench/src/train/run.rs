@@ -3,6 +3,7 @@
 use super::error::TrainError;
 use super::objective::{Example, NextToken, Objective, assembled};
 use super::replicas::{checksum, clip_to_norm, norm_pieces, unflatten_gradient};
+use super::resume::{Progress, Snapshot};
 use super::step::{StepGradient, step_gradient};
 use crate::error::{RingError, all_or_root_cause};
 use crate::host::HostRead;
@@ -149,10 +150,42 @@ where
     F: Fn(usize) -> Vec<Example> + Sync,
     L: Fn(&StepLog) + Sync,
 {
+    let run = Watched {
+        on_step: &on_step,
+        stop,
+        progress: Progress::default(),
+    };
+    train_from(model, partition, options, batch_for, run)
+}
+
+/// Who watches a run and where it starts: rank 0's report after every step, the flag that stops
+/// it, and its [`Progress`] (the step it starts at, the optimizer's state then, the hook that saves
+/// it).
+pub struct Watched<'a, B: AutodiffBackend, M: burn::module::AutodiffModule<B>> {
+    /// Called on rank 0 after every step.
+    pub on_step: &'a (dyn Fn(&StepLog) + Sync),
+    /// When set, every rank stops after the step under way.
+    pub stop: &'a AtomicBool,
+    /// Where the run starts and what rank 0 is shown after each step.
+    pub progress: Progress<'a, B, M>,
+}
+
+/// [`train`] from where `run.progress` says (steps already done, the optimizer's state then),
+/// showing rank 0's model and optimizer to `run.progress.after_step` after every step. Returns rank
+/// 0's model and the losses of the steps run here.
+pub fn train_from<B, F>(
+    model: Llama<B>,
+    partition: &dyn Partition,
+    options: &TrainOptions,
+    batch_for: F,
+    run: Watched<'_, B, Llama<B>>,
+) -> Result<Trained<Llama<B>>, TrainError>
+where
+    B: AutodiffBackend<InnerBackend: HostRead> + LayerBackend,
+    F: Fn(usize) -> Vec<Example> + Sync,
+{
     let batch_for = assembled(&batch_for, partition, options);
-    train_ranks(
-        &NextToken, model, partition, options, batch_for, on_step, stop,
-    )
+    train_ranks(&NextToken, model, partition, options, batch_for, run)
 }
 
 /// One training run of an [`Objective`]: what [`train_objective`] takes. [`Training::new`] gives
@@ -203,45 +236,49 @@ where
 {
     let never = AtomicBool::new(false);
     let batches = &run.batches;
+    let on_step = |log: &StepLog| {
+        if let Some(on_step) = run.on_step {
+            on_step(log)
+        }
+    };
+    let watched = Watched {
+        on_step: &on_step,
+        stop: run.stop.unwrap_or(&never),
+        progress: Progress::default(),
+    };
     train_ranks(
         objective,
         run.model,
         run.partition,
         &run.options,
         |step| Ok(batches(step)),
-        |log| {
-            if let Some(on_step) = run.on_step {
-                on_step(log)
-            }
-        },
-        run.stop.unwrap_or(&never),
+        watched,
     )
 }
 
 /// [`train_objective`] over batches whose making may fail (padding them for the partition).
-fn train_ranks<B, O, F, L>(
+fn train_ranks<B, O, F>(
     objective: &O,
     model: O::Model,
     partition: &dyn Partition,
     options: &TrainOptions,
     batch_for: F,
-    on_step: L,
-    stop: &AtomicBool,
+    run: Watched<'_, B, O::Model>,
 ) -> Result<Trained<O::Model>, TrainError>
 where
     B: AutodiffBackend<InnerBackend: HostRead> + RingBackend,
     O: Objective<B>,
     F: Fn(usize) -> Result<O::Batch, TrainError> + Sync,
-    L: Fn(&StepLog) + Sync,
 {
     // Zero ranks would start no rank thread, so no rank would ever see a layout: check here.
     strategies::check_ranks(options.ranks)?;
     options.check_grid()?;
+    run.progress.check(options.steps)?;
     // Every rank forks this model: its lazily initialized parameters must exist before the forks.
     materialize(&model);
     let results = run_ranks(options.ranks, options.timeout, |comm| {
         train_rank(
-            comm, objective, &model, partition, options, &batch_for, &on_step, stop,
+            comm, objective, &model, partition, options, &batch_for, &run,
         )
     });
     all_or_root_cause(results, TrainError::echo_level)?
@@ -251,24 +288,24 @@ where
         .ok_or(TrainError::NoModel)
 }
 
-/// This process's rank of a training run over `comm` (one process per rank, e.g. under `mpirun`).
-/// Rank 0 returns the model and losses; the other ranks return `None`.
-pub fn train_on<B, F, L>(
+/// This process's rank of a training run over `comm` (one process per rank, e.g. under `mpirun`),
+/// from where `run.progress` says. Rank 0 returns the model and losses; the other ranks return
+/// `None`.
+pub fn train_on<B, F>(
     comm: Comm,
     model: Llama<B>,
     partition: &dyn Partition,
     options: &TrainOptions,
     batch_for: F,
-    on_step: L,
-    stop: &AtomicBool,
+    run: Watched<'_, B, Llama<B>>,
 ) -> Result<Option<Trained<Llama<B>>>, TrainError>
 where
     B: AutodiffBackend<InnerBackend: HostRead> + LayerBackend,
     F: Fn(usize) -> Vec<Example>,
-    L: Fn(&StepLog),
 {
     strategies::check_ranks(options.ranks)?;
     options.check_grid()?;
+    run.progress.check(options.steps)?;
     if comm.world() != options.ranks {
         return Err(RingError::WorldMismatch {
             world: comm.world(),
@@ -278,34 +315,39 @@ where
     }
     let batch_for = assembled(&batch_for, partition, options);
     train_rank(
-        comm, &NextToken, &model, partition, options, &batch_for, &on_step, stop,
+        comm, &NextToken, &model, partition, options, &batch_for, &run,
     )
 }
 
-/// One rank's training loop.
-#[allow(clippy::too_many_arguments)]
-fn train_rank<B, O, F, L>(
+/// One rank's training loop, from step `run.progress.start`.
+fn train_rank<B, O, F>(
     comm: Comm,
     objective: &O,
     model: &O::Model,
     partition: &dyn Partition,
     options: &TrainOptions,
     batch_for: &F,
-    on_step: &L,
-    stop: &AtomicBool,
+    run: &Watched<'_, B, O::Model>,
 ) -> Result<Option<Trained<O::Model>>, TrainError>
 where
     B: AutodiffBackend<InnerBackend: HostRead> + RingBackend,
     O: Objective<B>,
     F: Fn(usize) -> Result<O::Batch, TrainError>,
-    L: Fn(&StepLog),
 {
     let ring = RingConfig {
         causal: true,
         ..options.ring
     };
     let rank = comm.rank();
-    let mut next = Some(batch_for(0)?);
+    let start = run.progress.start;
+    if start == options.steps {
+        // A run saved after its last step: nothing left to train.
+        return Ok((rank == 0).then(|| Trained {
+            model: model.clone(),
+            losses: Vec::new(),
+        }));
+    }
+    let mut next = Some(batch_for(start)?);
     let first = next.as_ref().expect("just set");
     let (first_len, first_docs) = (objective.seq_len(first), objective.doc_lens(first));
     let mut ctx = Arc::new(
@@ -324,9 +366,12 @@ where
     let mut optim = AdamWConfig::new()
         .with_weight_decay(options.weight_decay)
         .init::<B, O::Model>();
-    let mut losses = Vec::with_capacity(options.steps);
-    for step in 0..options.steps {
-        let start = Instant::now();
+    if let Some(record) = &run.progress.optimizer {
+        optim = optim.load_record(record.clone());
+    }
+    let mut losses = Vec::with_capacity(options.steps - start);
+    for step in start..options.steps {
+        let started = Instant::now();
         let batch = match next.take() {
             Some(batch) => batch,
             None => batch_for(step)?,
@@ -344,7 +389,7 @@ where
             };
             ctx = Arc::new(ctx.with_layout(layout)?.with_sequence(sequence)?);
         }
-        let stop_requested = rank == 0 && stop.load(Ordering::Relaxed);
+        let stop_requested = rank == 0 && run.stop.load(Ordering::Relaxed);
         ctx.ledger().reset_peak();
         let StepGradient {
             loss: step_loss,
@@ -379,14 +424,22 @@ where
             }
         }
         if rank == 0 {
-            on_step(&StepLog {
+            (run.on_step)(&StepLog {
                 step,
                 loss: step_loss,
                 lr,
                 tokens,
-                seconds: start.elapsed().as_secs_f64(),
+                seconds: started.elapsed().as_secs_f64(),
                 engine_peak_bytes: ctx.ledger().peak(),
             });
+            if let Some(after_step) = run.progress.after_step {
+                after_step(&Snapshot {
+                    steps_done: step + 1,
+                    stopping: stop_all,
+                    model: &model,
+                    optimizer: &optim,
+                })?;
+            }
         }
         if stop_all {
             break;

@@ -18,6 +18,62 @@ pub enum Phase {
     AllToAll,
 }
 
+impl Phase {
+    /// The phases whose messages go through [`Comm::exchange`], in the order a call meets them.
+    pub const EXCHANGED: [Phase; 3] = [Phase::Forward, Phase::Backward, Phase::AllToAll];
+
+    /// Its name in messages: `forward`, `backward`, `collective`, `all-to-all`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Collective => "collective",
+            Phase::AllToAll => "all-to-all",
+        }
+    }
+}
+
+/// Exchanges ([`Comm::exchange`]: one message sent and one received) counted per phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Exchanges {
+    /// The forward ring pass.
+    pub forward: usize,
+    /// The backward ring pass.
+    pub backward: usize,
+    /// Ulysses' all-to-alls, forward and backward.
+    pub all_to_all: usize,
+}
+
+impl Exchanges {
+    /// The count of `phase` (collectives are not exchanges: 0).
+    pub fn of(&self, phase: Phase) -> usize {
+        match phase {
+            Phase::Forward => self.forward,
+            Phase::Backward => self.backward,
+            Phase::AllToAll => self.all_to_all,
+            Phase::Collective => 0,
+        }
+    }
+
+    fn bump(&mut self, phase: Phase) {
+        match phase {
+            Phase::Forward => self.forward += 1,
+            Phase::Backward => self.backward += 1,
+            Phase::AllToAll => self.all_to_all += 1,
+            Phase::Collective => {}
+        }
+    }
+}
+
+/// What an injected fault does when its rank reaches its exchange ([`Comm::inject_fault`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strike {
+    /// The exchange fails with [`TransportError::Injected`], as a transport error would.
+    Error,
+    /// The process kills itself with SIGKILL (no cleanup, no message): a crashed MPI rank.
+    Kill,
+}
+
 /// One block sent by this rank.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SendRecord {
@@ -52,6 +108,8 @@ pub struct Traffic {
     pub wait_seconds: f64,
     /// Host↔device bytes of every ring step, in order.
     pub host_device: Vec<HostDeviceRecord>,
+    /// Exchanges this rank made, per phase.
+    pub exchanges: Exchanges,
 }
 
 impl Traffic {
@@ -80,8 +138,9 @@ pub struct Comm {
     transport: Box<dyn Transport>,
     next_tag: u64,
     traffic: Traffic,
-    exchanges: usize,
-    fail_at: Option<usize>,
+    /// Exchanges since the communicator was made (what an injected fault counts).
+    exchanges: Exchanges,
+    fail_at: Option<(Phase, usize, Strike)>,
 }
 
 impl Comm {
@@ -91,14 +150,15 @@ impl Comm {
             transport,
             next_tag: 0,
             traffic: Traffic::default(),
-            exchanges: 0,
+            exchanges: Exchanges::default(),
             fail_at: None,
         }
     }
 
-    /// Fault injection for tests: this rank fails at its `step`-th ring exchange (counting from 0).
-    pub fn inject_fault(&mut self, step: usize) {
-        self.fail_at = Some(step);
+    /// Fault injection for tests: at its `step`-th exchange of `phase` (counting from 0) this rank
+    /// strikes as `strike` says.
+    pub fn inject_fault(&mut self, phase: Phase, step: usize, strike: Strike) {
+        self.fail_at = Some((phase, step, strike));
     }
 
     /// This rank.
@@ -140,14 +200,22 @@ impl Comm {
         from: usize,
         payload: Payload,
     ) -> Result<Pending, TransportError> {
-        if self.fail_at == Some(self.exchanges) {
+        if let Some((at, step, strike)) = self.fail_at
+            && at == phase
+            && step == self.exchanges.of(phase)
+        {
+            if strike == Strike::Kill {
+                kill_this_process();
+            }
             let injected = Err(TransportError::Injected {
                 rank: self.rank(),
-                step: self.exchanges,
+                phase: phase.name(),
+                step,
             });
             return self.failed(injected);
         }
-        self.exchanges += 1;
+        self.exchanges.bump(phase);
+        self.traffic.exchanges.bump(phase);
         let tag = self.tag();
         self.traffic
             .sends
@@ -223,4 +291,15 @@ impl Comm {
         let done = self.transport.barrier(tag);
         self.failed(done)
     }
+}
+
+/// Ends this process at once with SIGKILL, as a crashed node would: no destructor, no message, no
+/// flush (what [`Strike::Kill`] does, and the crash hooks of the tests).
+pub fn kill_this_process() -> ! {
+    #[cfg(unix)]
+    // SAFETY: raise(2) takes a signal number; SIGKILL cannot be caught, so it does not return.
+    unsafe {
+        libc::raise(libc::SIGKILL);
+    }
+    std::process::abort()
 }

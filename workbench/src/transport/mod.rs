@@ -13,7 +13,9 @@ mod threads;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 mod wire;
 
-pub use comm::{Comm, HostDeviceRecord, Phase, SendRecord, Traffic};
+pub use comm::{
+    Comm, Exchanges, HostDeviceRecord, Phase, SendRecord, Strike, Traffic, kill_this_process,
+};
 pub use group::{Group, GroupComm};
 pub use threads::{
     Link, ThreadTransport, run_ranks, run_ranks_with, thread_ring, thread_ring_with,
