@@ -62,6 +62,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("precision_quick", "precision"),
     ("hybrid", "hybrid"),
     ("train_quick", "train"),
+    ("decode_quick", "decode"),
 ];
 
 /// `runs/YYYY-MM-DDTHH-MM-SSZ` for the present moment.

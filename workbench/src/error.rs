@@ -63,7 +63,7 @@ pub enum TransportError {
     Injected {
         /// The failing rank.
         rank: usize,
-        /// The phase: `forward`, `backward` or `all-to-all`.
+        /// The phase: `forward`, `backward`, `all-to-all` or `decode`.
         phase: &'static str,
         /// Its exchange of that phase, counted from 0.
         step: usize,
@@ -227,6 +227,22 @@ pub enum RingError {
         /// The job's rank count.
         ranks: usize,
     },
+    /// Decoding from a prompt of no tokens.
+    #[error("batch row {row}: an empty prompt has nothing to decode from")]
+    EmptyPrompt {
+        /// The batch row.
+        row: usize,
+    },
+    /// A sequence that would outgrow the KV cache it decodes in.
+    #[error("batch row {row}: {len} tokens do not fit a KV cache sized for {capacity}")]
+    CacheFull {
+        /// The batch row.
+        row: usize,
+        /// The tokens it would hold.
+        len: usize,
+        /// The most the cache holds a row.
+        capacity: usize,
+    },
     /// An injected fault aimed past the last exchange its phase has in the job.
     #[error(
         "fault injected at {phase} exchange {step} of rank {rank}, but each rank makes {exchanges} \
@@ -236,7 +252,7 @@ pub enum RingError {
     FaultStep {
         /// The rank named.
         rank: usize,
-        /// The phase: `forward`, `backward` or `all-to-all`.
+        /// The phase: `forward`, `backward`, `all-to-all` or `decode`.
         phase: &'static str,
         /// The exchange named.
         step: usize,

@@ -434,10 +434,23 @@ fn zero_ranks_is_a_typed_error_everywhere() {
         partition: contiguous,
         ranks: 0,
         timeout: no_wait,
+        cache: Some(Default::default()),
+        batch: 0,
+        on_batch: None,
+        keep_logits: false,
     };
     let inference = model().valid();
     let replies = greedy(&inference, &[vec![1, 2, 3]], &decoding);
     assert_eq!(replies.unwrap_err().to_string(), message);
+    let recomputed = greedy(
+        &inference,
+        &[vec![1, 2, 3]],
+        &Decoding {
+            cache: None,
+            ..decoding
+        },
+    );
+    assert_eq!(recomputed.unwrap_err().to_string(), message);
 }
 
 /// Packing is exact: three examples packed end to end into one sequence of documents train the same

@@ -4,6 +4,7 @@
 mod attn;
 mod axes;
 mod balance;
+mod decode;
 mod documents;
 mod exorl;
 pub mod experiment;
@@ -33,6 +34,7 @@ pub const KINDS: &[&dyn Experiment] = &[
     &precision::PrecisionKind,
     &hybrid::Hybrid,
     &exorl::Exorl,
+    &decode::DecodeKind,
 ];
 
 /// The kind called `name`, or an error listing the known kinds.

@@ -14,7 +14,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 use workbench::LayerBackend;
 use workbench::model::Llama;
-use workbench::train::{Decoding, greedy};
+use workbench::ring::decode::DecodeMerge;
+use workbench::train::{Decoded, Decoding, Prompt, decode, decode_on};
 
 /// `ringbench eval-lines`'s arguments.
 #[derive(Debug, clap::Args)]
@@ -44,6 +45,18 @@ pub struct EvalArgs {
     /// Backend: flex (CPU), wgpu or cuda.
     #[arg(long, default_value = "flex")]
     pub backend: BackendName,
+    /// Decode without the KV cache: every new token recomputes the whole sequence through the
+    /// ring (the check of the cache; in-process ranks only).
+    #[arg(long)]
+    pub no_cache: bool,
+    /// How the ranks' partial attention of a decoded token is merged: allgather (one collective)
+    /// or ring (a ring all-reduce of the merge).
+    #[arg(long, default_value = "allgather")]
+    pub merge: DecodeMerge,
+    /// Also write every case's reply here, one JSON line a case: num_lines, expected, reply,
+    /// correct.
+    #[arg(long)]
+    pub replies: Option<PathBuf>,
 }
 
 /// Accuracy at one number of lines.
@@ -59,18 +72,67 @@ pub struct AccuracyRow {
     pub accuracy: f64,
     /// Mean prompt length in tokens (BOS included).
     pub prompt_tokens: f64,
+    /// Seconds of these cases' prefills (0 without the cache).
+    pub prefill_seconds: f64,
+    /// Seconds of these cases' token steps after the prefill (without the cache: their recomputes).
+    pub decode_seconds: f64,
+    /// Bytes a rank sent per decoded token, over the whole run (it does not depend on the prompt's
+    /// length; 0 without the cache).
+    pub decode_bytes_per_token_per_rank: f64,
+}
+
+/// One case's reply, as `--replies` writes it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Reply {
+    /// Lines in the prompt.
+    pub num_lines: usize,
+    /// The number asked for.
+    pub expected: u64,
+    /// What the model replied.
+    pub reply: String,
+    /// Whether the reply scores as the expected number.
+    pub correct: bool,
+}
+
+/// An evaluation: accuracy per number of lines, and every case's reply.
+#[derive(Debug, Clone)]
+pub struct Evaluation {
+    /// Per number of lines.
+    pub rows: Vec<AccuracyRow>,
+    /// Per case, in the cases' order.
+    pub replies: Vec<Reply>,
 }
 
 /// `ringbench eval-lines`: accuracy per number of lines, written as CSV.
 pub fn run_eval(args: &EvalArgs) -> Result<Vec<AccuracyRow>> {
-    let rows = on_backend(args.backend, &[], EvalOn(args))?;
+    let Some(evaluation) = on_backend(args.backend, &[], EvalOn(args))? else {
+        return Ok(Vec::new()); // an MPI rank other than 0: rank 0 writes the results
+    };
+    let rows = evaluation.rows;
     let table = Table::of(rows.iter().map(Record::of).collect::<Result<_>>()?);
     table.write_csv(&args.out)?;
-    println!("num_lines,cases,correct,accuracy,prompt_tokens");
+    if let Some(path) = &args.replies {
+        let mut text = String::new();
+        for reply in &evaluation.replies {
+            text += &serde_json::to_string(reply)?;
+            text.push('\n');
+        }
+        crate::results::write_whole(path, text.as_bytes())?;
+    }
+    println!(
+        "num_lines,cases,correct,accuracy,prompt_tokens,prefill_seconds,decode_seconds,decode_bytes_per_token_per_rank"
+    );
     for r in &rows {
         println!(
-            "{},{},{},{:.4},{:.1}",
-            r.num_lines, r.cases, r.correct, r.accuracy, r.prompt_tokens
+            "{},{},{},{:.4},{:.1},{:.3},{:.3},{:.0}",
+            r.num_lines,
+            r.cases,
+            r.correct,
+            r.accuracy,
+            r.prompt_tokens,
+            r.prefill_seconds,
+            r.decode_seconds,
+            r.decode_bytes_per_token_per_rank
         );
     }
     if let Some(plot) = &args.plot {
@@ -107,70 +169,122 @@ fn trained_length(args: &EvalArgs, rows: &[AccuracyRow]) -> Option<(usize, f64)>
 struct EvalOn<'a>(&'a EvalArgs);
 
 impl OnBackend for EvalOn<'_> {
-    type Output = Vec<AccuracyRow>;
-    fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<Vec<AccuracyRow>> {
+    /// The evaluation, on the process that writes it (rank 0 under mpirun).
+    type Output = Option<Evaluation>;
+    fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<Option<Evaluation>> {
         let args = self.0;
         let (model, _, tokenizer) = load_checkpoint::<I>(&args.checkpoint, &devices[0])?;
         let cases = read_jsonl(&args.cases)?;
-        let partition = strategies::by_name(&args.strategy)?;
-        accuracy(
-            &model, &tokenizer, &cases, partition, args.ranks, args.batch,
-        )
+        let bar = ProgressBar::new(cases.len() as u64);
+        let advance = |n: usize| bar.inc(n as u64);
+        let decoding = Decoding {
+            cache: (!args.no_cache).then_some(args.merge),
+            on_batch: Some(&advance),
+            ..decoding(strategies::by_name(&args.strategy)?, args.ranks, args.batch)
+        };
+        if args.no_cache && workbench::transport::launched_by_mpirun() {
+            bail!("--no-cache recomputes on in-process ranks: run it without mpirun");
+        }
+        let ranked = crate::mpi_rank::as_mpi_rank(decoding.timeout, |comm| {
+            evaluate(&tokenizer, &cases, |prompts| {
+                Ok(decode_on(comm, &model, prompts, &decoding)?)
+            })
+        })?;
+        if let Some((rank, evaluation)) = ranked {
+            return Ok((rank == 0).then_some(evaluation));
+        }
+        let evaluation = evaluate(&tokenizer, &cases, |prompts| {
+            Ok(decode(&model, prompts, &decoding)?)
+        })?;
+        bar.finish_and_clear();
+        Ok(Some(evaluation))
     }
 }
 
-/// Exact-match accuracy per number of lines of greedy replies to `cases`, decoded `batch` prompts at a
-/// time on `ranks` ranks.
+/// How evaluation decodes: up to 8 tokens a reply (a number and EOS), `batch` prompts together on
+/// `ranks` ranks of `partition`, with the KV cache merged by all-gather.
+pub fn decoding(partition: &dyn strategies::Partition, ranks: usize, batch: usize) -> Decoding<'_> {
+    Decoding {
+        max_new: 8,
+        stop: EOS,
+        pad: EOS,
+        partition,
+        ranks,
+        timeout: Duration::from_secs(600),
+        cache: Some(DecodeMerge::AllGather),
+        batch,
+        on_batch: None,
+        keep_logits: false,
+    }
+}
+
+/// Exact-match accuracy per number of lines of greedy replies to `cases`, as `decoding` decodes.
 pub fn accuracy<B: LayerBackend>(
     model: &Llama<B>,
     tokenizer: &Tokenizer,
     cases: &[Case],
-    partition: &dyn strategies::Partition,
-    ranks: usize,
-    batch: usize,
+    decoding: &Decoding,
 ) -> Result<Vec<AccuracyRow>> {
-    let bar = ProgressBar::new(cases.len() as u64);
-    // Per line count: cases, correct, prompt tokens.
-    let mut tally: BTreeMap<usize, (usize, usize, usize)> = BTreeMap::new();
-    for chunk in cases.chunks(batch.max(1)) {
-        let prompts: Vec<Vec<u32>> = chunk
-            .iter()
-            .map(|c| {
+    Ok(evaluate(tokenizer, cases, |prompts| {
+        Ok(decode(model, prompts, decoding)?)
+    })?
+    .rows)
+}
+
+/// The replies `run` decodes for `cases`' prompts (BOS and the prompt's tokens), scored: accuracy,
+/// prompt length and decoding's figures per number of lines, and every case's reply.
+pub fn evaluate(
+    tokenizer: &Tokenizer,
+    cases: &[Case],
+    run: impl FnOnce(&[Prompt]) -> Result<Decoded>,
+) -> Result<Evaluation> {
+    let prompts: Vec<Prompt> = cases
+        .iter()
+        .map(|c| {
+            Prompt::from(
                 std::iter::once(BOS)
                     .chain(tokenizer.encode(&c.prompt))
-                    .collect()
-            })
-            .collect();
-        let decoding = Decoding {
-            max_new: 8,
-            stop: EOS,
-            pad: EOS,
-            partition,
-            ranks,
-            timeout: Duration::from_secs(600),
-        };
-        let replies = greedy(model, &prompts, &decoding)?;
-        for ((case, reply), prompt) in chunk.iter().zip(replies).zip(&prompts) {
-            let text = tokenizer.decode(&reply)?;
-            let entry = tally.entry(case.num_lines).or_default();
-            entry.0 += 1;
-            entry.1 += usize::from(score_reply(&text) == Some(case.expected_number));
-            entry.2 += prompt.len();
-        }
-        bar.inc(chunk.len() as u64);
-    }
-    bar.finish_and_clear();
-    let rows: Vec<AccuracyRow> = tally
-        .into_iter()
-        .map(|(num_lines, (cases, correct, tokens))| AccuracyRow {
-            num_lines,
-            cases,
-            correct,
-            accuracy: correct as f64 / cases as f64,
-            prompt_tokens: tokens as f64 / cases as f64,
+                    .collect::<Vec<u32>>(),
+            )
         })
         .collect();
-    Ok(rows)
+    let decoded = run(&prompts)?;
+    let per_token = decoded.bytes_per_token_per_rank();
+    // Per line count: cases, correct, prompt tokens, prefill and decode seconds.
+    let mut tally: BTreeMap<usize, (usize, usize, usize, f64, f64)> = BTreeMap::new();
+    let mut replies = Vec::with_capacity(cases.len());
+    for (i, (case, prompt)) in cases.iter().zip(&prompts).enumerate() {
+        let text = tokenizer.decode(&decoded.replies[i])?;
+        let correct = score_reply(&text) == Some(case.expected_number);
+        let entry = tally.entry(case.num_lines).or_default();
+        entry.0 += 1;
+        entry.1 += usize::from(correct);
+        entry.2 += prompt.tokens.len();
+        entry.3 += decoded.prefill_seconds[i];
+        entry.4 += decoded.decode_seconds[i];
+        replies.push(Reply {
+            num_lines: case.num_lines,
+            expected: case.expected_number,
+            reply: text,
+            correct,
+        });
+    }
+    let rows = tally
+        .into_iter()
+        .map(
+            |(num_lines, (cases, correct, tokens, prefill, decode))| AccuracyRow {
+                num_lines,
+                cases,
+                correct,
+                accuracy: correct as f64 / cases as f64,
+                prompt_tokens: tokens as f64 / cases as f64,
+                prefill_seconds: prefill,
+                decode_seconds: decode,
+                decode_bytes_per_token_per_rank: per_token,
+            },
+        )
+        .collect();
+    Ok(Evaluation { rows, replies })
 }
 
 /// `ringbench gen-lines`'s arguments.

@@ -12,7 +12,10 @@ mod spec;
 mod train;
 
 pub use checkpoint::load_checkpoint;
-pub use eval::{AccuracyRow, EvalArgs, GenArgs, accuracy, run_eval, run_gen};
+pub use eval::{
+    AccuracyRow, EvalArgs, Evaluation, GenArgs, Reply, accuracy, decoding, evaluate, run_eval,
+    run_gen,
+};
 pub use spec::{
     LineTrainSection, ModelSpec, Prompts, RingSpec, Schedule, TrainSpec, example, load_spec,
 };

@@ -17,7 +17,9 @@ use crate::model::norm::{flat, project, rms_norm, rms_norm_backward};
 use crate::model::rope::Rope;
 use crate::model::weights::{DecoderLayer, WeightPrimitives, Weights};
 use crate::primitive::{unwrap, wrap};
+use crate::ring::cache::KvCache;
 use crate::ring::context::{Attend, RingConfig, RingContext};
+use crate::ring::decode::{DecodeMerge, attend_cached};
 use crate::ring::engine::{self, Saved};
 use crate::ring::op::{RingBackend, RingInputs};
 use burn::backend::Autodiff;
@@ -69,21 +71,22 @@ impl Trunk {
 }
 
 /// A layer's forward and what its hand-written backward reads.
-struct Forward<B: Backend> {
+struct Forward<B: Backend, S = Saved> {
     /// The layer's output.
     y: Tensor<B, 3>,
     /// First norm's output and its `r`.
     h1: Tensor<B, 3>,
     r1: Tensor<B, 3>,
-    /// Attention output `[b, heads, t, hd]` and what the ring backward needs.
+    /// Attention output `[b, heads, t, hd]` and what the attention kept (the ring backward's blocks).
     out: Tensor<B, 4>,
-    saved: Saved,
+    saved: S,
     /// The residual after attention, the second norm's output and its `r`.
     x2: Tensor<B, 3>,
     h2: Tensor<B, 3>,
     r2: Tensor<B, 3>,
 }
 
+/// The layer's forward with ring attention over the ranks of `ctx`.
 fn forward<B: RingBackend + FfnBackend>(
     w: &Weights<B>,
     x: Tensor<B, 3>,
@@ -91,6 +94,40 @@ fn forward<B: RingBackend + FfnBackend>(
     (trunk, attend): (Trunk, Attend),
     ctx: &Arc<RingContext>,
 ) -> Result<Forward<B>, RingError> {
+    forward_with(w, x, rope, trunk, |q, k, v| ring(w, [q, k, v], attend, ctx))
+}
+
+/// Ring attention of the layer's rotated queries and keys and its values, with its sinks.
+fn ring<B: RingBackend>(
+    w: &Weights<B>,
+    [q, k, v]: [Tensor<B, 4>; 3],
+    attend: Attend,
+    ctx: &Arc<RingContext>,
+) -> Result<(Tensor<B, 4>, Saved), RingError> {
+    let inputs = RingInputs {
+        q: unwrap(q),
+        k: unwrap(k),
+        v: unwrap(v),
+        sinks: w.sinks.clone().map(unwrap),
+    };
+    let (out, _, saved) = B::ring_forward(inputs, ctx, attend)?;
+    Ok((wrap(out), saved))
+}
+
+/// The layer's forward with its attention given: `attention(q, k, v)` of the queries and keys
+/// (rotated by RoPE, `[b, h | hk, t, hd]`) and the values gives the attention output
+/// `[b, h, t, hd]` and what the attention keeps. Prefill, decoding and training share it.
+fn forward_with<B: FfnBackend, S>(
+    w: &Weights<B>,
+    x: Tensor<B, 3>,
+    rope: &Rope<B>,
+    trunk: Trunk,
+    attention: impl FnOnce(
+        Tensor<B, 4>,
+        Tensor<B, 4>,
+        Tensor<B, 4>,
+    ) -> Result<(Tensor<B, 4>, S), RingError>,
+) -> Result<Forward<B, S>, RingError> {
     let [b, t, d] = x.dims();
     let hd = d / trunk.heads;
     let (h1, r1) = rms_norm(x.clone(), &w.attn_norm, w.epsilons[0]);
@@ -99,14 +136,7 @@ fn forward<B: RingBackend + FfnBackend>(
     let q = rope.rotate(split(project(h1.clone(), &w.wq), trunk.heads), false);
     let k = rope.rotate(split(project(h1.clone(), &w.wk), trunk.kv_heads), false);
     let v = split(project(h1.clone(), &w.wv), trunk.kv_heads);
-    let inputs = RingInputs {
-        q: unwrap(q),
-        k: unwrap(k),
-        v: unwrap(v),
-        sinks: w.sinks.clone().map(unwrap),
-    };
-    let (out, _, saved) = B::ring_forward(inputs, ctx, attend)?;
-    let out: Tensor<B, 4> = wrap(out);
+    let (out, saved) = attention(q, k, v)?;
     let x2 = x + project(out.clone().swap_dims(1, 2).reshape([b, t, d]), &w.wo);
     let (h2, r2) = rms_norm(x2.clone(), &w.ffn_norm, w.epsilons[1]);
     let chunk = trunk.ffn_chunk.max(1);
@@ -383,6 +413,76 @@ pub(crate) fn run_layers<B: LayerBackend>(
             )?),
             Checkpoint::None | Checkpoint::Ffn => forward(&w, x, &rope, (trunk, attend), ctx)?.y,
         };
+    }
+    Ok(x)
+}
+
+/// Each layer's keys (after RoPE) and values `[b, hk, t, hd]` of a prefill, for a KV cache.
+pub type LayerKv<B> = Vec<[Tensor<B, 4>; 2]>;
+
+/// Runs the layers over this rank's prompt `x: [b, t, d]` at global `positions` (the forward of
+/// [`run_layers`], whatever the checkpointing: nothing is kept for a backward), keeping each layer's
+/// keys (after RoPE) and values `[b, hk, t, hd]`: a prefill.
+pub(crate) fn prefill_layers<B: LayerBackend>(
+    layers: &[DecoderLayer<B>],
+    mut x: Tensor<B, 3>,
+    positions: &[usize],
+    trunk: Trunk,
+    ctx: &Arc<RingContext>,
+) -> Result<(Tensor<B, 3>, LayerKv<B>), RingError> {
+    let d = x.dims()[2];
+    let rope = Rope::<B>::new(positions, d / trunk.heads, trunk.rope_theta, &x.device());
+    let mut kept = Vec::with_capacity(layers.len());
+    for (i, layer) in layers.iter().enumerate() {
+        let w = Weights::of(layer);
+        let attend = trunk.attend(i, &ctx.config);
+        x = forward_with(&w, x, &rope, trunk, |q, k, v| {
+            kept.push([k.clone(), v.clone()]);
+            ring(&w, [q, k, v], attend, ctx)
+        })?
+        .y;
+    }
+    Ok((x, kept))
+}
+
+/// The tokens of one decoding step: the cache rows they extend, the rank each is placed on and
+/// its position (all from [`KvCache::start_token`]).
+pub(crate) struct NewTokens<'a> {
+    pub(crate) rows: &'a [usize],
+    pub(crate) places: &'a [usize],
+    pub(crate) positions: &'a [usize],
+}
+
+/// One decoding step of the layers over `x: [1, R, d]`, the new tokens of `tokens.rows`: each
+/// layer's key and value of a token are kept by the rank it is placed on, and its query attends
+/// to every rank's cached keys of its sequence, merged by `merge` (`ring::decode`). Every rank
+/// computes the same.
+pub(crate) fn decode_layers<B: LayerBackend>(
+    layers: &[DecoderLayer<B>],
+    mut x: Tensor<B, 3>,
+    tokens: &NewTokens<'_>,
+    trunk: Trunk,
+    (ctx, merge): (&Arc<RingContext>, DecodeMerge),
+    cache: &mut KvCache<B>,
+) -> Result<Tensor<B, 3>, RingError> {
+    let d = x.dims()[2];
+    let hd = d / trunk.heads;
+    // The tokens lie on the time axis: one position each.
+    let rope = Rope::<B>::new(tokens.positions, hd, trunk.rope_theta, &x.device());
+    for (i, layer) in layers.iter().enumerate() {
+        let w = Weights::of(layer);
+        let attend = trunk.attend(i, &ctx.config);
+        x = forward_with(&w, x, &rope, trunk, |q, k, v| {
+            let kv_heads = k.dims()[1];
+            for (j, (&row, &place)) in tokens.rows.iter().zip(tokens.places).enumerate() {
+                let one = |t: &Tensor<B, 4>| t.clone().slice([0..1, 0..kv_heads, j..j + 1, 0..hd]);
+                cache.append(row, i, place, one(&k), one(&v));
+            }
+            let sinks = w.sinks.clone();
+            let out = attend_cached(ctx, cache, i, tokens.rows, q, sinks, (attend, merge))?;
+            Ok((out, ()))
+        })?
+        .y;
     }
     Ok(x)
 }

@@ -6,14 +6,18 @@
 //! striped and zig-zag shards get the right rotations and causal masks.
 
 use crate::error::RingError;
-use crate::model::layer::{Checkpoint, LayerBackend, Trunk, run_layers};
+use crate::model::layer::{
+    Checkpoint, LayerBackend, LayerKv, NewTokens, Trunk, decode_layers, prefill_layers, run_layers,
+};
 use crate::model::lazy::materialize;
 use crate::model::weights::DecoderLayer;
+use crate::ring::cache::KvCache;
 use crate::ring::context::RingContext;
+use crate::ring::decode::DecodeMerge;
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
-use burn::tensor::{Int, Tensor, backend::Backend};
+use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 use std::sync::Arc;
 
 #[derive(Config, Debug, PartialEq)]
@@ -186,5 +190,76 @@ impl<B: LayerBackend> Llama<B> {
             ctx,
         )?;
         Ok(self.head.forward(self.norm.forward(x)))
+    }
+
+    /// A prefill: the logits `[b, t, vocab]` of this rank's tokens `[b, t]` at global `positions`
+    /// (as [`Llama::forward`]), and each layer's keys (after RoPE) and values `[b, hk, t, hd]`, for a
+    /// [`KvCache`].
+    pub fn prefill(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        positions: &[usize],
+        ctx: &Arc<RingContext>,
+    ) -> Result<(Tensor<B, 3>, LayerKv<B>), RingError> {
+        let (x, kept) = prefill_layers(
+            &self.blocks,
+            self.embed.forward(tokens),
+            positions,
+            self.trunk,
+            ctx,
+        )?;
+        Ok((self.head.forward(self.norm.forward(x)), kept))
+    }
+
+    /// One decoding step over the ranks of `ctx`: `tokens[i]` is the next token of the cache's row
+    /// `rows[i]`; each is placed in the cache (on the rank the placement rule picks) and attends to
+    /// every rank's cached keys of its sequence, the ranks' parts merged by `merge`. Returns the
+    /// logits `[R, vocab]` after each token, the same bits on every rank.
+    pub fn decode_step(
+        &self,
+        tokens: &[u32],
+        rows: &[usize],
+        cache: &mut KvCache<B>,
+        (ctx, merge): (&Arc<RingContext>, DecodeMerge),
+    ) -> Result<Tensor<B, 2>, RingError> {
+        if tokens.len() != rows.len() {
+            return Err(RingError::Shape {
+                what: "decode tokens, one a row",
+                expected: vec![rows.len()],
+                got: vec![tokens.len()],
+            });
+        }
+        let mut places = Vec::with_capacity(rows.len());
+        let mut positions = Vec::with_capacity(rows.len());
+        for &row in rows {
+            let (position, place) = cache.start_token(row)?;
+            positions.push(position);
+            places.push(place);
+        }
+        let device = self.head.weight.val().device();
+        let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+        let tokens_in =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, rows.len()]), &device);
+        let new = NewTokens {
+            rows,
+            places: &places,
+            positions: &positions,
+        };
+        let x = decode_layers(
+            &self.blocks,
+            self.embed.forward(tokens_in),
+            &new,
+            self.trunk,
+            (ctx, merge),
+            cache,
+        )?;
+        let logits = self.head.forward(self.norm.forward(x));
+        let vocab = logits.dims()[2];
+        Ok(logits.reshape([rows.len(), vocab]))
+    }
+
+    /// Decoder layers (the KV cache's layer count).
+    pub fn layers(&self) -> usize {
+        self.blocks.len()
     }
 }

@@ -150,7 +150,10 @@ fn parallel_units(ctx: &RingContext) -> bool {
 
 /// `tensor` with its values rounded to `dtype` (an f32 tensor of bf16 values): by a cast there and
 /// back where the backend computes in bf16, else through the host (counted).
-fn rounded<B: HostRead, const D: usize>(tensor: Tensor<B, D>, dtype: Dtype) -> Tensor<B, D> {
+pub(crate) fn rounded<B: HostRead, const D: usize>(
+    tensor: Tensor<B, D>,
+    dtype: Dtype,
+) -> Tensor<B, D> {
     match dtype {
         Dtype::F32 => tensor,
         Dtype::Bf16 if B::supports_dtype(&tensor.device(), DType::BF16) => {

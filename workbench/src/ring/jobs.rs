@@ -252,6 +252,7 @@ fn exchanges_of(job: &AttentionJob, plan: &Plan) -> Exchanges {
         forward: pass_exchanges(forward, false),
         backward,
         all_to_all: all_to_alls * (job.ulysses - 1),
+        decode: 0,
     }
 }
 

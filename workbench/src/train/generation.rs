@@ -1,115 +1,534 @@
-//! Greedy decoding with a trained model, running the full sequence through the ring at every step.
+//! Greedy decoding with a trained model on N ranks: by default a prefill of each prompt through the
+//! ring into a KV cache sharded over the ranks, then one token a step attended to every rank's
+//! cached keys and merged (`ring::decode`); or, as the check, the full sequence run through the ring
+//! again for every new token.
 
-use crate::error::RingError;
+use crate::error::{RingError, all_or_root_cause};
+use crate::host;
 use crate::model::Llama;
 use crate::model::layer::LayerBackend;
-use crate::ring::context::{RingConfig, RingContext};
-use crate::transport::run_ranks;
+use crate::ring::cache::KvCache;
+use crate::ring::context::{RingConfig, RingContext, Sequence};
+use crate::ring::decode::DecodeMerge;
+use crate::transport::{Comm, Phase, run_ranks};
 use burn::tensor::{Int, Tensor, TensorData};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use strategies::{Partition, padded_len};
 
 /// How [`greedy`] decodes and where it runs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Decoding<'a> {
     /// Tokens to generate at most.
     pub max_new: usize,
     /// Generation of a row ends at this token (not included in the reply).
     pub stop: u32,
-    /// Pads rows to a length the partition accepts; causal attention keeps it out of real positions.
+    /// Pads a recomputed batch's rows to one length the partition accepts (causal attention keeps
+    /// it out of real positions).
     pub pad: u32,
-    /// Which positions each rank owns.
+    /// Which positions each rank owns in the prefill (and in every recompute).
     pub partition: &'a dyn Partition,
     /// Ranks to run.
     pub ranks: usize,
     /// How long a rank waits for a silent peer.
     pub timeout: Duration,
+    /// The KV cache's merge of the ranks' partial attention; `None`: no cache, the whole sequence
+    /// recomputed for every new token.
+    pub cache: Option<DecodeMerge>,
+    /// Prompts decoded together, in one cache (0: all of them).
+    pub batch: usize,
+    /// Told, on rank 0, how many prompts' replies each batch finished (a progress bar).
+    pub on_batch: Option<&'a (dyn Fn(usize) + Sync)>,
+    /// Whether [`Decoded::logits`] keeps the logits every reply token was picked from (the
+    /// exactness checks' input: a reply's length times the vocabulary per prompt).
+    pub keep_logits: bool,
+}
+
+impl std::fmt::Debug for Decoding<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoding")
+            .field("max_new", &self.max_new)
+            .field("stop", &self.stop)
+            .field("pad", &self.pad)
+            .field("ranks", &self.ranks)
+            .field("timeout", &self.timeout)
+            .field("cache", &self.cache)
+            .field("batch", &self.batch)
+            .field("keep_logits", &self.keep_logits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A prompt: its tokens, packed as documents of `doc_lens` (empty: one document). Decoding
+/// continues its last document.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Prompt {
+    /// Its tokens.
+    pub tokens: Vec<u32>,
+    /// Its documents' lengths, summing to its length; empty: one document.
+    pub doc_lens: Vec<usize>,
+}
+
+impl From<Vec<u32>> for Prompt {
+    fn from(tokens: Vec<u32>) -> Self {
+        Prompt {
+            tokens,
+            doc_lens: Vec::new(),
+        }
+    }
+}
+
+/// What a decoding run produced and what it took.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    /// Each prompt's reply (the stop token not included).
+    pub replies: Vec<Vec<u32>>,
+    /// Per prompt: seconds of its prefill (0 without a cache).
+    pub prefill_seconds: Vec<f64>,
+    /// Per prompt: its share of the seconds of its batch's token steps after the prefill (by the
+    /// tokens it decoded; without a cache, the seconds of its recomputes).
+    pub decode_seconds: Vec<f64>,
+    /// Per prompt: tokens run through a decoding step (its reply's tokens but the last).
+    pub decoded_tokens: Vec<usize>,
+    /// Per rank: bytes sent merging decoded tokens' attention ([`Phase::Decode`]); under a
+    /// launcher only this process's rank is known (the others 0).
+    pub decode_bytes: Vec<u64>,
+    /// Per rank: the most bytes its KV cache held (0 without a cache, or where unknown).
+    pub cache_bytes: Vec<u64>,
+    /// Per rank: the keys of the last batch's rows it held after their last step.
+    pub cache_keys: Vec<usize>,
+    /// With [`Decoding::keep_logits`], per prompt: the logits each token was picked from, one row of
+    /// the vocabulary a step (`[steps, vocab]` flat): step `i` follows the prompt's last token and
+    /// the reply's first `i`; the stop token's row is included. Empty otherwise.
+    pub logits: Vec<Vec<f32>>,
+}
+
+impl Decoded {
+    /// Bytes a rank sent per decoded token: the known ranks' mean (every rank under threads, this
+    /// process's under a launcher); 0 when nothing was decoded.
+    pub fn bytes_per_token_per_rank(&self) -> f64 {
+        let known: Vec<u64> = self
+            .decode_bytes
+            .iter()
+            .copied()
+            .filter(|&b| b > 0)
+            .collect();
+        let tokens: usize = self.decoded_tokens.iter().sum();
+        if known.is_empty() || tokens == 0 {
+            return 0.0;
+        }
+        known.iter().sum::<u64>() as f64 / known.len() as f64 / tokens as f64
+    }
 }
 
 /// Greedy continuation of each prompt (up to `max_new` tokens, stopping at `stop`), on `ranks` ranks.
-///
-/// Each step runs the full sequence through the ring (no KV cache): evaluation, not serving.
 pub fn greedy<B: LayerBackend>(
     model: &Llama<B>,
     prompts: &[Vec<u32>],
     decoding: &Decoding,
 ) -> Result<Vec<Vec<u32>>, RingError> {
-    let Decoding {
-        max_new,
-        stop,
-        pad,
-        partition,
-        ranks,
-        timeout,
-    } = *decoding;
-    let mut seqs: Vec<Vec<u32>> = prompts.to_vec();
-    let mut done = vec![false; prompts.len()];
-    let mut replies = vec![Vec::new(); prompts.len()];
-    for _ in 0..max_new {
-        if done.iter().all(|&d| d) {
-            break;
-        }
-        let longest = seqs.iter().map(Vec::len).max().unwrap_or(1);
-        let len = padded_len(partition, longest, ranks)?;
-        let layout = Arc::new(partition.layout(len, ranks)?);
-        let inputs: Vec<i64> = seqs
-            .iter()
-            .flat_map(|s| (0..len).map(move |i| i64::from(*s.get(i).unwrap_or(&pad))))
-            .collect();
-        let vocab = std::sync::OnceLock::new();
-        let per_rank = run_ranks(ranks, timeout, |comm| -> Result<Vec<f32>, RingError> {
-            let rank = comm.rank();
-            let ctx = Arc::new(RingContext::new(
-                comm,
-                layout.clone(),
-                RingConfig {
-                    causal: true,
-                    ..Default::default()
-                },
-            )?);
-            let t = layout.shard_len(rank);
-            let tokens = Tensor::<B, 2, Int>::from_data(
-                TensorData::new(ctx.shard_rows(&inputs, seqs.len(), 1), [seqs.len(), t]),
-                &Default::default(),
-            );
-            let logits = model
-                .clone()
-                .forward(tokens, &layout.positions[rank], &ctx)?;
-            vocab.get_or_init(|| logits.dims()[2]);
-            Ok(crate::host::read(logits))
+    let prompts: Vec<Prompt> = prompts.iter().cloned().map(Prompt::from).collect();
+    Ok(decode(model, &prompts, decoding)?.replies)
+}
+
+/// [`greedy`] of `prompts` (with their documents), with what it took, on in-process ranks.
+pub fn decode<B: LayerBackend>(
+    model: &Llama<B>,
+    prompts: &[Prompt],
+    decoding: &Decoding,
+) -> Result<Decoded, RingError> {
+    strategies::check_ranks(decoding.ranks)?;
+    if let Some(row) = prompts.iter().position(|p| p.tokens.is_empty()) {
+        return Err(RingError::EmptyPrompt { row });
+    }
+    let Some(merge) = decoding.cache else {
+        return recompute(model, prompts, decoding);
+    };
+    let results = run_ranks(decoding.ranks, decoding.timeout, |comm| {
+        decode_rank(comm, model, prompts, decoding, merge)
+    });
+    let ranks = all_or_root_cause(results, RingError::echo_level)?;
+    // Each rank's result holds its own bytes at its index.
+    let own = |pick: fn(&Decoded) -> &Vec<u64>| -> Vec<u64> {
+        ranks.iter().enumerate().map(|(r, d)| pick(d)[r]).collect()
+    };
+    Ok(Decoded {
+        decode_bytes: own(|d| &d.decode_bytes),
+        cache_bytes: own(|d| &d.cache_bytes),
+        ..ranks[0].clone()
+    })
+}
+
+/// This process's rank of a cached decoding over `comm` (one process per rank, e.g. under mpirun):
+/// every rank returns the same replies; its own bytes and cache are at its index.
+pub fn decode_on<B: LayerBackend>(
+    comm: Comm,
+    model: &Llama<B>,
+    prompts: &[Prompt],
+    decoding: &Decoding,
+) -> Result<Decoded, RingError> {
+    if comm.world() != decoding.ranks {
+        return Err(RingError::WorldMismatch {
+            world: comm.world(),
+            layout: decoding.ranks,
         });
-        let per_rank: Vec<Vec<f32>> = per_rank.into_iter().collect::<Result<_, _>>()?;
-        let v = *vocab.get().expect("at least one rank ran");
-        for (row, seq) in seqs.iter_mut().enumerate() {
+    }
+    if let Some(row) = prompts.iter().position(|p| p.tokens.is_empty()) {
+        return Err(RingError::EmptyPrompt { row });
+    }
+    decode_rank(
+        comm,
+        model,
+        prompts,
+        decoding,
+        decoding.cache.unwrap_or_default(),
+    )
+}
+
+/// The index of the largest logit (the first on a tie): the same on every rank for the same bits.
+fn argmax(logits: &[f32]) -> u32 {
+    logits
+        .iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
+            if x > best.1 { (i, x) } else { best }
+        })
+        .0 as u32
+}
+
+/// One rank's cached decoding, `decoding.batch` prompts at a time, each batch in a cache of its
+/// own: each prompt prefilled on its own layout into the cache, the first token's logits gathered
+/// from the rank holding the prompt's last position, then a step a token for the batch's rows.
+fn decode_rank<B: LayerBackend>(
+    comm: Comm,
+    model: &Llama<B>,
+    prompts: &[Prompt],
+    decoding: &Decoding,
+    merge: DecodeMerge,
+) -> Result<Decoded, RingError> {
+    let (rank, world) = (comm.rank(), comm.world());
+    let mut rings = Rings {
+        comm: Some(comm),
+        ctx: None,
+    };
+    let mut decoded = Decoded {
+        replies: Vec::with_capacity(prompts.len()),
+        prefill_seconds: Vec::with_capacity(prompts.len()),
+        decode_seconds: Vec::with_capacity(prompts.len()),
+        decoded_tokens: Vec::with_capacity(prompts.len()),
+        decode_bytes: vec![0; world],
+        cache_bytes: vec![0; world],
+        cache_keys: vec![0; world],
+        logits: Vec::new(),
+    };
+    let batch = match decoding.batch {
+        0 => prompts.len().max(1),
+        b => b,
+    };
+    for group in prompts.chunks(batch) {
+        decode_batch(&mut rings, model, group, decoding, merge, &mut decoded)?;
+        if let Some(report) = decoding.on_batch.filter(|_| rank == 0) {
+            report(group.len());
+        }
+    }
+    if let Some(ctx) = &rings.ctx {
+        decoded.decode_bytes[rank] = decode_bytes_sent(ctx);
+    }
+    Ok(decoded)
+}
+
+/// The communicator, until the first context takes it, and the last context made (later contexts
+/// share its communicator).
+struct Rings {
+    comm: Option<Comm>,
+    ctx: Option<Arc<RingContext>>,
+}
+
+impl Rings {
+    /// This rank's context on `layout`, its positions holding `sequence`.
+    fn on(
+        &mut self,
+        layout: Arc<strategies::Layout>,
+        sequence: Sequence,
+        config: RingConfig,
+    ) -> Result<Arc<RingContext>, RingError> {
+        let ctx = match (self.comm.take(), &self.ctx) {
+            (Some(comm), _) => RingContext::new(comm, layout, config)?,
+            (None, Some(ctx)) => ctx.with_layout(layout)?,
+            (None, None) => unreachable!("the communicator makes the first context"),
+        };
+        let ctx = Arc::new(ctx.with_sequence(sequence)?);
+        self.ctx = Some(ctx.clone());
+        Ok(ctx)
+    }
+}
+
+/// One batch of a rank's cached decoding, its replies and figures added to `decoded`.
+fn decode_batch<B: LayerBackend>(
+    rings: &mut Rings,
+    model: &Llama<B>,
+    prompts: &[Prompt],
+    decoding: &Decoding,
+    merge: DecodeMerge,
+    decoded: &mut Decoded,
+) -> Result<(), RingError> {
+    let world = decoding.ranks;
+    let config = RingConfig {
+        causal: true,
+        ..Default::default()
+    };
+    let longest = prompts.iter().map(|p| p.tokens.len()).max().unwrap_or(0);
+    let device = B::Device::default();
+    let mut cache: Option<KvCache<B>> = None;
+    let mut logits: Vec<Vec<f32>> = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        let started = Instant::now();
+        let len = prompt.tokens.len();
+        let layout = Arc::new(
+            decoding
+                .partition
+                .layout(padded_len(decoding.partition, len, world)?, world)?,
+        );
+        let sequence = Sequence {
+            len,
+            doc_lens: prompt.doc_lens.clone(),
+        };
+        let ctx = rings.on(layout.clone(), sequence.clone(), config)?;
+        let rank = ctx.rank();
+        let cache = cache.get_or_insert_with(|| {
+            KvCache::new(
+                (rank, world),
+                model.layers(),
+                longest + decoding.max_new,
+                config.kernel,
+                config.precision,
+            )
+        });
+        let positions = &layout.positions[rank];
+        let ids: Vec<i64> = positions
+            .iter()
+            .map(|&p| i64::from(*prompt.tokens.get(p).unwrap_or(&decoding.pad)))
+            .collect();
+        let tokens =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, positions.len()]), &device);
+        let (local, kept) = model.prefill(tokens, positions, &ctx)?;
+        let row = cache.add_row(&layout, sequence)?;
+        for (layer, [k, v]) in kept.into_iter().enumerate() {
+            cache.insert_prefill(row, layer, k, v);
+        }
+        // The last prompt token's logits, from the rank that holds it, to every rank (a sum of
+        // one row and zeros is that row, bit for bit).
+        let vocab = local.dims()[2];
+        let mut last = vec![0.0f32; vocab];
+        if let Some(i) = positions.iter().position(|&p| p == len - 1) {
+            last.copy_from_slice(&host::read(local.slice([0..1, i..i + 1, 0..vocab])));
+        }
+        ctx.with_comm(|c| c.all_reduce_sum(&mut last))?;
+        logits.push(last);
+        decoded
+            .prefill_seconds
+            .push(started.elapsed().as_secs_f64());
+    }
+    let (Some(mut cache), Some(ctx)) = (cache, rings.ctx.clone()) else {
+        return Ok(());
+    };
+    let started = Instant::now();
+    let mut replies = vec![Vec::new(); prompts.len()];
+    let mut done = vec![false; prompts.len()];
+    let mut tokens = vec![0usize; prompts.len()];
+    let mut kept = vec![
+        Vec::new();
+        if decoding.keep_logits {
+            prompts.len()
+        } else {
+            0
+        }
+    ];
+    for step in 0..decoding.max_new {
+        let (mut feed, mut rows) = (Vec::new(), Vec::new());
+        for row in 0..prompts.len() {
             if done[row] {
                 continue;
             }
-            let last = seq.len() - 1;
-            let owner = (0..ranks)
-                .find(|&r| layout.positions[r].contains(&last))
-                .expect("owned");
-            let local_index = layout.positions[owner]
-                .iter()
-                .position(|&p| p == last)
-                .expect("owned");
-            let t = layout.shard_len(owner);
-            let logits =
-                &per_rank[owner][(row * t + local_index) * v..(row * t + local_index + 1) * v];
-            let next = logits
-                .iter()
-                .enumerate()
-                .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
-                    if x > best.1 { (i, x) } else { best }
-                })
-                .0 as u32;
-            if next == stop {
+            if let Some(kept) = kept.get_mut(row) {
+                kept.extend_from_slice(&logits[row]);
+            }
+            let next = argmax(&logits[row]);
+            if next == decoding.stop {
                 done[row] = true;
-            } else {
-                seq.push(next);
-                replies[row].push(next);
+                continue;
+            }
+            replies[row].push(next);
+            if step + 1 < decoding.max_new {
+                feed.push(next);
+                rows.push(row);
+            }
+        }
+        if feed.is_empty() {
+            break;
+        }
+        let stepped = model.decode_step(&feed, &rows, &mut cache, (&ctx, merge))?;
+        let vocab = stepped.dims()[1];
+        let values = host::read(stepped);
+        for (i, &row) in rows.iter().enumerate() {
+            logits[row] = values[i * vocab..(i + 1) * vocab].to_vec();
+            tokens[row] += 1;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let total: usize = tokens.iter().sum();
+    for (reply, &n) in replies.into_iter().zip(&tokens) {
+        decoded.replies.push(reply);
+        decoded.decoded_tokens.push(n);
+        decoded.decode_seconds.push(if total == 0 {
+            0.0
+        } else {
+            seconds * n as f64 / total as f64
+        });
+    }
+    decoded.logits.extend(kept);
+    let rank = ctx.rank();
+    decoded.cache_bytes[rank] = decoded.cache_bytes[rank].max(cache.bytes());
+    decoded.cache_keys = vec![0; world];
+    for row in 0..cache.rows() {
+        for (keys, &n) in decoded.cache_keys.iter_mut().zip(cache.counts(row)) {
+            *keys += n;
+        }
+    }
+    Ok(())
+}
+
+/// Bytes this rank has sent merging decoded tokens' attention so far.
+fn decode_bytes_sent(ctx: &RingContext) -> u64 {
+    ctx.traffic()
+        .sends
+        .iter()
+        .filter(|s| s.phase == Phase::Decode)
+        .map(|s| s.bytes)
+        .sum()
+}
+
+/// Greedy decoding without a cache: each prompt's whole sequence through the ring for every new
+/// token (each prompt on its own layout, with its documents).
+fn recompute<B: LayerBackend>(
+    model: &Llama<B>,
+    prompts: &[Prompt],
+    decoding: &Decoding,
+) -> Result<Decoded, RingError> {
+    let mut decoded = Decoded {
+        replies: Vec::with_capacity(prompts.len()),
+        prefill_seconds: vec![0.0; prompts.len()],
+        decode_seconds: Vec::with_capacity(prompts.len()),
+        decoded_tokens: Vec::with_capacity(prompts.len()),
+        decode_bytes: vec![0; decoding.ranks],
+        cache_bytes: vec![0; decoding.ranks],
+        cache_keys: vec![0; decoding.ranks],
+        logits: Vec::new(),
+    };
+    for prompt in prompts {
+        let start = Instant::now();
+        let mut seq = prompt.clone();
+        let mut reply = Vec::new();
+        let mut kept = Vec::new();
+        for _ in 0..decoding.max_new {
+            let logits = last_logits(model, &seq, decoding)?;
+            let next = argmax(&logits);
+            if decoding.keep_logits {
+                kept.extend_from_slice(&logits);
+            }
+            if next == decoding.stop {
+                break;
+            }
+            seq.tokens.push(next);
+            if let Some(last) = seq.doc_lens.last_mut() {
+                *last += 1;
+            }
+            reply.push(next);
+        }
+        decoded.decoded_tokens.push(reply.len().saturating_sub(1));
+        decoded.replies.push(reply);
+        if decoding.keep_logits {
+            decoded.logits.push(kept);
+        }
+        decoded.decode_seconds.push(start.elapsed().as_secs_f64());
+        if let Some(report) = decoding.on_batch {
+            report(1);
+        }
+    }
+    Ok(decoded)
+}
+
+/// The logits after the last token of `prompt`, its whole sequence run through the ring.
+pub fn last_logits<B: LayerBackend>(
+    model: &Llama<B>,
+    prompt: &Prompt,
+    decoding: &Decoding,
+) -> Result<Vec<f32>, RingError> {
+    let all = full_logits(model, prompt, decoding)?;
+    let vocab = all.len() / prompt.tokens.len();
+    Ok(all[all.len() - vocab..].to_vec())
+}
+
+/// The logits `[len, vocab]` after every token of `prompt`, its whole sequence run through the ring
+/// on `decoding.ranks` ranks: the recompute a cached decoding is checked against.
+pub fn full_logits<B: LayerBackend>(
+    model: &Llama<B>,
+    prompt: &Prompt,
+    decoding: &Decoding,
+) -> Result<Vec<f32>, RingError> {
+    let (ranks, partition) = (decoding.ranks, decoding.partition);
+    let len = prompt.tokens.len();
+    let layout = Arc::new(partition.layout(padded_len(partition, len, ranks)?, ranks)?);
+    let sequence = Sequence {
+        len,
+        doc_lens: prompt.doc_lens.clone(),
+    };
+    let per_rank = run_ranks(ranks, decoding.timeout, |comm| {
+        let rank = comm.rank();
+        let config = RingConfig {
+            causal: true,
+            ..Default::default()
+        };
+        let ctx = Arc::new(
+            RingContext::new(comm, layout.clone(), config)?.with_sequence(sequence.clone())?,
+        );
+        let positions = &layout.positions[rank];
+        let ids: Vec<i64> = positions
+            .iter()
+            .map(|&p| i64::from(*prompt.tokens.get(p).unwrap_or(&decoding.pad)))
+            .collect();
+        let tokens = Tensor::<B, 2, Int>::from_data(
+            TensorData::new(ids, [1, positions.len()]),
+            &Default::default(),
+        );
+        let logits = model.forward(tokens, positions, &ctx)?;
+        Ok::<_, RingError>(host::read(logits))
+    });
+    let per_rank = all_or_root_cause(per_rank, RingError::echo_level)?;
+    let vocab = per_rank
+        .iter()
+        .zip(&layout.positions)
+        .find(|(_, p)| !p.is_empty())
+        .map_or(0, |(l, p)| l.len() / p.len());
+    let mut all = vec![0.0f32; len * vocab];
+    for (logits, positions) in per_rank.iter().zip(&layout.positions) {
+        for (i, &p) in positions.iter().enumerate() {
+            if p < len {
+                all[p * vocab..(p + 1) * vocab]
+                    .copy_from_slice(&logits[i * vocab..(i + 1) * vocab]);
             }
         }
     }
-    Ok(replies)
+    Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::argmax;
+
+    #[test]
+    fn argmax_takes_the_first_of_equal_logits() {
+        assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, -3.0]), 1);
+    }
 }

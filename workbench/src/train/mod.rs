@@ -17,7 +17,7 @@ pub mod run;
 pub mod step;
 
 pub use error::TrainError;
-pub use generation::{Decoding, greedy};
+pub use generation::{Decoded, Decoding, Prompt, decode, decode_on, full_logits, greedy};
 pub use objective::{Example, Objective};
 pub use replicas::{flat_params, with_flat_params};
 pub use resume::{AfterStep, OptimizerRecord, Progress, Snapshot, TrainOptimizer};

@@ -16,19 +16,28 @@ pub enum Phase {
     /// Head × context parallelism's all-to-all (Ulysses): sequence shards to head shards and back,
     /// forward and backward (the block's kind says which tensor).
     AllToAll,
+    /// Decoding over a sharded KV cache: every rank's partial attention of the new tokens, merged
+    /// (`ring::decode`).
+    Decode,
 }
 
 impl Phase {
-    /// The phases whose messages go through [`Comm::exchange`], in the order a call meets them.
-    pub const EXCHANGED: [Phase; 3] = [Phase::Forward, Phase::Backward, Phase::AllToAll];
+    /// The phases whose messages go through [`Comm::exchange`].
+    pub const EXCHANGED: [Phase; 4] = [
+        Phase::Forward,
+        Phase::Backward,
+        Phase::AllToAll,
+        Phase::Decode,
+    ];
 
-    /// Its name in messages: `forward`, `backward`, `collective`, `all-to-all`.
+    /// Its name in messages: `forward`, `backward`, `collective`, `all-to-all`, `decode`.
     pub fn name(self) -> &'static str {
         match self {
             Phase::Forward => "forward",
             Phase::Backward => "backward",
             Phase::Collective => "collective",
             Phase::AllToAll => "all-to-all",
+            Phase::Decode => "decode",
         }
     }
 }
@@ -42,6 +51,8 @@ pub struct Exchanges {
     pub backward: usize,
     /// Ulysses' all-to-alls, forward and backward.
     pub all_to_all: usize,
+    /// Decoding's merges of partial attention.
+    pub decode: usize,
 }
 
 impl Exchanges {
@@ -51,6 +62,7 @@ impl Exchanges {
             Phase::Forward => self.forward,
             Phase::Backward => self.backward,
             Phase::AllToAll => self.all_to_all,
+            Phase::Decode => self.decode,
             Phase::Collective => 0,
         }
     }
@@ -60,6 +72,7 @@ impl Exchanges {
             Phase::Forward => self.forward += 1,
             Phase::Backward => self.backward += 1,
             Phase::AllToAll => self.all_to_all += 1,
+            Phase::Decode => self.decode += 1,
             Phase::Collective => {}
         }
     }

@@ -105,8 +105,25 @@ impl GroupComm<'_> {
     /// its own payload stays (it is not sent or counted). Exchanges go by distance round the group
     /// (to `rank + d`, from `rank − d`, d = 1 … n−1), each its own tag, all posted before any wait:
     /// with n members each rank sends n − 1 messages (the traffic's [`Phase::AllToAll`] records).
-    pub fn all_to_all(
+    pub fn all_to_all(&mut self, payloads: Vec<Payload>) -> Result<Vec<Payload>, TransportError> {
+        self.all_to_all_in(Phase::AllToAll, payloads)
+    }
+
+    /// Every member's `payload` to every member, in member order (its own at its index, not sent):
+    /// an all-to-all of the same payload to each, its messages counted in `phase`.
+    pub fn all_gather(
         &mut self,
+        phase: Phase,
+        payload: Payload,
+    ) -> Result<Vec<Payload>, TransportError> {
+        let n = self.world();
+        self.all_to_all_in(phase, vec![payload; n])
+    }
+
+    /// [`GroupComm::all_to_all`] with its messages counted in `phase`.
+    fn all_to_all_in(
+        &mut self,
+        phase: Phase,
         mut payloads: Vec<Payload>,
     ) -> Result<Vec<Payload>, TransportError> {
         let (me, n) = (self.rank(), self.world());
@@ -124,10 +141,7 @@ impl GroupComm<'_> {
         for distance in 1..n {
             let (to, from) = ((me + distance) % n, (me + n - distance) % n);
             let payload = std::mem::take(&mut payloads[to]);
-            pending.push((
-                from,
-                self.exchange(Phase::AllToAll, distance, to, from, payload)?,
-            ));
+            pending.push((from, self.exchange(phase, distance, to, from, payload)?));
         }
         for (from, posted) in pending {
             received[from] = self.wait(posted)?;

@@ -199,7 +199,8 @@ impl Plan for TrainPlan {
                 context
                     .bar
                     .set_message(format!("{} eval {lines} lines", key(&run).id(KEYS)));
-                let rows = accuracy(&model, &tokenizer, &cases, run.strategy, run.ranks, 25)?;
+                let decoding = crate::line_retrieval::decoding(run.strategy, run.ranks, 25);
+                let rows = accuracy(&model, &tokenizer, &cases, &decoding)?;
                 let acc = rows.first().map_or(f64::NAN, |r| r.accuracy);
                 record
                     .0

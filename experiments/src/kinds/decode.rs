@@ -1,0 +1,394 @@
+//! Kind `decode`: greedy decoding of a seeded LLaMA-style model over a KV cache sharded on N ranks
+//! (prefill through the ring, then a token a step merged by `allgather` or `ring`) against the whole
+//! sequence recomputed per token: its rate, the merge's bytes per token per rank, the cache's memory
+//! and balance per rank, and every decoded position's logits against the recompute.
+
+use super::experiment::{Card, Check, Column, Experiment, Plan, Point, PointContext};
+use crate::line_retrieval::ModelSpec;
+use crate::plot::{Axis, Chart, Panel, Scale, panels};
+use crate::results::{Record, Table};
+use crate::spec::SpecText;
+use anyhow::{Result, bail};
+use burn::backend::Flex;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+use strategies::Partition;
+use workbench::model::Llama;
+use workbench::model::lazy::seeded;
+use workbench::ring::decode::DecodeMerge;
+use workbench::train::{Decoded, Decoding, Prompt, decode, full_logits};
+
+/// The kind.
+pub struct DecodeKind;
+
+/// How far a decoded position's logits may lie from the recompute's, relative to their scale (the
+/// exactness suite's bound, `tests/tests/decode.rs`).
+const MAX_REL_ERROR: f64 = ringbench_tests::F32_ATTENTION;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Spec {
+    sweep: Sweep,
+    /// The model, as the training specs write it; absent: [`small_model`].
+    model: Option<ModelSpec>,
+    #[serde(default)]
+    measure: Measure,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sweep {
+    prompt_lens: Option<Vec<usize>>,
+    ranks: Option<Vec<usize>>,
+    strategies: Option<Vec<String>>,
+    merges: Option<Vec<String>>,
+    new_tokens: Option<Vec<usize>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct Measure {
+    /// The model's vocabulary.
+    vocab: usize,
+    /// Seeds the weights.
+    seed: u64,
+    /// Tokens decoded by the full recompute for its rate (each a forward of the whole sequence).
+    recompute_tokens: usize,
+}
+
+impl Default for Measure {
+    fn default() -> Self {
+        Measure {
+            vocab: 256,
+            seed: 0,
+            recompute_tokens: 2,
+        }
+    }
+}
+
+/// The model when a spec has no `[model]`: 2 layers of width 64, 4 heads sharing 2 key/value heads.
+fn small_model() -> ModelSpec {
+    ModelSpec {
+        d_model: 64,
+        layers: 2,
+        heads: 4,
+        kv_heads: 2,
+        ffn_multiple_of: 32,
+        rope_theta: 10000.0,
+        ffn_chunk: 256,
+        checkpointing: false,
+        checkpoint: Default::default(),
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    prompt_len: usize,
+    ranks: usize,
+    strategy: String,
+    merge: String,
+    new_tokens: usize,
+    prefill_seconds: f64,
+    decode_tokens_per_second: f64,
+    recompute_tokens_per_second: f64,
+    decode_speedup: f64,
+    bytes_per_token_per_rank: f64,
+    cache_bytes_per_rank: u64,
+    cache_keys_max_over_mean: f64,
+    max_rel_error: f64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct DecodePoint {
+    prompt_len: usize,
+    ranks: usize,
+    strategy: &'static dyn Partition,
+    merge: DecodeMerge,
+    new_tokens: usize,
+}
+
+struct DecodePlan {
+    points: Vec<DecodePoint>,
+    model: Llama<Flex>,
+    measure: Measure,
+    /// The recompute's tokens per second per (prompt length, ranks, strategy): the merges share it.
+    recompute: BTreeMap<(usize, usize, &'static str), f64>,
+}
+
+const CARD: Card = Card {
+    name: "decode",
+    about: "measured: decoding over a KV cache sharded on N ranks (two merges) against the full \
+            recompute per token; bytes per token per rank, cache memory and balance, logits' error",
+    sweep_keys: &["prompt_lens", "ranks", "strategies", "merges", "new_tokens"],
+    key_columns: &["prompt_len", "ranks", "strategy", "merge", "new_tokens"],
+    columns: &[
+        Column::measured("prefill_seconds"),
+        Column::measured("decode_tokens_per_second"),
+        Column::measured("recompute_tokens_per_second"),
+        Column::measured("decode_speedup"),
+        Column::exact("bytes_per_token_per_rank"),
+        Column::exact("cache_bytes_per_rank"),
+        Column::exact("cache_keys_max_over_mean"),
+        Column {
+            name: "max_rel_error",
+            check: Check::AtMost(MAX_REL_ERROR),
+        },
+    ],
+};
+
+impl Experiment for DecodeKind {
+    fn card(&self) -> &'static Card {
+        &CARD
+    }
+
+    fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {
+        let parsed: Spec = spec.parse()?;
+        let sweep = &parsed.sweep;
+        let lens = spec.list("sweep", "prompt_lens", &sweep.prompt_lens)?;
+        if lens.contains(&0) {
+            return Err(spec.error("sweep", "prompt_lens", "a prompt needs at least 1 token"));
+        }
+        let ranks = spec.ranks("sweep", &sweep.ranks)?;
+        let strategies = spec.strategies(
+            "sweep",
+            "strategies",
+            spec.list("sweep", "strategies", &sweep.strategies)?,
+        )?;
+        let merges: Vec<DecodeMerge> = spec.parsed(
+            "sweep",
+            "merges",
+            spec.list("sweep", "merges", &sweep.merges)?,
+        )?;
+        let new_tokens = spec.list("sweep", "new_tokens", &sweep.new_tokens)?;
+        if new_tokens.contains(&0) {
+            return Err(spec.error("sweep", "new_tokens", "decode at least 1 token"));
+        }
+        let measure = parsed.measure;
+        if measure.vocab < 2 {
+            return Err(spec.error("measure", "vocab", "at least 2 tokens"));
+        }
+        if measure.recompute_tokens == 0 {
+            return Err(spec.error("measure", "recompute_tokens", "time at least 1 token"));
+        }
+        let model_spec = parsed.model.unwrap_or_else(small_model);
+        if model_spec.heads == 0
+            || model_spec.kv_heads == 0
+            || !model_spec.heads.is_multiple_of(model_spec.kv_heads)
+            || !model_spec.d_model.is_multiple_of(model_spec.heads)
+        {
+            bail!(
+                "{}: [model]: heads {} must divide d_model {} and be a multiple of kv_heads {}",
+                spec.path.display(),
+                model_spec.heads,
+                model_spec.d_model,
+                model_spec.kv_heads
+            );
+        }
+        let config = model_spec.config(measure.vocab);
+        let device = Default::default();
+        let model = seeded::<Flex, _>(measure.seed, &device, || config.init::<Flex>(&device));
+        let mut points = Vec::new();
+        for &prompt_len in lens {
+            for &ranks in ranks {
+                for &strategy in &strategies {
+                    for &merge in &merges {
+                        for &new_tokens in new_tokens {
+                            points.push(DecodePoint {
+                                prompt_len,
+                                ranks,
+                                strategy,
+                                merge,
+                                new_tokens,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Box::new(DecodePlan {
+            points,
+            model,
+            measure,
+            recompute: BTreeMap::new(),
+        }))
+    }
+
+    fn figure(&self, table: &Table, dir: &Path) -> Result<()> {
+        // Per merge: decoding's speedup over the recompute against the prompt's length, a line per
+        // rank count (the strategies' mean: the cache's rate hardly depends on the prefill's split).
+        let mut sums: BTreeMap<(String, String, u64), (f64, usize)> = BTreeMap::new();
+        let mut bytes: BTreeMap<(String, String), Vec<(f64, f64)>> = BTreeMap::new();
+        for row in &table.rows {
+            let merge = row.get("merge").unwrap_or("").to_owned();
+            let ranks = row.num("ranks");
+            let series = format!("N = {ranks}");
+            let entry = sums
+                .entry((merge.clone(), series, row.num("prompt_len") as u64))
+                .or_default();
+            entry.0 += row.num("decode_speedup");
+            entry.1 += 1;
+            bytes
+                .entry(("bytes a rank sends per decoded token".into(), merge))
+                .or_default()
+                .push((ranks, row.num("bytes_per_token_per_rank")));
+        }
+        let mut speedups: BTreeMap<(String, String), Vec<(f64, f64)>> = BTreeMap::new();
+        for ((merge, series, len), (sum, n)) in sums {
+            speedups
+                .entry((format!("merge = {merge}"), series))
+                .or_default()
+                .push((len as f64, sum / n as f64));
+        }
+        panels(
+            &dir.join("decode.svg"),
+            &Chart {
+                title: "Decoding over a sharded KV cache: tokens/s over the full recompute's",
+                x: Axis::new("prompt length (tokens)", Scale::Discrete),
+                y: Axis::new("decode speedup (×)", Scale::Auto),
+            },
+            &Panel::grouped(speedups),
+        )?;
+        for points in bytes.values_mut() {
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            points.dedup_by(|a, b| a.0 == b.0);
+        }
+        panels(
+            &dir.join("decode_bytes.svg"),
+            &Chart {
+                title: "Merge traffic per decoded token (any prompt length)",
+                x: Axis::new("ranks N", Scale::Discrete),
+                y: Axis::new("bytes per token per rank", Scale::Linear),
+            },
+            &Panel::grouped(bytes),
+        )
+    }
+}
+
+/// A deterministic prompt of `len` tokens in a vocabulary of `vocab`.
+fn prompt(len: usize, vocab: usize) -> Prompt {
+    Prompt::from(
+        (0..len)
+            .map(|t| ((t * 7919 + 13) % vocab) as u32)
+            .collect::<Vec<_>>(),
+    )
+}
+
+impl DecodePlan {
+    /// How `point` decodes: greedy, never stopping early (the stop token lies outside the vocabulary).
+    fn decoding(&self, point: &DecodePoint) -> Decoding<'static> {
+        Decoding {
+            max_new: point.new_tokens,
+            stop: self.measure.vocab as u32,
+            pad: 0,
+            partition: point.strategy,
+            ranks: point.ranks,
+            timeout: Duration::from_secs(600),
+            cache: Some(point.merge),
+            batch: 0,
+            on_batch: None,
+            keep_logits: true,
+        }
+    }
+
+    /// Tokens per second of the full recompute of `point`'s prompt: `recompute_tokens` greedy
+    /// tokens, each the whole sequence run through the ring (shorter than the cached decoding's
+    /// mean length, so the recompute is timed at its cheapest).
+    fn recompute_rate(&mut self, point: &DecodePoint) -> Result<f64> {
+        let key = (point.prompt_len, point.ranks, point.strategy.name());
+        if let Some(&rate) = self.recompute.get(&key) {
+            return Ok(rate);
+        }
+        let decoding = Decoding {
+            max_new: self.measure.recompute_tokens,
+            cache: None,
+            keep_logits: false,
+            ..self.decoding(point)
+        };
+        let prompt = prompt(point.prompt_len, self.measure.vocab);
+        let recomputed = decode(&self.model, &[prompt], &decoding)?;
+        let seconds: f64 = recomputed.decode_seconds.iter().sum();
+        let rate = recomputed.replies[0].len() as f64 / seconds;
+        self.recompute.insert(key, rate);
+        Ok(rate)
+    }
+}
+
+/// Every decoded position's logits of `cached` against the whole sequence (prompt and reply)
+/// recomputed on the same ranks.
+fn logits_error(
+    model: &Llama<Flex>,
+    prompt: &Prompt,
+    cached: &Decoded,
+    decoding: &Decoding,
+) -> Result<f64> {
+    let reply = &cached.replies[0];
+    let mut whole = prompt.clone();
+    whole.tokens.extend(reply);
+    let all = full_logits(
+        model,
+        &whole,
+        &Decoding {
+            cache: None,
+            ..*decoding
+        },
+    )?;
+    let vocab = all.len() / whole.tokens.len();
+    let from = (prompt.tokens.len() - 1) * vocab;
+    let got = &cached.logits[0];
+    let deviation = ringbench_tests::deviation(got, &all[from..from + got.len()]);
+    if let Some(wrong) = deviation.wrong {
+        bail!("decoded logits: {wrong:?} at {}", deviation.at);
+    }
+    Ok(deviation.rel)
+}
+
+impl Plan for DecodePlan {
+    fn points(&self) -> Vec<Point> {
+        self.points
+            .iter()
+            .map(|p| {
+                Point::single(Record::new([
+                    ("prompt_len", p.prompt_len.to_string()),
+                    ("ranks", p.ranks.to_string()),
+                    ("strategy", p.strategy.name().to_owned()),
+                    ("merge", p.merge.name().to_owned()),
+                    ("new_tokens", p.new_tokens.to_string()),
+                ]))
+            })
+            .collect()
+    }
+
+    fn compute(&mut self, index: usize, _: &PointContext) -> Result<Vec<Record>> {
+        let point = self.points[index];
+        let decoding = self.decoding(&point);
+        let prompt = prompt(point.prompt_len, self.measure.vocab);
+        let cached = decode(&self.model, std::slice::from_ref(&prompt), &decoding)?;
+        let steps = cached.decoded_tokens[0];
+        let decode_rate = if steps == 0 {
+            0.0
+        } else {
+            steps as f64 / cached.decode_seconds[0]
+        };
+        let recompute_rate = self.recompute_rate(&point)?;
+        let keys = &cached.cache_keys;
+        let mean = keys.iter().sum::<usize>() as f64 / keys.len() as f64;
+        let max_keys = keys.iter().copied().max().unwrap_or(0) as f64;
+        Ok(vec![Record::of(&Row {
+            prompt_len: point.prompt_len,
+            ranks: point.ranks,
+            strategy: point.strategy.name().to_owned(),
+            merge: point.merge.name().to_owned(),
+            new_tokens: point.new_tokens,
+            prefill_seconds: cached.prefill_seconds[0],
+            decode_tokens_per_second: decode_rate,
+            recompute_tokens_per_second: recompute_rate,
+            decode_speedup: decode_rate / recompute_rate,
+            bytes_per_token_per_rank: cached.bytes_per_token_per_rank(),
+            cache_bytes_per_rank: cached.cache_bytes.iter().copied().max().unwrap_or(0),
+            cache_keys_max_over_mean: max_keys / mean,
+            max_rel_error: logits_error(&self.model, &prompt, &cached, &decoding)?,
+        })?])
+    }
+}
