@@ -310,27 +310,78 @@ fn train_eval_and_checkpoint_errors() {
     ]);
     assert!(out.status.success());
     let csv = dir.join("acc.csv");
+    // With the KV cache (each merge) and without it: the same replies, case by case.
+    let mut replies = Vec::new();
+    for (i, mode) in [
+        ["--merge", "allgather"],
+        ["--merge", "ring"],
+        ["--no-cache", ""],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let written = dir.join(format!("replies{i}.jsonl"));
+        let mut args = vec![
+            "eval-lines",
+            "--checkpoint",
+            &s(&ckpt),
+            "--cases",
+            &s(&cases),
+            "--ranks",
+            "2",
+            "--strategy",
+            "striped",
+            "--out",
+            &s(&csv),
+            "--replies",
+            &s(&written),
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+        args.extend(mode.iter().filter(|a| !a.is_empty()).map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = ringbench(&args);
+        assert!(
+            out.status.success(),
+            "{mode:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let table = std::fs::read_to_string(&csv).unwrap();
+        assert!(
+            table.starts_with(
+                "num_lines,cases,correct,accuracy,prompt_tokens,prefill_seconds,decode_seconds,\
+                 decode_bytes_per_token_per_rank\n2,3,"
+            ),
+            "{table}"
+        );
+        let text = std::fs::read_to_string(&written).unwrap();
+        assert_eq!(text.lines().count(), 6, "{text}");
+        assert!(text.starts_with("{\"num_lines\":2,\"expected\":"), "{text}");
+        replies.push(text);
+    }
+    assert_eq!(replies[0], replies[1], "the two merges' replies");
+    assert_eq!(
+        replies[0], replies[2],
+        "the cache's replies and the recompute's"
+    );
+    // A merge that is not one of the two: clap's usage message, exit 2, nothing written.
+    std::fs::remove_file(&csv).unwrap();
     let out = ringbench(&[
         "eval-lines",
         "--checkpoint",
         &s(&ckpt),
         "--cases",
         &s(&cases),
-        "--ranks",
-        "2",
+        "--merge",
+        "tree",
         "--out",
         &s(&csv),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let table = std::fs::read_to_string(&csv).unwrap();
-    assert!(
-        table.starts_with("num_lines,cases,correct,accuracy,prompt_tokens\n2,3,"),
-        "{table}"
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("allgather, ring"), "{stderr}");
+    assert!(!csv.exists());
 
     // Zero ranks: one typed error line, for evaluation and training alike (no rank ever starts, so
     // no transport waits: the exact text is the typed error, not a timeout).

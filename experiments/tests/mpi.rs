@@ -176,6 +176,62 @@ fn training_over_four_processes_matches_threads_and_resumes() {
     for (step, (x, y)) in a.iter().zip(&b).enumerate() {
         assert!((x - y).abs() <= 1e-6, "step {step}: threads {x} vs MPI {y}");
     }
+    // Decoding the trained model over a KV cache sharded on 4 processes, by each merge: the
+    // replies of the 4 in-process ranks, and rank 0 alone writes them.
+    let cases = dir.join("cases.jsonl");
+    let s = |p: &Path| p.to_string_lossy().into_owned();
+    let made = ringbench(&[
+        "gen-lines",
+        "--num-lines",
+        "2,3",
+        "--cases",
+        "2",
+        "--out",
+        &s(&cases),
+    ]);
+    assert!(made.status.success());
+    let checkpoint = s(&dir.join("threads"));
+    let replies = |mpi: bool, merge: &str| -> String {
+        let file = dir.join(format!("replies-{mpi}-{merge}.jsonl"));
+        let args = [
+            "eval-lines",
+            "--checkpoint",
+            &checkpoint,
+            "--cases",
+            &s(&cases),
+            "--ranks",
+            "4",
+            "--merge",
+            merge,
+            "--out",
+            &s(&dir.join("acc.csv")),
+            "--replies",
+            &s(&file),
+        ];
+        let output = if mpi {
+            mpirun(4, &args)
+        } else {
+            ringbench(&args)
+        };
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // One table printed: one process per rank, rank 0 writing (4 would mean 4 thread jobs).
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(stdout.matches("num_lines,").count(), 1, "{stdout}");
+        std::fs::read_to_string(file).unwrap()
+    };
+    for merge in ["allgather", "ring"] {
+        let threads = replies(false, merge);
+        assert_eq!(threads.lines().count(), 4, "{threads}");
+        assert_eq!(
+            replies(true, merge),
+            threads,
+            "{merge}: MPI's replies and the threads'"
+        );
+    }
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -369,7 +369,14 @@ impl Plan for DecodePlan {
         if !self.warmed {
             let short = prompt(point.prompt_len.min(256), self.measure.vocab);
             decode(&self.model, &[short.clone()], &decoding)?;
-            decode(&self.model, &[short], &Decoding { cache: None, ..decoding })?;
+            decode(
+                &self.model,
+                &[short],
+                &Decoding {
+                    cache: None,
+                    ..decoding
+                },
+            )?;
             self.warmed = true;
         }
         let prompt = prompt(point.prompt_len, self.measure.vocab);
@@ -399,5 +406,70 @@ impl Plan for DecodePlan {
             cache_keys_max_over_mean: max_keys / mean,
             max_rel_error: logits_error(&self.model, &prompt, &cached, &decoding)?,
         })?])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(sweep: &str) -> Result<Box<dyn Plan>> {
+        let text = format!("kind = \"decode\"\n[sweep]\n{sweep}\n");
+        DecodeKind.plan(&SpecText::from_text(Path::new("d.toml"), text)?)
+    }
+
+    const GOOD: &str = "prompt_lens = [8]\nranks = [2]\nstrategies = [\"zigzag\"]\n\
+                        merges = [\"ring\"]\nnew_tokens = [2]";
+
+    #[test]
+    fn a_spec_plans_its_product_and_bad_values_name_their_key_and_line() {
+        assert_eq!(plan(GOOD).unwrap().points().len(), 1);
+        for (from, to, message) in [
+            (
+                "prompt_lens = [8]",
+                "prompt_lens = [8, 0]",
+                "d.toml:3: sweep.prompt_lens",
+            ),
+            ("[\"ring\"]", "[\"tree\"]", "unknown decode merge 'tree'"),
+            (
+                "new_tokens = [2]",
+                "new_tokens = [0]",
+                "sweep.new_tokens: decode at least 1",
+            ),
+            (
+                "ranks = [2]",
+                "ranks = [0]",
+                "ranks must be at least 1, got 0",
+            ),
+            ("[\"zigzag\"]", "[\"diagonal\"]", "diagonal"),
+            ("new_tokens = [2]", "", "needs sweep.new_tokens"),
+        ] {
+            let err = plan(&GOOD.replace(from, to)).err().expect(to).to_string();
+            assert!(err.contains(message), "{to}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_point_decodes_exactly_and_counts_its_bytes() {
+        let mut plan = plan(GOOD).unwrap();
+        let table = Table::of(Vec::new());
+        let bar = indicatif::ProgressBar::hidden();
+        let context = PointContext {
+            table: &table,
+            dir: Path::new("."),
+            bar: &bar,
+        };
+        let rows = plan.compute(0, &context).unwrap();
+        let row = &rows[0];
+        assert!(row.num("max_rel_error") <= MAX_REL_ERROR, "{row:?}");
+        // One decoding step of 1 row × 4 heads × (16 + 1) f32 in each of 2 layers, merged round a
+        // ring of 2: 2(N − 1)/N = 1 partial a rank.
+        assert_eq!(row.num("bytes_per_token_per_rank"), (2 * 4 * 17 * 4) as f64);
+        // 8 + 2 − 1 cached keys (the last token is not fed back), 2 layers × K and V × 2 kv heads ×
+        // 16 × 4 bytes a key, on the rank holding 5 of them.
+        assert_eq!(
+            row.num("cache_bytes_per_rank"),
+            (5 * 2 * 2 * 2 * 16 * 4) as f64
+        );
     }
 }
