@@ -449,10 +449,10 @@ fn a_rank_failing_in_a_decode_step_is_a_typed_error() {
             "{merge}: took {:?}",
             started.elapsed()
         );
-        let message = err.to_string();
-        assert!(
-            message.contains("rank 2") && message.contains("decode"),
-            "{merge} at exchange {step}: {message}"
+        assert_eq!(
+            err.to_string(),
+            format!("rank 2 failed: injected fault at its decode exchange {step}"),
+            "{merge}"
         );
     }
 }
