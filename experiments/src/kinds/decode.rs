@@ -368,7 +368,7 @@ impl Plan for DecodePlan {
         let decoding = self.decoding(&point);
         if !self.warmed {
             let short = prompt(point.prompt_len.min(256), self.measure.vocab);
-            decode(&self.model, &[short.clone()], &decoding)?;
+            decode(&self.model, std::slice::from_ref(&short), &decoding)?;
             decode(
                 &self.model,
                 &[short],
