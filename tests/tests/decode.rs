@@ -697,3 +697,68 @@ fn bad_decoding_input_is_a_typed_error() {
         "batch row 1: 4 tokens do not fit a KV cache sized for 3"
     );
 }
+
+/// bf16 operands with an f32 merge: each decoded output within the bf16 bound of the float64
+/// reference of the rounded inputs (`ringbench_tests::bf16`: 2u of the output's terms' magnitudes,
+/// plus f32's own; the partials merge in f32), on every strategy and kernel, both merges.
+#[test]
+fn bf16_decoding_is_within_the_bf16_bound() {
+    use workbench::dtype::{Dtype, Precision};
+    let c = ringbench_tests::case_in(
+        Dtype::Bf16,
+        40,
+        (8, 2),
+        true,
+        1.0 / (HEAD_DIM as f64).sqrt(),
+        &[],
+        Variant::default(),
+    );
+    let bound = ringbench_tests::bf16::bounds()[0];
+    let mut runs = 0;
+    for (i, strategy) in names().into_iter().enumerate() {
+        for (ranks, kernel) in [
+            (4, Kernel::ALL[i % 2]),
+            (1 + i % 2, Kernel::ALL[(i + 1) % 2]),
+        ] {
+            let run = Run {
+                strategy,
+                ranks,
+                merge: DecodeMerge::ALL[(i + ranks) % 2],
+                config: RingConfig {
+                    causal: true,
+                    kernel,
+                    precision: Precision {
+                        dtype: Dtype::Bf16,
+                        merge: Dtype::F32,
+                    },
+                    ..Default::default()
+                },
+                prompts: [31, 26],
+                fault: None,
+            };
+            let ranks_out = decode(&c, &run).unwrap_or_else(|e| panic!("{run:?}: {e}"));
+            for b in 0..BATCH {
+                for (t, got) in ranks_out[0].out[b].iter().enumerate() {
+                    let position = run.prompts[b] + t;
+                    let d = deviation(got, want(&c, b, position));
+                    let error = if d.wrong.is_some() {
+                        f64::INFINITY
+                    } else {
+                        d.abs / c.want.out_terms
+                    };
+                    assert!(
+                        error <= bound,
+                        "{run:?}: row {b} position {position}: {error:e} > {bound:e}"
+                    );
+                    // Returned in bf16: every value is a bf16 number.
+                    assert!(
+                        got.iter().all(|x| x.to_bits() & 0xffff == 0),
+                        "{run:?}: not bf16"
+                    );
+                }
+            }
+            runs += 1;
+        }
+    }
+    assert_eq!(runs, 2 * names().len());
+}
