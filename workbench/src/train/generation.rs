@@ -186,14 +186,22 @@ pub fn decode_on<B: LayerBackend>(
 }
 
 /// The index of the largest logit (the first on a tie): the same on every rank for the same bits.
-fn argmax(logits: &[f32]) -> u32 {
-    logits
+/// A NaN logit is an error naming its index (a comparison would skip it and pick a token silently).
+fn argmax(logits: &[f32]) -> Result<u32, RingError> {
+    if let Some(i) = logits.iter().position(|x| x.is_nan()) {
+        return Err(RingError::NonFinite {
+            what: "decoded logits",
+            index: vec![i],
+            value: logits[i],
+        });
+    }
+    Ok(logits
         .iter()
         .enumerate()
         .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
             if x > best.1 { (i, x) } else { best }
         })
-        .0 as u32
+        .0 as u32)
 }
 
 /// One rank's cached decoding, `decoding.batch` prompts at a time, each batch in a cache of its
@@ -353,7 +361,7 @@ fn decode_batch<B: LayerBackend>(
             if let Some(kept) = kept.get_mut(row) {
                 kept.extend_from_slice(&logits[row]);
             }
-            let next = argmax(&logits[row]);
+            let next = argmax(&logits[row])?;
             if next == decoding.stop {
                 done[row] = true;
                 continue;
@@ -432,7 +440,7 @@ fn recompute<B: LayerBackend>(
         let mut kept = Vec::new();
         for _ in 0..decoding.max_new {
             let logits = last_logits(model, &seq, decoding)?;
-            let next = argmax(&logits);
+            let next = argmax(&logits)?;
             if decoding.keep_logits {
                 kept.extend_from_slice(&logits);
             }
@@ -528,7 +536,11 @@ mod tests {
 
     #[test]
     fn argmax_takes_the_first_of_equal_logits() {
-        assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
-        assert_eq!(argmax(&[f32::NEG_INFINITY, -3.0]), 1);
+        assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]).unwrap(), 1);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, -3.0]).unwrap(), 1);
+        assert_eq!(
+            argmax(&[0.5, f32::NAN, 2.0]).unwrap_err().to_string(),
+            "decoded logits[1] is NaN: inputs must be finite"
+        );
     }
 }
