@@ -5,12 +5,14 @@
 #![warn(missing_docs)]
 
 pub mod exorl;
+pub mod hf_tokenizer;
 pub mod line_retrieval;
 pub mod packing;
 pub mod rng;
 pub mod tokenizer;
 mod words;
 
+pub use hf_tokenizer::HfTokenizer;
 pub use line_retrieval::{Case, DatasetError, WordSplit, generate, read_jsonl, score_reply};
 pub use rng::SplitMix64;
 pub use tokenizer::{Tokenizer, TokenizerError};

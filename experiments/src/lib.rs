@@ -13,6 +13,7 @@ pub mod exorl;
 pub mod extremes;
 pub mod grid_model;
 pub mod hardware;
+pub mod hf;
 pub mod kinds;
 pub mod line_retrieval;
 pub mod markdown;

@@ -1,7 +1,7 @@
 //! `ringbench`: the workbench's command line.
 
 use clap::{Parser, Subcommand};
-use experiments::{alloc, attn, bench, exorl, line_retrieval, reproduce, runner};
+use experiments::{alloc, attn, bench, exorl, hf, line_retrieval, reproduce, runner};
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
@@ -35,6 +35,9 @@ enum Command {
     /// ExoRL-layout offline RL: collect episodes, print their stats, build the Table 5 analog.
     #[command(subcommand)]
     Exorl(exorl::ExorlCommand),
+    /// Hugging Face LLaMA-family models: logits, greedy generation, tokenization, export.
+    #[command(subcommand)]
+    Hf(hf::HfCommand),
     /// Regenerate the paper-analog tables: `quick` (minutes on a laptop CPU) or `full`.
     Reproduce(reproduce::ReproduceArgs),
 }
@@ -49,6 +52,7 @@ fn main() {
         Command::GenLines(args) => line_retrieval::run_gen(args),
         Command::Run(args) => runner::run_command(args),
         Command::Exorl(command) => exorl::run(command),
+        Command::Hf(command) => hf::run(command),
         Command::Reproduce(args) => reproduce::run(args),
     };
     if let Err(error) = result {

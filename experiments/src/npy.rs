@@ -1,4 +1,5 @@
-//! Reading and writing `.npy` arrays (C or Fortran order, f32 or f64 in; C-order f32 out).
+//! Reading and writing `.npy` arrays (C or Fortran order, f32 or f64 in; C-order f32 out), and token
+//! ids (int32 or int64 in, C order; int64 out).
 
 use npyz::{DType, NpyFile, TypeChar, WriteOptions, WriterBuilder};
 use std::fs::File;
@@ -17,6 +18,14 @@ pub enum NpyError {
         path: PathBuf,
         /// The I/O error.
         cause: std::io::Error,
+    },
+    /// Token ids of another dtype or rank than int32/int64 `[batch, seq]`, or out of range.
+    #[error("{path}: {what}")]
+    Ids {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
     },
     /// A dtype other than float32 or float64.
     #[error("{path}: dtype {dtype} is not supported; expected float32 or float64")]
@@ -107,6 +116,82 @@ pub fn write(path: &Path, tensor: &HostTensor) -> Result<(), NpyError> {
         .map_err(io(path))?;
     writer
         .extend(tensor.data.iter().copied())
+        .map_err(io(path))?;
+    writer.finish().map_err(io(path))
+}
+
+/// Token ids `[batch, seq]` of an int32 or int64 array in C order: the rows, each checked to be a
+/// token id (0 to 2³² − 1).
+pub fn read_ids(path: &Path) -> Result<Vec<Vec<u32>>, NpyError> {
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    let file = NpyFile::new(&bytes[..]).map_err(io(path))?;
+    let bad = |what: String| NpyError::Ids {
+        path: path.to_owned(),
+        what,
+    };
+    let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
+    let [batch, seq] = shape[..] else {
+        return Err(bad(format!(
+            "token ids must be [batch, seq]; got shape {shape:?}"
+        )));
+    };
+    if file.order() == npyz::Order::Fortran && batch > 1 && seq > 1 {
+        return Err(bad("token ids must be in C order".into()));
+    }
+    let values: Vec<i64> = match file.dtype() {
+        DType::Plain(t) if t.type_char() == TypeChar::Int && t.size_field() == 8 => {
+            file.into_vec::<i64>().map_err(io(path))?
+        }
+        DType::Plain(t) if t.type_char() == TypeChar::Int && t.size_field() == 4 => file
+            .into_vec::<i32>()
+            .map_err(io(path))?
+            .into_iter()
+            .map(i64::from)
+            .collect(),
+        other => {
+            return Err(bad(format!(
+                "dtype {} is not token ids; expected int32 or int64",
+                other.descr()
+            )));
+        }
+    };
+    if let Some((i, v)) = values
+        .iter()
+        .enumerate()
+        .find(|(_, v)| u32::try_from(**v).is_err())
+    {
+        return Err(bad(format!(
+            "ids[{}, {}] = {v} is not a token id",
+            i / seq.max(1),
+            i % seq.max(1)
+        )));
+    }
+    Ok(values
+        .chunks(seq.max(1))
+        .take(batch)
+        .map(|row| row.iter().map(|&v| v as u32).collect())
+        .collect())
+}
+
+/// Writes token ids `[batch, seq]` as int64 in C order (rows of equal length).
+pub fn write_ids(path: &Path, rows: &[Vec<u32>]) -> Result<(), NpyError> {
+    let seq = rows.first().map_or(0, Vec::len);
+    if let Some(row) = rows.iter().position(|r| r.len() != seq) {
+        return Err(NpyError::Ids {
+            path: path.to_owned(),
+            what: format!("row {row} has {} ids, row 0 has {seq}", rows[row].len()),
+        });
+    }
+    let file = File::create(path).map_err(io(path))?;
+    let shape = [rows.len() as u64, seq as u64];
+    let mut writer = WriteOptions::<i64>::new()
+        .default_dtype()
+        .shape(&shape)
+        .writer(BufWriter::new(file))
+        .begin_nd()
+        .map_err(io(path))?;
+    writer
+        .extend(rows.iter().flatten().map(|&t| i64::from(t)))
         .map_err(io(path))?;
     writer.finish().map_err(io(path))
 }

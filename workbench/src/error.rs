@@ -129,6 +129,10 @@ pub enum RingError {
         /// The query heads.
         heads: usize,
     },
+    /// A model config value the model cannot honour (a head width that is odd, a norm's ε that is
+    /// not above 0, a RoPE scaling that scales nothing), named.
+    #[error("model config: {0}")]
+    ModelConfig(String),
     /// Query heads must be a multiple of key/value heads (grouped-query attention).
     #[error("query heads {heads} are not a multiple of key/value heads {kv_heads}")]
     Heads {

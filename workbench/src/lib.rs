@@ -12,6 +12,7 @@
 //! | [`cube`] | the fused device kernel's CubeCL source and launches, offered by the CubeCL backends |
 //! | [`transport`] | moving blocks between ranks: threads, MPI, NCCL behind one trait |
 //! | [`model`] | the LLaMA-style decoder and the Agentic Transformer, attending with the ring |
+//! | [`hf`] | Hugging Face checkpoints in and out (config, safetensors weights) |
 //! | [`train`] | SPMD training and greedy decoding over in-process or MPI ranks |
 
 #![warn(missing_docs)]
@@ -21,6 +22,7 @@ pub mod block;
 pub mod cube;
 pub mod dtype;
 pub mod error;
+pub mod hf;
 pub mod host;
 pub mod kernels;
 pub mod model;

@@ -283,7 +283,7 @@ impl DecodePlan {
     fn decoding(&self, point: &DecodePoint) -> Decoding<'static> {
         Decoding {
             max_new: point.new_tokens,
-            stop: self.measure.vocab as u32,
+            stop: &[],
             pad: 0,
             partition: point.strategy,
             ranks: point.ranks,

@@ -206,7 +206,7 @@ impl OnBackend for EvalOn<'_> {
 pub fn decoding(partition: &dyn strategies::Partition, ranks: usize, batch: usize) -> Decoding<'_> {
     Decoding {
         max_new: 8,
-        stop: EOS,
+        stop: &[EOS],
         pad: EOS,
         partition,
         ranks,

@@ -10,6 +10,7 @@
 use crate::error::RingError;
 use crate::model::lazy::materialize;
 use crate::model::rope::Rope;
+use crate::model::rope_scaling::RopeFrequencies;
 use crate::ring::context::{Attend, RingContext};
 use crate::ring::op::{RingBackend, ring_attention_with};
 use burn::config::Config;
@@ -139,7 +140,8 @@ impl<B: RingBackend> RingAttention<B> {
         let mut k = split(self.k.forward(x.clone()), self.kv_heads);
         let v = split(self.v.forward(x), self.kv_heads);
         if let Some(theta) = self.rope_theta {
-            let rope = Rope::new(ctx.positions(ctx.rank()), d, theta, &q.device());
+            let frequencies = (RopeFrequencies::plain(theta), ctx.sequence().len);
+            let rope = Rope::new(ctx.positions(ctx.rank()), d, frequencies, &q.device());
             (q, k) = (rope.rotate(q, false), rope.rotate(k, false));
         }
         let attend = Attend {

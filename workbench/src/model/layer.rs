@@ -15,6 +15,7 @@ use crate::error::RingError;
 use crate::model::ffn::{FfnBackend, blockwise_swiglu, swiglu_backward};
 use crate::model::norm::{flat, project, rms_norm, rms_norm_backward};
 use crate::model::rope::Rope;
+use crate::model::rope_scaling::RopeFrequencies;
 use crate::model::weights::{DecoderLayer, WeightPrimitives, Weights};
 use crate::primitive::{unwrap, wrap};
 use crate::ring::cache::KvCache;
@@ -41,8 +42,10 @@ pub struct Trunk {
     pub heads: usize,
     /// Key/value heads.
     pub kv_heads: usize,
-    /// RoPE base.
-    pub rope_theta: f64,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// RoPE's base and scaling.
+    pub rope: RopeFrequencies,
     /// Tokens per feed-forward chunk.
     pub ffn_chunk: usize,
     /// What the layer keeps for its backward.
@@ -129,15 +132,23 @@ fn forward_with<B: FfnBackend, S>(
     ) -> Result<(Tensor<B, 4>, S), RingError>,
 ) -> Result<Forward<B, S>, RingError> {
     let [b, t, d] = x.dims();
-    let hd = d / trunk.heads;
+    let hd = trunk.head_dim;
     let (h1, r1) = rms_norm(x.clone(), &w.attn_norm, w.epsilons[0]);
     // [b, t, heads · hd] → [b, heads, t, hd]
     let split = |y: Tensor<B, 3>, heads: usize| y.reshape([b, t, heads, hd]).swap_dims(1, 2);
-    let q = rope.rotate(split(project(h1.clone(), &w.wq), trunk.heads), false);
-    let k = rope.rotate(split(project(h1.clone(), &w.wk), trunk.kv_heads), false);
-    let v = split(project(h1.clone(), &w.wv), trunk.kv_heads);
+    let [bq, bk, bv] = w
+        .qkv_bias
+        .clone()
+        .map_or([None, None, None], |b| b.map(Some));
+    let q = rope.rotate(split(biased(&h1, &w.wq, bq), trunk.heads), false);
+    let k = rope.rotate(split(biased(&h1, &w.wk, bk), trunk.kv_heads), false);
+    let v = split(biased(&h1, &w.wv, bv), trunk.kv_heads);
     let (out, saved) = attention(q, k, v)?;
-    let x2 = x + project(out.clone().swap_dims(1, 2).reshape([b, t, d]), &w.wo);
+    let a = out
+        .clone()
+        .swap_dims(1, 2)
+        .reshape([b, t, trunk.heads * hd]);
+    let x2 = x + project(a, &w.wo);
     let (h2, r2) = rms_norm(x2.clone(), &w.ffn_norm, w.epsilons[1]);
     let chunk = trunk.ffn_chunk.max(1);
     let ffn = match trunk.checkpoint {
@@ -167,6 +178,19 @@ fn forward_with<B: FfnBackend, S>(
     })
 }
 
+/// `x · w (+ bias)` for `x: [b, t, n]`, `w: [n, m]`, `bias: [m]`.
+fn biased<B: Backend>(
+    x: &Tensor<B, 3>,
+    w: &Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+) -> Tensor<B, 3> {
+    let y = project(x.clone(), w);
+    match bias {
+        Some(bias) => y + bias.unsqueeze::<3>(),
+        None => y,
+    }
+}
+
 /// The gradients of a layer's input and parameters for `dy`, recomputing its forward.
 fn backward<B: RingBackend + FfnBackend>(
     w: &Weights<B>,
@@ -176,8 +200,8 @@ fn backward<B: RingBackend + FfnBackend>(
     ctx: &Arc<RingContext>,
     dy: Tensor<B, 3>,
 ) -> Result<(Tensor<B, 3>, Weights<B>), RingError> {
-    let [b, t, d] = x.dims();
-    let hd = d / trunk.heads;
+    let [b, t, _] = x.dims();
+    let hd = trunk.head_dim;
     let f = forward(w, x.clone(), rope, (trunk, attend), ctx)?;
     // y = x2 + ffn(norm₂(x2))
     let (dh2, dw1, dw3, dw2) = swiglu_backward(
@@ -190,8 +214,12 @@ fn backward<B: RingBackend + FfnBackend>(
     );
     let (dx2_norm, d_ffn_norm) = rms_norm_backward(f.x2, f.r2, &w.ffn_norm, dh2);
     let dx2 = dy + dx2_norm;
-    // x2 = x + a·Wo with a the attention output as [b, t, d]
-    let a = f.out.clone().swap_dims(1, 2).reshape([b, t, d]);
+    // x2 = x + a·Wo with a the attention output as [b, t, heads · hd]
+    let a = f
+        .out
+        .clone()
+        .swap_dims(1, 2)
+        .reshape([b, t, trunk.heads * hd]);
     let dwo = flat(a).transpose().matmul(flat(dx2.clone()));
     let da = project(dx2.clone(), &w.wo.clone().transpose());
     let d_out = da.reshape([b, t, trunk.heads, hd]).swap_dims(1, 2);
@@ -206,6 +234,15 @@ fn backward<B: RingBackend + FfnBackend>(
         merge(rope.rotate(dk, true)),
         merge(dv),
     );
+    // A bias's gradient is its projection's output gradient summed over the tokens.
+    let bias_grad = |g: &Tensor<B, 3>| {
+        let m = g.dims()[2];
+        flat(g.clone()).sum_dim(0).reshape([m])
+    };
+    let qkv_bias = w
+        .qkv_bias
+        .as_ref()
+        .map(|_| [bias_grad(&dq), bias_grad(&dk), bias_grad(&dv)]);
     let h1 = flat(f.h1.clone());
     let dwq = h1.clone().transpose().matmul(flat(dq.clone()));
     let dwk = h1.clone().transpose().matmul(flat(dk.clone()));
@@ -226,6 +263,7 @@ fn backward<B: RingBackend + FfnBackend>(
             w1: dw1,
             w3: dw3,
             w2: dw2,
+            qkv_bias,
             sinks: dsinks,
             epsilons: w.epsilons,
         },
@@ -346,29 +384,28 @@ impl<B: LayerBackend, C: CheckpointStrategy> LayerBackend for Autodiff<B, C> {
             attend,
             ctx: ctx.clone(),
         };
-        // Ten parents, or eleven with the sinks.
-        let kind = match nodes.len() {
-            10 => LayerBackward::<10>
-                .prepare::<C>(nodes.try_into().expect("ten"))
-                .compute_bound()
-                .stateful(),
-            _ => {
-                let nodes: [_; 11] = nodes.try_into().expect("ten, or eleven with sinks");
-                return Ok(
-                    match LayerBackward::<11>
-                        .prepare::<C>(nodes)
-                        .compute_bound()
-                        .stateful()
-                    {
-                        OpsKind::Tracked(prep) => prep.finish(state, y),
-                        OpsKind::UnTracked(prep) => prep.finish(y),
-                    },
-                );
-            }
-        };
-        Ok(match kind {
-            OpsKind::Tracked(prep) => prep.finish(state, y),
-            OpsKind::UnTracked(prep) => prep.finish(y),
+        // The input and nine weights, three biases when the layer has them, the sinks when it has
+        // them: 10, 11, 13 or 14 parents (the node type is private to Burn, so a macro, not a
+        // function, picks the op's arity).
+        macro_rules! tracked {
+            ($n:literal) => {{
+                let nodes: [_; $n] = nodes.try_into().expect("the parents counted");
+                match LayerBackward::<$n>
+                    .prepare::<C>(nodes)
+                    .compute_bound()
+                    .stateful()
+                {
+                    OpsKind::Tracked(prep) => prep.finish(state, y),
+                    OpsKind::UnTracked(prep) => prep.finish(y),
+                }
+            }};
+        }
+        Ok(match nodes.len() {
+            10 => tracked!(10),
+            11 => tracked!(11),
+            13 => tracked!(13),
+            14 => tracked!(14),
+            n => unreachable!("a layer has 10, 11, 13 or 14 parents, not {n}"),
         })
     }
 }
@@ -395,8 +432,7 @@ pub(crate) fn run_layers<B: LayerBackend>(
     trunk: Trunk,
     ctx: &Arc<RingContext>,
 ) -> Result<Tensor<B, 3>, RingError> {
-    let d = x.dims()[2];
-    let rope = Rope::<B>::new(positions, d / trunk.heads, trunk.rope_theta, &x.device());
+    let rope = rope_of(positions, trunk, ctx, &x.device());
     for (i, layer) in layers.iter().enumerate() {
         let w = Weights::of(layer);
         let attend = trunk.attend(i, &ctx.config);
@@ -417,6 +453,22 @@ pub(crate) fn run_layers<B: LayerBackend>(
     Ok(x)
 }
 
+/// The RoPE tables of this rank's `positions` in the sequence of `ctx` (whose real length is what
+/// dynamic NTK scaling reads).
+fn rope_of<B: Backend>(
+    positions: &[usize],
+    trunk: Trunk,
+    ctx: &RingContext,
+    device: &B::Device,
+) -> Rope<B> {
+    Rope::new(
+        positions,
+        trunk.head_dim,
+        (trunk.rope, ctx.sequence().len),
+        device,
+    )
+}
+
 /// Each layer's keys (after RoPE) and values `[b, hk, t, hd]` of a prefill, for a KV cache.
 pub type LayerKv<B> = Vec<[Tensor<B, 4>; 2]>;
 
@@ -430,8 +482,7 @@ pub(crate) fn prefill_layers<B: LayerBackend>(
     trunk: Trunk,
     ctx: &Arc<RingContext>,
 ) -> Result<(Tensor<B, 3>, LayerKv<B>), RingError> {
-    let d = x.dims()[2];
-    let rope = Rope::<B>::new(positions, d / trunk.heads, trunk.rope_theta, &x.device());
+    let rope = rope_of(positions, trunk, ctx, &x.device());
     let mut kept = Vec::with_capacity(layers.len());
     for (i, layer) in layers.iter().enumerate() {
         let w = Weights::of(layer);
@@ -465,10 +516,11 @@ pub(crate) fn decode_layers<B: LayerBackend>(
     (ctx, merge): (&Arc<RingContext>, DecodeMerge),
     cache: &mut KvCache<B>,
 ) -> Result<Tensor<B, 3>, RingError> {
-    let d = x.dims()[2];
-    let hd = d / trunk.heads;
-    // The tokens lie on the time axis: one position each.
-    let rope = Rope::<B>::new(tokens.positions, hd, trunk.rope_theta, &x.device());
+    let hd = trunk.head_dim;
+    // The tokens lie on the time axis: one position each; a step's sequence ends at its furthest
+    // token (what dynamic NTK scaling reads, as transformers' generation does).
+    let seq_len = tokens.positions.iter().max().map_or(0, |p| p + 1);
+    let rope = Rope::<B>::new(tokens.positions, hd, (trunk.rope, seq_len), &x.device());
     for (i, layer) in layers.iter().enumerate() {
         let w = Weights::of(layer);
         let attend = trunk.attend(i, &ctx.config);

@@ -10,6 +10,7 @@ use crate::model::layer::{
     Checkpoint, LayerBackend, LayerKv, NewTokens, Trunk, decode_layers, prefill_layers, run_layers,
 };
 use crate::model::lazy::materialize;
+use crate::model::rope_scaling::{RopeFrequencies, RopeScaling};
 use crate::model::weights::DecoderLayer;
 use crate::ring::cache::KvCache;
 use crate::ring::context::RingContext;
@@ -43,6 +44,25 @@ pub struct LlamaConfig {
     #[config(default = 10000.0)]
     /// RoPE base.
     pub rope_theta: f64,
+    /// RoPE's context-extension scaling (position interpolation, dynamic NTK, llama3, YaRN).
+    #[config(default = "RopeScaling::Default")]
+    pub rope_scaling: RopeScaling,
+    /// Width of one head; `None`: `d_model / heads` (Hugging Face's `head_dim`).
+    #[config(default = "None")]
+    pub head_dim: Option<usize>,
+    /// SwiGLU hidden width; `None`: 8/3 · `d_model` rounded up to `ffn_multiple_of` (Hugging
+    /// Face's `intermediate_size`).
+    #[config(default = "None")]
+    pub ffn_hidden_size: Option<usize>,
+    /// The RMSNorms' ε.
+    #[config(default = 1e-5)]
+    pub norm_eps: f64,
+    /// Biases on the query, key and value projections (Qwen2).
+    #[config(default = false)]
+    pub qkv_bias: bool,
+    /// The output head is the embedding's transpose (Hugging Face's `tie_word_embeddings`).
+    #[config(default = false)]
+    pub tie_embeddings: bool,
     /// Tokens per feed-forward chunk (blockwise FFN).
     #[config(default = 256)]
     pub ffn_chunk: usize,
@@ -66,15 +86,26 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
-    /// Width of one head.
+    /// Width of one head: `head_dim`, or `d_model / heads`.
     pub fn head_dim(&self) -> usize {
-        self.d_model / self.heads
+        self.head_dim.unwrap_or(self.d_model / self.heads.max(1))
     }
 
-    /// SwiGLU hidden width: 8/3 of the model width, rounded up to `ffn_multiple_of`.
+    /// SwiGLU hidden width: `ffn_hidden_size`, or 8/3 of the model width rounded up to
+    /// `ffn_multiple_of`.
     pub fn ffn_hidden(&self) -> usize {
-        let raw = 8 * self.d_model / 3;
-        raw.div_ceil(self.ffn_multiple_of) * self.ffn_multiple_of
+        self.ffn_hidden_size.unwrap_or_else(|| {
+            let raw = 8 * self.d_model / 3;
+            raw.div_ceil(self.ffn_multiple_of) * self.ffn_multiple_of
+        })
+    }
+
+    /// RoPE's base and scaling.
+    pub fn rope(&self) -> RopeFrequencies {
+        RopeFrequencies {
+            theta: self.rope_theta,
+            scaling: self.rope_scaling,
+        }
     }
 
     /// What a decoder layer needs of these sizes.
@@ -82,7 +113,8 @@ impl LlamaConfig {
         Trunk {
             heads: self.heads,
             kv_heads: self.kv_heads,
-            rope_theta: self.rope_theta,
+            head_dim: self.head_dim(),
+            rope: self.rope(),
             ffn_chunk: self.ffn_chunk,
             checkpoint: self.checkpoint,
             window: self.window,
@@ -94,11 +126,15 @@ impl LlamaConfig {
     /// Number of float parameters.
     pub fn num_params(&self) -> usize {
         let (d, hd, f) = (self.d_model, self.head_dim(), self.ffn_hidden());
-        let layer = 2 * d + d * self.heads * hd * 2 + 2 * d * self.kv_heads * hd + 3 * d * f;
-        self.vocab * d * 2 + d + self.layers * layer
+        let (q, kv) = (self.heads * hd, self.kv_heads * hd);
+        let biases = if self.qkv_bias { q + 2 * kv } else { 0 };
+        let sinks = if self.sinks { self.heads } else { 0 };
+        let layer = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * f + biases + sinks;
+        let heads = if self.tie_embeddings { 1 } else { 2 };
+        self.vocab * d * heads + d + self.layers * layer
     }
 
-    /// Checks the sizes that must divide each other.
+    /// Checks the sizes that must divide each other and the values that must be positive.
     pub fn validate(&self) -> Result<(), RingError> {
         if self.heads == 0 || self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return Err(RingError::Heads {
@@ -106,11 +142,45 @@ impl LlamaConfig {
                 kv_heads: self.kv_heads,
             });
         }
-        if !self.d_model.is_multiple_of(self.heads) || !self.head_dim().is_multiple_of(2) {
-            return Err(RingError::ModelWidth {
-                d_model: self.d_model,
-                heads: self.heads,
-            });
+        match self.head_dim {
+            None if !self.d_model.is_multiple_of(self.heads) || self.head_dim() % 2 == 1 => {
+                return Err(RingError::ModelWidth {
+                    d_model: self.d_model,
+                    heads: self.heads,
+                });
+            }
+            Some(hd) if hd == 0 || hd % 2 == 1 => {
+                return Err(RingError::ModelConfig(format!(
+                    "head_dim = {hd} must be even and above 0 (RoPE rotates pairs)"
+                )));
+            }
+            _ => {}
+        }
+        if !(self.norm_eps > 0.0) {
+            return Err(RingError::ModelConfig(format!(
+                "norm_eps = {} must be above 0",
+                self.norm_eps
+            )));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            return Err(RingError::ModelConfig(format!(
+                "rope_theta = {} must be a number above 1",
+                self.rope_theta
+            )));
+        }
+        if let Some(fault) = self.rope_scaling.fault() {
+            return Err(RingError::ModelConfig(format!(
+                "rope scaling {}: {fault}",
+                self.rope_scaling.name()
+            )));
+        }
+        if self.ffn_hidden() == 0 || self.vocab == 0 || self.d_model == 0 {
+            return Err(RingError::ModelConfig(format!(
+                "vocab {}, d_model {} and the feed-forward width {} must be above 0",
+                self.vocab,
+                self.d_model,
+                self.ffn_hidden()
+            )));
         }
         Ok(())
     }
@@ -122,15 +192,25 @@ impl LlamaConfig {
     /// them outside the lock.
     pub fn init_blocks<B: Backend>(&self, device: &B::Device) -> Vec<DecoderLayer<B>> {
         let linear = |i, o| LinearConfig::new(i, o).with_bias(false).init(device);
+        let biased = |i, o| {
+            LinearConfig::new(i, o)
+                .with_bias(self.qkv_bias)
+                .init(device)
+        };
+        let norm = || {
+            RmsNormConfig::new(self.d_model)
+                .with_epsilon(self.norm_eps)
+                .init(device)
+        };
         let hd = self.head_dim();
         (0..self.layers)
             .map(|_| DecoderLayer {
-                attn_norm: RmsNormConfig::new(self.d_model).init(device),
-                wq: linear(self.d_model, self.heads * hd),
-                wk: linear(self.d_model, self.kv_heads * hd),
-                wv: linear(self.d_model, self.kv_heads * hd),
+                attn_norm: norm(),
+                wq: biased(self.d_model, self.heads * hd),
+                wk: biased(self.d_model, self.kv_heads * hd),
+                wv: biased(self.d_model, self.kv_heads * hd),
                 wo: linear(self.heads * hd, self.d_model),
-                ffn_norm: RmsNormConfig::new(self.d_model).init(device),
+                ffn_norm: norm(),
                 w1: linear(self.d_model, self.ffn_hidden()),
                 w3: linear(self.d_model, self.ffn_hidden()),
                 w2: linear(self.ffn_hidden(), self.d_model),
@@ -151,10 +231,14 @@ impl LlamaConfig {
                 })
                 .init(device),
             blocks: self.init_blocks(device),
-            norm: RmsNormConfig::new(self.d_model).init(device),
-            head: LinearConfig::new(self.d_model, self.vocab)
-                .with_bias(false)
+            norm: RmsNormConfig::new(self.d_model)
+                .with_epsilon(self.norm_eps)
                 .init(device),
+            head: (!self.tie_embeddings).then(|| {
+                LinearConfig::new(self.d_model, self.vocab)
+                    .with_bias(false)
+                    .init(device)
+            }),
             trunk: self.trunk(),
         };
         materialize(&model);
@@ -163,14 +247,35 @@ impl LlamaConfig {
 }
 
 #[derive(Module, Debug)]
-/// The LLaMA-style language model: embedding, decoder layers, final norm, head.
+/// The LLaMA-style language model: embedding, decoder layers, final norm, head (the embedding's
+/// transpose when tied).
 pub struct Llama<B: Backend> {
-    embed: Embedding<B>,
-    blocks: Vec<DecoderLayer<B>>,
-    norm: RmsNorm<B>,
-    head: Linear<B>,
+    pub(crate) embed: Embedding<B>,
+    pub(crate) blocks: Vec<DecoderLayer<B>>,
+    pub(crate) norm: RmsNorm<B>,
+    /// `None`: tied to the embedding.
+    pub(crate) head: Option<Linear<B>>,
     /// What every layer needs of the config (sizes, checkpointing, window, cap).
     trunk: Trunk,
+}
+
+impl<B: Backend> Llama<B> {
+    /// The model from its parts (a checkpoint reader's: weights it read, not drawn).
+    pub(crate) fn from_parts(
+        embed: Embedding<B>,
+        blocks: Vec<DecoderLayer<B>>,
+        norm: RmsNorm<B>,
+        head: Option<Linear<B>>,
+        trunk: Trunk,
+    ) -> Self {
+        Llama {
+            embed,
+            blocks,
+            norm,
+            head,
+            trunk,
+        }
+    }
 }
 
 impl<B: LayerBackend> Llama<B> {
@@ -189,7 +294,24 @@ impl<B: LayerBackend> Llama<B> {
             trunk,
             ctx,
         )?;
-        Ok(self.head.forward(self.norm.forward(x)))
+        Ok(self.logits(x))
+    }
+
+    /// Logits `[b, t, vocab]` of the last layer's output `[b, t, d]`: the final norm, then the head
+    /// (or the embedding's transpose).
+    fn logits(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let x = self.norm.forward(x);
+        match &self.head {
+            Some(head) => head.forward(x),
+            None => {
+                let [b, t, d] = x.dims();
+                let table = self.embed.weight.val();
+                let vocab = table.dims()[0];
+                x.reshape([b * t, d])
+                    .matmul(table.transpose())
+                    .reshape([b, t, vocab])
+            }
+        }
     }
 
     /// A prefill: the logits `[b, t, vocab]` of this rank's tokens `[b, t]` at global `positions`
@@ -208,7 +330,7 @@ impl<B: LayerBackend> Llama<B> {
             self.trunk,
             ctx,
         )?;
-        Ok((self.head.forward(self.norm.forward(x)), kept))
+        Ok((self.logits(x), kept))
     }
 
     /// One decoding step over the ranks of `ctx`: `tokens[i]` is the next token of the cache's row
@@ -236,7 +358,7 @@ impl<B: LayerBackend> Llama<B> {
             positions.push(position);
             places.push(place);
         }
-        let device = self.head.weight.val().device();
+        let device = self.embed.weight.val().device();
         let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
         let tokens_in =
             Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, rows.len()]), &device);
@@ -253,7 +375,7 @@ impl<B: LayerBackend> Llama<B> {
             (ctx, merge),
             cache,
         )?;
-        let logits = self.head.forward(self.norm.forward(x));
+        let logits = self.logits(x);
         let vocab = logits.dims()[2];
         Ok(logits.reshape([rows.len(), vocab]))
     }

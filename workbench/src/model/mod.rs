@@ -11,8 +11,10 @@ pub mod lazy;
 pub mod llama;
 mod norm;
 mod rope;
+pub mod rope_scaling;
 pub mod weights;
 
 pub use attention::{RingAttention, RingAttentionConfig};
 pub use layer::{Checkpoint, LayerBackend};
 pub use llama::{Llama, LlamaConfig};
+pub use rope_scaling::{RopeFrequencies, RopeScaling};

@@ -1,9 +1,12 @@
 //! Rotary position embedding (RoPE) on each token's *global* position, so that a rank's shard,
-//! whatever positions its strategy gave it, rotates as the whole sequence would.
+//! whatever positions its strategy gave it, rotates as the whole sequence would; its frequencies
+//! (and their scaling) are [`crate::model::rope_scaling`]'s.
 
+use crate::model::rope_scaling::RopeFrequencies;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 
-/// cos and sin of RoPE angles for each token's global position: `[1, 1, t, head_dim / 2]` each.
+/// cos and sin of RoPE angles for each token's global position, times the scaling's attention
+/// factor: `[1, 1, t, head_dim / 2]` each.
 #[derive(Debug, Clone)]
 pub(crate) struct Rope<B: Backend> {
     pub(crate) cos: Tensor<B, 4>,
@@ -11,21 +14,22 @@ pub(crate) struct Rope<B: Backend> {
 }
 
 impl<B: Backend> Rope<B> {
+    /// The tables of `positions` for a forward whose sequence is `seq_len` long (its largest
+    /// position + 1: what dynamic NTK scaling reads).
     pub(crate) fn new(
         positions: &[usize],
         head_dim: usize,
-        theta: f64,
+        (frequencies, seq_len): (RopeFrequencies, usize),
         device: &B::Device,
     ) -> Self {
         let half = head_dim / 2;
+        let (inverse, factor) = frequencies.inverse_frequencies(head_dim, seq_len);
         let angles: Vec<f64> = positions
             .iter()
-            .flat_map(|&p| {
-                (0..half).map(move |i| p as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64))
-            })
+            .flat_map(|&p| inverse.iter().map(move |w| p as f64 * w))
             .collect();
         let table = |f: fn(f64) -> f64| {
-            let data: Vec<f32> = angles.iter().map(|&a| f(a) as f32).collect();
+            let data: Vec<f32> = angles.iter().map(|&a| (factor * f(a)) as f32).collect();
             Tensor::from_data(TensorData::new(data, [1, 1, positions.len(), half]), device)
         };
         Rope {

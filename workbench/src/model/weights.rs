@@ -38,13 +38,16 @@ pub(crate) struct Weights<B: Backend> {
     pub(crate) w1: Tensor<B, 2>,
     pub(crate) w3: Tensor<B, 2>,
     pub(crate) w2: Tensor<B, 2>,
+    /// The query, key and value projections' biases, when the layer has them (Qwen2).
+    pub(crate) qkv_bias: Option<[Tensor<B, 1>; 3]>,
     pub(crate) sinks: Option<Tensor<B, 1>>,
     /// The two norms' ε.
     pub(crate) epsilons: [f64; 2],
 }
 
-/// The primitives of a layer's parameters, in [`DecoderLayer`]'s field order (nine, and the sinks
-/// last when the layer has them).
+/// The primitives of a layer's parameters, in [`DecoderLayer`]'s field order: nine, then the three
+/// query, key and value biases when the layer has them, then the sinks when it has them (so 9, 10,
+/// 12 or 13 of them, and the count says which).
 pub type WeightPrimitives<B> = Vec<FloatTensor<B>>;
 
 impl<B: Backend> Weights<B> {
@@ -59,6 +62,10 @@ impl<B: Backend> Weights<B> {
             w1: layer.w1.weight.val(),
             w3: layer.w3.weight.val(),
             w2: layer.w2.weight.val(),
+            qkv_bias: match (&layer.wq.bias, &layer.wk.bias, &layer.wv.bias) {
+                (Some(q), Some(k), Some(v)) => Some([q.val(), k.val(), v.val()]),
+                _ => None,
+            },
             sinks: layer.sinks.as_ref().map(Param::val),
             epsilons: [layer.attn_norm.epsilon, layer.ffn_norm.epsilon],
         }
@@ -75,6 +82,10 @@ impl<B: Backend> Weights<B> {
             w1: self.w1.zeros_like(),
             w3: self.w3.zeros_like(),
             w2: self.w2.zeros_like(),
+            qkv_bias: self
+                .qkv_bias
+                .as_ref()
+                .map(|b| b.clone().map(|t| t.zeros_like())),
             sinks: self.sinks.as_ref().map(Tensor::zeros_like),
             epsilons: self.epsilons,
         }
@@ -92,15 +103,19 @@ impl<B: Backend> Weights<B> {
             unwrap(self.w3),
             unwrap(self.w2),
         ];
+        all.extend(self.qkv_bias.into_iter().flatten().map(unwrap));
         all.extend(self.sinks.map(unwrap));
         all
     }
 
     pub(crate) fn from_primitives(p: WeightPrimitives<B>, epsilons: [f64; 2]) -> Self {
+        // Nine weights, then 3 biases when 12 or 13 are given, then the sinks when 10 or 13 are.
+        let count = p.len();
         let mut p = p.into_iter();
         let mut next = || p.next().expect("nine weights of a layer");
         let (attn_norm, wq, wk, wv, wo) = (next(), next(), next(), next(), next());
         let (ffn_norm, w1, w3, w2) = (next(), next(), next(), next());
+        let qkv_bias = (count >= 12).then(|| [wrap(next()), wrap(next()), wrap(next())]);
         Weights {
             attn_norm: wrap(attn_norm),
             wq: wrap(wq),
@@ -111,6 +126,7 @@ impl<B: Backend> Weights<B> {
             w1: wrap(w1),
             w3: wrap(w3),
             w2: wrap(w2),
+            qkv_bias,
             sinks: p.next().map(wrap),
             epsilons,
         }

@@ -21,8 +21,9 @@ use strategies::{Partition, padded_len};
 pub struct Decoding<'a> {
     /// Tokens to generate at most.
     pub max_new: usize,
-    /// Generation of a row ends at this token (not included in the reply).
-    pub stop: u32,
+    /// Generation of a row ends at any of these tokens (not included in the reply; see
+    /// [`Decoded::ended_by`]).
+    pub stop: &'a [u32],
     /// Pads a recomputed batch's rows to one length the partition accepts (causal attention keeps
     /// it out of real positions).
     pub pad: u32,
@@ -88,6 +89,8 @@ pub struct Decoded {
     /// Per prompt: its share of the seconds of its batch's token steps after the prefill (by the
     /// tokens it decoded; without a cache, the seconds of its recomputes).
     pub decode_seconds: Vec<f64>,
+    /// Per prompt: the stop token that ended its reply, or `None` when it ran to `max_new`.
+    pub ended_by: Vec<Option<u32>>,
     /// Per prompt: tokens run through a decoding step (its reply's tokens but the last).
     pub decoded_tokens: Vec<usize>,
     /// Per rank: bytes sent merging decoded tokens' attention ([`Phase::Decode`]); under a
@@ -224,6 +227,7 @@ fn decode_rank<B: LayerBackend>(
         prefill_seconds: Vec::with_capacity(prompts.len()),
         decode_seconds: Vec::with_capacity(prompts.len()),
         decoded_tokens: Vec::with_capacity(prompts.len()),
+        ended_by: Vec::with_capacity(prompts.len()),
         decode_bytes: vec![0; world],
         cache_bytes: vec![0; world],
         cache_keys: vec![0; world],
@@ -343,6 +347,7 @@ fn decode_batch<B: LayerBackend>(
     let started = Instant::now();
     let mut replies = vec![Vec::new(); prompts.len()];
     let mut done = vec![false; prompts.len()];
+    let mut ended = vec![None; prompts.len()];
     let mut tokens = vec![0usize; prompts.len()];
     let mut kept = vec![
         Vec::new();
@@ -362,8 +367,9 @@ fn decode_batch<B: LayerBackend>(
                 kept.extend_from_slice(&logits[row]);
             }
             let next = argmax(&logits[row])?;
-            if next == decoding.stop {
+            if decoding.stop.contains(&next) {
                 done[row] = true;
+                ended[row] = Some(next);
                 continue;
             }
             replies[row].push(next);
@@ -385,6 +391,7 @@ fn decode_batch<B: LayerBackend>(
     }
     let seconds = started.elapsed().as_secs_f64();
     let total: usize = tokens.iter().sum();
+    decoded.ended_by.extend(ended);
     for (reply, &n) in replies.into_iter().zip(&tokens) {
         decoded.replies.push(reply);
         decoded.decoded_tokens.push(n);
@@ -428,6 +435,7 @@ fn recompute<B: LayerBackend>(
         prefill_seconds: vec![0.0; prompts.len()],
         decode_seconds: Vec::with_capacity(prompts.len()),
         decoded_tokens: Vec::with_capacity(prompts.len()),
+        ended_by: Vec::with_capacity(prompts.len()),
         decode_bytes: vec![0; decoding.ranks],
         cache_bytes: vec![0; decoding.ranks],
         cache_keys: vec![0; decoding.ranks],
@@ -438,13 +446,15 @@ fn recompute<B: LayerBackend>(
         let mut seq = prompt.clone();
         let mut reply = Vec::new();
         let mut kept = Vec::new();
+        let mut ended = None;
         for _ in 0..decoding.max_new {
             let logits = last_logits(model, &seq, decoding)?;
             let next = argmax(&logits)?;
             if decoding.keep_logits {
                 kept.extend_from_slice(&logits);
             }
-            if next == decoding.stop {
+            if decoding.stop.contains(&next) {
+                ended = Some(next);
                 break;
             }
             seq.tokens.push(next);
@@ -454,6 +464,7 @@ fn recompute<B: LayerBackend>(
             reply.push(next);
         }
         decoded.decoded_tokens.push(reply.len().saturating_sub(1));
+        decoded.ended_by.push(ended);
         decoded.replies.push(reply);
         if decoding.keep_logits {
             decoded.logits.push(kept);

@@ -1,0 +1,437 @@
+//! Hugging Face checkpoints against transformers: the committed fixtures
+//! (`tests/fixtures/hf/`, written by `make_hf_fixture.py` with transformers in float64) give every
+//! architecture and RoPE scaling's logits, greedy tokens and tokenizer ids; the ring must reproduce
+//! them on 1, 2 and 4 ranks of every strategy. Then export → load round trips, and every kind of
+//! bad directory is refused in one line naming what is wrong.
+
+mod common;
+
+use common::{ringbench, temp_dir};
+use datasets::HfTokenizer;
+use experiments::npy;
+use ringbench_tests::covering::pairwise;
+use ringbench_tests::deviation;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use workbench::hf::{HfConfig, export_model, load_model};
+use workbench::ring::decode::DecodeMerge;
+use workbench::train::{Decoding, Prompt, full_logits};
+
+type B = burn::backend::Flex;
+
+/// Every fixture case: each architecture (LLaMA, Mistral's window, Qwen2's biases) and RoPE scaling
+/// (none, linear, dynamic, llama3, YaRN twice), sharded, tied, bf16 and f16 among them.
+const CASES: [&str; 8] = [
+    "llama_gqa",
+    "llama_linear_tied",
+    "llama_dynamic",
+    "llama3",
+    "yarn",
+    "yarn_ramp",
+    "mistral_window",
+    "qwen2_bias",
+];
+
+/// The bound: logits within 1e-4 of transformers' float64 ones, relative to the largest.
+/// f32 arithmetic over these sizes (d = 64, 2 layers, 24 tokens) accumulates about
+/// u · (d + t) · layers ≈ 6e-8 · 88 · 2 · (a few per op) ≈ 1e-5: an order of magnitude inside it.
+const LOGITS_BOUND: f64 = 1e-4;
+
+fn case_dir(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(case)
+}
+
+fn decoding<'a>(strategy: &str, ranks: usize, stop: &'a [u32], max_new: usize) -> Decoding<'a> {
+    Decoding {
+        max_new,
+        stop,
+        pad: 0,
+        partition: strategies::by_name(strategy).unwrap(),
+        ranks,
+        timeout: Duration::from_secs(60),
+        cache: Some(DecodeMerge::AllGather),
+        batch: 0,
+        on_batch: None,
+        keep_logits: false,
+    }
+}
+
+#[test]
+fn logits_match_transformers_on_every_case_rank_count_and_strategy() {
+    let strategies = strategies::names();
+    let ranks = [1, 2, 4];
+    let rows = pairwise(&[CASES.len(), ranks.len(), strategies.len()]);
+    let mut ran = 0;
+    for row in &rows {
+        let (case, n, strategy) = (CASES[row[0]], ranks[row[1]], strategies[row[2]]);
+        let dir = case_dir(case);
+        let (model, config) = load_model::<B>(&dir, &Default::default()).unwrap();
+        let tokens = npy::read_ids(&dir.join("tokens.npy")).unwrap();
+        let want = npy::read(&dir.join("logits.npy")).unwrap();
+        let vocab = config.model.vocab;
+        assert_eq!(
+            want.shape,
+            vec![tokens.len(), tokens[0].len(), vocab],
+            "{case}"
+        );
+        let mut got = Vec::new();
+        for t in &tokens {
+            let d = decoding(strategy, n, &[], 0);
+            got.extend(full_logits(&model, &Prompt::from(t.clone()), &d).unwrap());
+        }
+        let d = deviation(&got, &want.data);
+        assert!(
+            d.within(LOGITS_BOUND),
+            "{case} on {n} {strategy} ranks: {d}"
+        );
+        ran += 1;
+    }
+    assert_eq!(ran, rows.len());
+    // The design covers every case with every rank count and every strategy.
+    assert!(rows.len() >= CASES.len() * strategies.len().max(ranks.len()));
+}
+
+#[test]
+fn generation_reproduces_transformers_greedy_tokens_with_and_without_the_cache() {
+    let strategies = strategies::names();
+    for (i, case) in CASES.iter().enumerate() {
+        let dir = case_dir(case);
+        let (model, config) = load_model::<B>(&dir, &Default::default()).unwrap();
+        let prompt = npy::read_ids(&dir.join("prompt.npy")).unwrap();
+        let want = npy::read_ids(&dir.join("greedy.npy")).unwrap();
+        // 8 new tokens at most (the fixture's max_new_tokens); llama_gqa's eos ends it at 4.
+        for (ranks, cache) in [(1, true), (2, true), (4, false)] {
+            let strategy = strategies[(i + ranks) % strategies.len()];
+            let mut d = decoding(strategy, ranks, &config.eos, 8);
+            if !cache {
+                d.cache = None;
+            }
+            let got = experiments::hf::generate(&model, &prompt, &d).unwrap();
+            assert_eq!(
+                got, want,
+                "{case} on {ranks} {strategy} ranks, cache {cache}"
+            );
+        }
+    }
+    // The eos case really stopped early, with the eos kept as transformers keeps it.
+    let gqa = npy::read_ids(&case_dir("llama_gqa").join("greedy.npy")).unwrap();
+    let config = HfConfig::read(&case_dir("llama_gqa").join("config.json")).unwrap();
+    assert_eq!(gqa[0].len(), 4);
+    assert_eq!(config.eos, vec![gqa[0][3]]);
+}
+
+#[test]
+fn tokenize_gives_transformers_ids() {
+    let dir = case_dir("llama_gqa");
+    let text = std::fs::read_to_string(dir.join("text.txt")).unwrap();
+    let want: Vec<u32> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("text_ids.json")).unwrap()).unwrap();
+    let tokenizer = HfTokenizer::load(&dir.join("tokenizer.json")).unwrap();
+    assert_eq!(tokenizer.encode(&text, false).unwrap(), want);
+    assert_eq!(tokenizer.decode(&want).unwrap(), text);
+    // The CLI prints the same list.
+    let out = ringbench(&[
+        "hf",
+        "tokenize",
+        "--model",
+        dir.to_str().unwrap(),
+        "--text",
+        &text,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: Vec<u32> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed, want);
+}
+
+#[test]
+fn export_then_load_gives_the_same_model_and_config() {
+    for case in [
+        "llama_linear_tied",
+        "qwen2_bias",
+        "mistral_window",
+        "yarn_ramp",
+        "llama3",
+    ] {
+        let dir = case_dir(case);
+        let out = temp_dir(&format!("hf-export-{case}"));
+        let (model, config) = load_model::<B>(&dir, &Default::default()).unwrap();
+        export_model(&model, &config, &out).unwrap();
+        let (again, config_again) = load_model::<B>(&out, &Default::default()).unwrap();
+        assert_eq!(config_again.model, config.model, "{case}");
+        assert_eq!(config_again.architecture, config.architecture, "{case}");
+        let tokens = npy::read_ids(&dir.join("tokens.npy")).unwrap();
+        let d = decoding("zigzag", 2, &[], 0);
+        let prompt = Prompt::from(tokens[0].clone());
+        // The same f32 weights and the same arithmetic: the same bits.
+        assert_eq!(
+            full_logits(&again, &prompt, &d).unwrap(),
+            full_logits(&model, &prompt, &d).unwrap(),
+            "{case}"
+        );
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
+
+#[test]
+fn cli_logits_and_generate_match_the_fixtures() {
+    let dir = case_dir("llama_linear_tied");
+    let out = temp_dir("hf-cli");
+    let logits = out.join("logits.npy");
+    let run = ringbench(&[
+        "hf",
+        "logits",
+        "--model",
+        dir.to_str().unwrap(),
+        "--tokens",
+        dir.join("tokens.npy").to_str().unwrap(),
+        "--ranks",
+        "4",
+        "--strategy",
+        "striped",
+        "--out",
+        logits.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let got = npy::read(&logits).unwrap();
+    let want = npy::read(&dir.join("logits.npy")).unwrap();
+    assert_eq!(got.shape, want.shape);
+    let d = deviation(&got.data, &want.data);
+    assert!(d.within(LOGITS_BOUND), "{d}");
+    let gen_path = out.join("gen.npy");
+    let gqa = case_dir("llama_gqa");
+    let run = ringbench(&[
+        "hf",
+        "generate",
+        "--model",
+        gqa.to_str().unwrap(),
+        "--tokens",
+        gqa.join("prompt.npy").to_str().unwrap(),
+        "--max-new",
+        "8",
+        "--ranks",
+        "2",
+        "--out",
+        gen_path.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_eq!(
+        npy::read_ids(&gen_path).unwrap(),
+        npy::read_ids(&gqa.join("greedy.npy")).unwrap()
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// A copy of a fixture case in a fresh directory, for a test to break.
+fn copy_case(case: &str, name: &str) -> PathBuf {
+    let to = temp_dir(name);
+    for entry in std::fs::read_dir(case_dir(case)).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+    }
+    to
+}
+
+/// The one-line error `load_model` gives for `dir`.
+fn load_error(dir: &Path) -> String {
+    match load_model::<B>(dir, &Default::default()) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
+    let path = dir.join("config.json");
+    let mut value: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(value.as_object_mut().unwrap());
+    std::fs::write(&path, serde_json::to_string(&value).unwrap()).unwrap();
+}
+
+#[test]
+fn a_bad_directory_is_refused_naming_what_is_wrong() {
+    use serde_json::json;
+    let configs: [(&str, serde_json::Value, &str); 6] = [
+        (
+            "architectures",
+            json!(["GPT2LMHeadModel"]),
+            "unknown architecture",
+        ),
+        ("hidden_act", json!("gelu"), "only silu"),
+        ("attention_bias", json!(true), "attention_bias = true"),
+        (
+            "num_key_value_heads",
+            json!(3),
+            "not a multiple of key/value heads 3",
+        ),
+        (
+            "rope_parameters",
+            json!({"rope_type": "longrope", "rope_theta": 10000.0}),
+            "unknown RoPE scaling",
+        ),
+        (
+            "rope_parameters",
+            json!({"rope_type": "linear", "rope_theta": 10000.0, "factor": 0.0}),
+            "factor = 0 must be a number above 0",
+        ),
+    ];
+    for (key, value, says) in configs {
+        let dir = copy_case("llama_gqa", "hf-bad-config");
+        edit_config(&dir, |c| {
+            c.insert(key.into(), value.clone());
+        });
+        let error = load_error(&dir);
+        assert!(
+            error.contains(says) && error.contains("config.json"),
+            "{key}: {error}"
+        );
+    }
+
+    // A shard the index names is missing.
+    let dir = copy_case("llama_linear_tied", "hf-missing-shard");
+    let shard = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with("-of-00003.safetensors"))
+        .unwrap();
+    std::fs::remove_file(&shard).unwrap();
+    let error = load_error(&dir);
+    let name = shard.file_name().unwrap().to_string_lossy().to_string();
+    assert!(
+        error.contains(&name) && error.contains("not there"),
+        "{error}"
+    );
+
+    // A truncated weights file.
+    let dir = copy_case("llama_gqa", "hf-truncated");
+    let file = dir.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() - 100]).unwrap();
+    let error = load_error(&dir);
+    assert!(error.contains("not a whole safetensors file"), "{error}");
+
+    // No weights at all.
+    std::fs::remove_file(&file).unwrap();
+    assert!(load_error(&dir).contains("neither model.safetensors"));
+
+    // A tensor of the wrong shape, of the wrong type, holding a NaN, or missing.
+    type Edit = fn(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>);
+    let edits: [(Edit, &str); 4] = [
+        (
+            |t| {
+                let e = t.iter_mut().find(|e| e.0 == "model.norm.weight").unwrap();
+                e.2 = vec![32];
+                e.3.truncate(128);
+            },
+            "tensor model.norm.weight has shape [32]; config.json gives [64]",
+        ),
+        (
+            |t| {
+                let e = t.iter_mut().find(|e| e.0 == "model.norm.weight").unwrap();
+                e.1 = safetensors::Dtype::I32;
+            },
+            "tensor model.norm.weight is I32",
+        ),
+        (
+            |t| {
+                let e = t.iter_mut().find(|e| e.0 == "model.norm.weight").unwrap();
+                e.3[20..24].copy_from_slice(&f32::NAN.to_le_bytes());
+            },
+            "tensor model.norm.weight holds NaN at flat index 5",
+        ),
+        (
+            |t| t.retain(|e| e.0 != "model.layers.1.mlp.up_proj.weight"),
+            "no tensor model.layers.1.mlp.up_proj.weight",
+        ),
+    ];
+    for (edit, says) in edits {
+        let dir = copy_case("llama_gqa", "hf-bad-tensor");
+        rewrite_weights(&dir.join("model.safetensors"), edit);
+        let error = load_error(&dir);
+        assert!(error.contains(says), "{says}: {error}");
+    }
+
+    // The CLI says it in one line and exits 1.
+    let dir = copy_case("llama_gqa", "hf-bad-cli");
+    edit_config(&dir, |c| {
+        c.insert("architectures".into(), json!(["FalconForCausalLM"]));
+    });
+    let run = ringbench(&[
+        "hf",
+        "logits",
+        "--model",
+        dir.to_str().unwrap(),
+        "--tokens",
+        dir.join("tokens.npy").to_str().unwrap(),
+        "--out",
+        dir.join("x.npy").to_str().unwrap(),
+    ]);
+    assert_eq!(run.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("FalconForCausalLM"), "{stderr}");
+    // Ids outside the vocabulary are named.
+    let gqa = case_dir("llama_gqa");
+    npy::write_ids(&dir.join("big.npy"), &[vec![1, 2, 300]]).unwrap();
+    let run = ringbench(&[
+        "hf",
+        "logits",
+        "--model",
+        gqa.to_str().unwrap(),
+        "--tokens",
+        dir.join("big.npy").to_str().unwrap(),
+        "--out",
+        dir.join("x.npy").to_str().unwrap(),
+    ]);
+    assert_eq!(run.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains("ids[0, 2] = 300 is outside the model's vocabulary of 300"),
+        "{stderr}"
+    );
+}
+
+/// Rewrites a safetensors file after `edit` changes its tensors (name, type, shape, bytes).
+fn rewrite_weights(
+    file: &Path,
+    edit: impl FnOnce(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>),
+) {
+    let bytes = std::fs::read(file).unwrap();
+    let parsed = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<_> = parsed
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            (
+                name,
+                view.dtype(),
+                view.shape().to_vec(),
+                view.data().to_vec(),
+            )
+        })
+        .collect();
+    edit(&mut tensors);
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            (
+                name.clone(),
+                safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, file).unwrap();
+}
