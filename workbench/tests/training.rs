@@ -429,7 +429,7 @@ fn zero_ranks_is_a_typed_error_everywhere() {
     assert_eq!(grad.unwrap_err().to_string(), message);
     let decoding = Decoding {
         max_new: 2,
-        stop: 0,
+        stop: &[0],
         pad: 0,
         partition: contiguous,
         ranks: 0,

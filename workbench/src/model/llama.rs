@@ -156,7 +156,7 @@ impl LlamaConfig {
             }
             _ => {}
         }
-        if !(self.norm_eps > 0.0) {
+        if self.norm_eps.is_nan() || self.norm_eps <= 0.0 {
             return Err(RingError::ModelConfig(format!(
                 "norm_eps = {} must be above 0",
                 self.norm_eps
