@@ -34,7 +34,8 @@ LAYERS = {
         ["ring"],
         # Models know the ring, not how they are trained.
         ["model"],
-        ["train"],
+        # Hugging Face checkpoints are an edge of the model; training does not know them.
+        ["hf", "train"],
     ],
     "experiments": [
         # NaN-aware extremes, for every table and model that folds numbers.
@@ -50,7 +51,7 @@ LAYERS = {
         ["exorl", "line_retrieval"],
         ["kinds"],
         ["runner", "comparison"],
-        ["reproduce", "attn", "bench"],
+        ["reproduce", "attn", "bench", "hf"],
     ],
     "strategies": [
         ["error"],
@@ -62,6 +63,7 @@ LAYERS = {
         ["rng", "words", "packing"],
         ["line_retrieval", "exorl"],
         ["tokenizer"],
+        ["hf_tokenizer"],
     ],
 }
 PATH = re.compile(r"crate((?:::[a-z_][a-z0-9_]*)+)")

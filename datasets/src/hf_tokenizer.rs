@@ -1,7 +1,7 @@
 //! A Hugging Face `tokenizer.json`, read and applied by HF's own `tokenizers` library: the ids
 //! transformers' fast tokenizer gives, and text back from ids.
 
-use crate::tokenizer::TokenizerError;
+use crate::tokenizer::{TextTokenizer, TokenizerError};
 use std::path::{Path, PathBuf};
 
 /// A Hugging Face tokenizer loaded from its `tokenizer.json`.
@@ -70,5 +70,46 @@ impl HfTokenizer {
             path: self.path.clone(),
             message: e.to_string(),
         }
+    }
+}
+
+/// A Hugging Face tokenizer with the model's beginning and end tokens (its config's `bos_token_id`
+/// and `eos_token_id`): what a task that writes prompts and reads replies needs.
+#[derive(Debug)]
+pub struct HfText {
+    /// The tokenizer.
+    pub tokenizer: HfTokenizer,
+    /// The token a sequence begins with, if the model has one.
+    pub bos: Option<u32>,
+    /// The token that ends a reply.
+    pub eos: u32,
+}
+
+impl TextTokenizer for HfText {
+    fn text_ids(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.tokenizer.encode(text, false)
+    }
+
+    fn ids_text(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        let vocab = self.tokenizer.vocab_size();
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(TokenizerError::UnknownId { id, vocab });
+        }
+        self.tokenizer
+            .inner
+            .decode(ids, true)
+            .map_err(|e| self.tokenizer.failed(e))
+    }
+
+    fn vocab_len(&self) -> usize {
+        self.tokenizer.vocab_size()
+    }
+
+    fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+
+    fn eos(&self) -> u32 {
+        self.eos
     }
 }

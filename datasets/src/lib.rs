@@ -12,7 +12,7 @@ pub mod rng;
 pub mod tokenizer;
 mod words;
 
-pub use hf_tokenizer::HfTokenizer;
+pub use hf_tokenizer::{HfText, HfTokenizer};
 pub use line_retrieval::{Case, DatasetError, WordSplit, generate, read_jsonl, score_reply};
 pub use rng::SplitMix64;
-pub use tokenizer::{Tokenizer, TokenizerError};
+pub use tokenizer::{TextTokenizer, Tokenizer, TokenizerError};

@@ -21,6 +21,19 @@ pub const MIN_NUMBER: u64 = 1;
 /// The largest register value.
 pub const MAX_NUMBER: u64 = 50000;
 
+/// Every string a case is made of, in one text: the fixed strings, every name's words, every digit.
+/// A tokenizer that encodes it encodes every case (a check made before training, so that no step
+/// fails on an unknown character).
+pub fn every_string() -> String {
+    let mut text =
+        format!("{HEADER}{QUESTION_START}{QUESTION_END}line -: REGISTER_CONTENT is <0123456789>\n");
+    for word in ADJECTIVES.iter().chain(NOUNS) {
+        text.push_str(word);
+        text.push(' ');
+    }
+    text
+}
+
 /// Why cases could not be read or generated.
 #[derive(Debug, Error)]
 pub enum DatasetError {

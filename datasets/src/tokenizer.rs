@@ -30,6 +30,44 @@ pub enum TokenizerError {
     },
 }
 
+/// What a task needs of a tokenizer: a text's ids (no special tokens), ids' text, the vocabulary, and
+/// the tokens that begin and end a sequence. The project's piece tokenizer ([`Tokenizer`]) and a
+/// Hugging Face one ([`crate::hf_tokenizer::HfText`]) are the two.
+pub trait TextTokenizer: Sync {
+    /// The ids of `text`, no special tokens added.
+    fn text_ids(&self, text: &str) -> Result<Vec<u32>, TokenizerError>;
+    /// The text of `ids`.
+    fn ids_text(&self, ids: &[u32]) -> Result<String, TokenizerError>;
+    /// Tokens in the vocabulary.
+    fn vocab_len(&self) -> usize;
+    /// The token a sequence begins with, if the model has one.
+    fn bos(&self) -> Option<u32>;
+    /// The token that ends a reply.
+    fn eos(&self) -> u32;
+}
+
+impl TextTokenizer for Tokenizer {
+    fn text_ids(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        Ok(self.encode(text))
+    }
+
+    fn ids_text(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.decode(ids)
+    }
+
+    fn vocab_len(&self) -> usize {
+        self.vocab_size()
+    }
+
+    fn bos(&self) -> Option<u32> {
+        Some(BOS)
+    }
+
+    fn eos(&self) -> u32 {
+        EOS
+    }
+}
+
 /// Bytes, two specials and the pieces, in that order of ids.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tokenizer {

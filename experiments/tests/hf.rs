@@ -435,3 +435,161 @@ fn rewrite_weights(
         .collect();
     safetensors::serialize_to_file(views, None, file).unwrap();
 }
+
+/// A spec that fine-tunes `model` (a Hugging Face directory) for `steps` steps on `ranks` ranks of
+/// `strategy`, into `out`.
+pub fn hf_train_spec(
+    model: &Path,
+    ranks: usize,
+    strategy: &str,
+    steps: usize,
+    out: &Path,
+) -> String {
+    format!(
+        r#"
+[model]
+hf = "{}"
+ffn_chunk = 64
+
+[ring]
+ranks = {ranks}
+strategy = "{strategy}"
+forward = "cw"
+backward = "kv"
+kernel = "fused"
+
+[train]
+steps = {steps}
+batch = 2
+lr = 1e-4
+warmup_steps = 0
+min_lr_ratio = 1.0
+weight_decay = 0.0
+grad_clip = 1.0
+seed = 3
+lm_weight = 0.1
+min_lines = 1
+num_lines = 2
+checksum_every = 0
+out = "{}"
+stop_loss = 0.0
+max_minutes = 0.0
+"#,
+        model.display(),
+        out.display()
+    )
+}
+
+/// Every step's loss in a run's metrics.csv.
+fn losses(out: &Path) -> Vec<f64> {
+    std::fs::read_to_string(out.join("metrics.csv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|line| line.split(',').nth(1).unwrap().parse().unwrap())
+        .collect()
+}
+
+/// Fine-tunes with `spec` (written into `dir`); the run's output directory.
+fn fine_tune(dir: &Path, name: &str, spec: impl Fn(&Path) -> String) -> PathBuf {
+    let out = dir.join(name);
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, spec(&out)).unwrap();
+    let run = ringbench(&["train", "--config", path.to_str().unwrap()]);
+    assert!(
+        run.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    out
+}
+
+#[test]
+fn fine_tuning_from_hf_weights_gives_the_one_rank_losses_on_four_ranks_of_every_strategy() {
+    let dir = temp_dir("hf-finetune");
+    let model = case_dir("llama_gqa");
+    let one = losses(&fine_tune(&dir, "one", |out| {
+        hf_train_spec(&model, 1, "contiguous", 2, out)
+    }));
+    assert_eq!(one.len(), 2);
+    assert!(one.iter().all(|l| l.is_finite() && *l > 0.0), "{one:?}");
+    for strategy in strategies::names() {
+        let four = losses(&fine_tune(&dir, strategy, |out| {
+            hf_train_spec(&model, 4, strategy, 2, out)
+        }));
+        assert_eq!(four.len(), one.len(), "{strategy}");
+        // Ranks change only the order of f32 sums (about 1e-6 of a step's gradient); AdamW moves
+        // each update by about that much of itself, so 2 steps stay within 2e-6: bound 1e-5.
+        for (step, (a, b)) in one.iter().zip(&four).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * a.abs(),
+                "{strategy} step {step}: 1 rank {a}, 4 ranks {b}"
+            );
+        }
+    }
+    // The fine-tuned model is a Hugging Face directory with the tokenizer, which loads again.
+    let trained = dir.join("one");
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        assert!(trained.join(file).exists(), "{file}");
+    }
+    let (_, config) = load_model::<B>(&trained, &Default::default()).unwrap();
+    assert_eq!(config.model.vocab, 300);
+    // transformers loads its export and computes the logits `hf logits` computes on it:
+    // `finetuned_logits.npy` is check_export.py's float64 output on this very run (1 rank,
+    // contiguous, 2 steps of seed 3) made on another machine.
+    let export = dir.join("export");
+    let run = ringbench(&[
+        "hf",
+        "export",
+        "--checkpoint",
+        trained.to_str().unwrap(),
+        "--out",
+        export.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let logits = dir.join("logits.npy");
+    let run = ringbench(&[
+        "hf",
+        "logits",
+        "--model",
+        export.to_str().unwrap(),
+        "--tokens",
+        model.join("tokens.npy").to_str().unwrap(),
+        "--ranks",
+        "2",
+        "--out",
+        logits.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let got = npy::read(&logits).unwrap();
+    let transformers = npy::read(&case_dir("").join("finetuned_logits.npy")).unwrap();
+    assert_eq!(got.shape, transformers.shape);
+    let d = deviation(&got.data, &transformers.data);
+    assert!(d.within(LOGITS_BOUND), "export against transformers: {d}");
+    // And the fine-tuning moved them (by about 1e-2 of the largest logit): the check is not of the
+    // starting weights.
+    let before = npy::read(&model.join("logits.npy")).unwrap();
+    let moved = deviation(&got.data, &before.data);
+    assert!(!moved.within(1e-3), "fine-tuning changed nothing: {moved}");
+    // A size that contradicts config.json is refused naming both.
+    let bad = dir.join("bad.toml");
+    let spec = hf_train_spec(&model, 1, "zigzag", 1, &dir.join("bad"))
+        .replace("ffn_chunk = 64", "ffn_chunk = 64\nd_model = 128");
+    std::fs::write(&bad, spec).unwrap();
+    let run = ringbench(&["train", "--config", bad.to_str().unwrap()]);
+    assert_eq!(run.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains("model.d_model = 128 contradicts") && stderr.contains("(64)"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

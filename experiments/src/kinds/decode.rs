@@ -70,17 +70,7 @@ impl Default for Measure {
 
 /// The model when a spec has no `[model]`: 2 layers of width 64, 4 heads sharing 2 key/value heads.
 fn small_model() -> ModelSpec {
-    ModelSpec {
-        d_model: 64,
-        layers: 2,
-        heads: 4,
-        kv_heads: 2,
-        ffn_multiple_of: 32,
-        rope_theta: 10000.0,
-        ffn_chunk: 256,
-        checkpointing: false,
-        checkpoint: Default::default(),
-    }
+    ModelSpec::own([64, 2, 4, 2, 32], 10000.0, 256)
 }
 
 #[derive(Debug, Serialize)]
@@ -175,20 +165,10 @@ impl Experiment for DecodeKind {
             return Err(spec.error("measure", "recompute_tokens", "time at least 1 token"));
         }
         let model_spec = parsed.model.unwrap_or_else(small_model);
-        if model_spec.heads == 0
-            || model_spec.kv_heads == 0
-            || !model_spec.heads.is_multiple_of(model_spec.kv_heads)
-            || !model_spec.d_model.is_multiple_of(model_spec.heads)
-        {
-            bail!(
-                "{}: [model]: heads {} must divide d_model {} and be a multiple of kv_heads {}",
-                spec.path.display(),
-                model_spec.heads,
-                model_spec.d_model,
-                model_spec.kv_heads
-            );
-        }
-        let config = model_spec.config(measure.vocab);
+        let config = model_spec
+            .config(measure.vocab)
+            .and_then(|c| c.validate().map(|()| c).map_err(Into::into))
+            .map_err(|e| anyhow::anyhow!("{}: [model]: {e}", spec.path.display()))?;
         let device = Default::default();
         let model = seeded::<Flex, _>(measure.seed, &device, || config.init::<Flex>(&device));
         let mut points = Vec::new();

@@ -1,12 +1,12 @@
 //! `ringbench eval-lines` and `ringbench gen-lines`: exact-match accuracy per number of lines, and
 //! fresh cases in LongChat's JSONL format.
 
-use super::checkpoint::load_checkpoint;
+use super::start::load_trained;
 use crate::backend::{BackendName, OnBackend, on_backend};
 use crate::results::{Record, Table};
 use anyhow::{Context, Result, bail};
-use datasets::tokenizer::{BOS, EOS};
-use datasets::{Case, SplitMix64, Tokenizer, WordSplit, generate, read_jsonl, score_reply};
+use datasets::tokenizer::EOS;
+use datasets::{Case, SplitMix64, TextTokenizer, WordSplit, generate, read_jsonl, score_reply};
 use indicatif::ProgressBar;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -173,27 +173,31 @@ impl OnBackend for EvalOn<'_> {
     type Output = Option<Evaluation>;
     fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<Option<Evaluation>> {
         let args = self.0;
-        let (model, _, tokenizer) = load_checkpoint::<I>(&args.checkpoint, &devices[0])?;
+        let (model, tokenizer) = load_trained::<I>(&args.checkpoint, &devices[0])?;
+        let tokenizer = &*tokenizer;
         let cases = read_jsonl(&args.cases)?;
         let bar = ProgressBar::new(cases.len() as u64);
         let advance = |n: usize| bar.inc(n as u64);
+        let stop = [tokenizer.eos()];
         let decoding = Decoding {
             cache: (!args.no_cache).then_some(args.merge),
             on_batch: Some(&advance),
+            stop: &stop,
+            pad: tokenizer.eos(),
             ..decoding(strategies::by_name(&args.strategy)?, args.ranks, args.batch)
         };
         if args.no_cache && workbench::transport::launched_by_mpirun() {
             bail!("--no-cache recomputes on in-process ranks: run it without mpirun");
         }
         let ranked = crate::mpi_rank::as_mpi_rank(decoding.timeout, |comm| {
-            evaluate(&tokenizer, &cases, |prompts| {
+            evaluate(tokenizer, &cases, |prompts| {
                 Ok(decode_on(comm, &model, prompts, &decoding)?)
             })
         })?;
         if let Some((rank, evaluation)) = ranked {
             return Ok((rank == 0).then_some(evaluation));
         }
-        let evaluation = evaluate(&tokenizer, &cases, |prompts| {
+        let evaluation = evaluate(tokenizer, &cases, |prompts| {
             Ok(decode(&model, prompts, &decoding)?)
         })?;
         bar.finish_and_clear();
@@ -202,7 +206,8 @@ impl OnBackend for EvalOn<'_> {
 }
 
 /// How evaluation decodes: up to 8 tokens a reply (a number and EOS), `batch` prompts together on
-/// `ranks` ranks of `partition`, with the KV cache merged by all-gather.
+/// `ranks` ranks of `partition`, with the KV cache merged by all-gather (the piece tokenizer's EOS
+/// ends a reply and pads; a model with another tokenizer sets its own).
 pub fn decoding(partition: &dyn strategies::Partition, ranks: usize, batch: usize) -> Decoding<'_> {
     Decoding {
         max_new: 8,
@@ -221,7 +226,7 @@ pub fn decoding(partition: &dyn strategies::Partition, ranks: usize, batch: usiz
 /// Exact-match accuracy per number of lines of greedy replies to `cases`, as `decoding` decodes.
 pub fn accuracy<B: LayerBackend>(
     model: &Llama<B>,
-    tokenizer: &Tokenizer,
+    tokenizer: &dyn TextTokenizer,
     cases: &[Case],
     decoding: &Decoding,
 ) -> Result<Vec<AccuracyRow>> {
@@ -231,30 +236,29 @@ pub fn accuracy<B: LayerBackend>(
     .rows)
 }
 
-/// The replies `run` decodes for `cases`' prompts (BOS and the prompt's tokens), scored: accuracy,
-/// prompt length and decoding's figures per number of lines, and every case's reply.
+/// The replies `run` decodes for `cases`' prompts (BOS, when the tokenizer has one, and the
+/// prompt's tokens), scored: accuracy, prompt length and decoding's figures per number of lines, and
+/// every case's reply.
 pub fn evaluate(
-    tokenizer: &Tokenizer,
+    tokenizer: &dyn TextTokenizer,
     cases: &[Case],
     run: impl FnOnce(&[Prompt]) -> Result<Decoded>,
 ) -> Result<Evaluation> {
     let prompts: Vec<Prompt> = cases
         .iter()
-        .map(|c| {
-            Prompt::from(
-                std::iter::once(BOS)
-                    .chain(tokenizer.encode(&c.prompt))
-                    .collect::<Vec<u32>>(),
-            )
+        .map(|c| -> Result<Prompt> {
+            let mut tokens: Vec<u32> = tokenizer.bos().into_iter().collect();
+            tokens.extend(tokenizer.text_ids(&c.prompt)?);
+            Ok(Prompt::from(tokens))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let decoded = run(&prompts)?;
     let per_token = decoded.bytes_per_token_per_rank();
     // Per line count: cases, correct, prompt tokens, prefill and decode seconds.
     let mut tally: BTreeMap<usize, (usize, usize, usize, f64, f64)> = BTreeMap::new();
     let mut replies = Vec::with_capacity(cases.len());
     for (i, (case, prompt)) in cases.iter().zip(&prompts).enumerate() {
-        let text = tokenizer.decode(&decoded.replies[i])?;
+        let text = tokenizer.ids_text(&decoded.replies[i])?;
         let correct = score_reply(&text) == Some(case.expected_number);
         let entry = tally.entry(case.num_lines).or_default();
         entry.0 += 1;

@@ -2,13 +2,15 @@
 //!
 //! `spec.rs` is the training spec and its prompts, `train.rs` one sitting of a training run,
 //! [`resume`] its resumable checkpoints, [`metrics`] its `metrics.csv`, `checkpoint.rs` the final
-//! checkpoint `eval-lines` reads, `eval.rs` evaluation and fresh cases.
+//! checkpoint `eval-lines` reads, [`start`] what a model starts from (its own seeded init or a Hugging
+//! Face directory) and is saved as, `eval.rs` evaluation and fresh cases.
 
 mod checkpoint;
 mod eval;
 pub mod metrics;
 pub mod resume;
 mod spec;
+pub mod start;
 mod train;
 
 pub use checkpoint::load_checkpoint;

@@ -2,11 +2,12 @@
 //! and how a case becomes a weighted training example.
 
 use anyhow::{Context, Result, bail};
-use datasets::tokenizer::{BOS, EOS};
-use datasets::{Case, SplitMix64, Tokenizer, WordSplit, generate};
+use datasets::tokenizer::EOS;
+use datasets::{Case, SplitMix64, TextTokenizer, TokenizerError, WordSplit, generate};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use workbench::hf::HfConfig;
 use workbench::model::{Checkpoint, LlamaConfig};
 use workbench::train::{Example, TrainOptions};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
@@ -23,23 +24,34 @@ pub struct TrainSpec {
     pub train: LineTrainSection,
 }
 
-/// The LLaMA-style model's shape.
+/// The LLaMA-style model's shape: the project's own (every size given), or a Hugging Face model
+/// directory's (`hf`; a size given beside it must agree with its config.json).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
+    /// A Hugging Face model directory to start from: its architecture, weights and tokenizer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hf: Option<PathBuf>,
     /// Model width.
-    pub d_model: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub d_model: Option<usize>,
     /// Decoder layers.
-    pub layers: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<usize>,
     /// Attention heads.
-    pub heads: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heads: Option<usize>,
     /// Key/value heads.
-    pub kv_heads: usize,
-    /// The feed-forward width is rounded up to a multiple of this.
-    pub ffn_multiple_of: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_heads: Option<usize>,
+    /// The feed-forward width is rounded up to a multiple of this (the project's own model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ffn_multiple_of: Option<usize>,
     /// RoPE base.
-    pub rope_theta: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
     /// Tokens per feed-forward chunk.
+    #[serde(default = "default_ffn_chunk")]
     pub ffn_chunk: usize,
     /// Recompute activations in the backward instead of storing them (Burn's balanced checkpointing).
     #[serde(default)]
@@ -48,6 +60,10 @@ pub struct ModelSpec {
     /// are recomputed: the Blockwise Parallel Transformer) or `block` (only the layer's input).
     #[serde(default)]
     pub checkpoint: Checkpoint,
+}
+
+fn default_ffn_chunk() -> usize {
+    256
 }
 
 /// How the ring runs.
@@ -206,17 +222,95 @@ impl RingSpec {
 }
 
 impl ModelSpec {
-    /// The model's config for a vocabulary of `vocab`.
-    pub fn config(&self, vocab: usize) -> LlamaConfig {
-        LlamaConfig::new(vocab)
-            .with_d_model(self.d_model)
-            .with_layers(self.layers)
-            .with_heads(self.heads)
-            .with_kv_heads(self.kv_heads)
-            .with_ffn_multiple_of(self.ffn_multiple_of)
-            .with_rope_theta(self.rope_theta)
+    /// The project's own model of these sizes.
+    pub fn own(
+        [d_model, layers, heads, kv_heads, ffn_multiple_of]: [usize; 5],
+        rope_theta: f64,
+        ffn_chunk: usize,
+    ) -> Self {
+        ModelSpec {
+            hf: None,
+            d_model: Some(d_model),
+            layers: Some(layers),
+            heads: Some(heads),
+            kv_heads: Some(kv_heads),
+            ffn_multiple_of: Some(ffn_multiple_of),
+            rope_theta: Some(rope_theta),
+            ffn_chunk,
+            checkpointing: false,
+            checkpoint: Checkpoint::None,
+        }
+    }
+
+    /// The project's own model's config for a vocabulary of `vocab`: every size must be given, and
+    /// no `hf`.
+    pub fn config(&self, vocab: usize) -> Result<LlamaConfig> {
+        if let Some(dir) = &self.hf {
+            bail!(
+                "model.hf = {}: this trains the project's own model; give its sizes instead",
+                dir.display()
+            );
+        }
+        let need = |key: &str, v: Option<usize>| {
+            v.ok_or_else(|| anyhow::anyhow!("model.{key} is required (or model.hf)"))
+        };
+        Ok(LlamaConfig::new(vocab)
+            .with_d_model(need("d_model", self.d_model)?)
+            .with_layers(need("layers", self.layers)?)
+            .with_heads(need("heads", self.heads)?)
+            .with_kv_heads(need("kv_heads", self.kv_heads)?)
+            .with_ffn_multiple_of(need("ffn_multiple_of", self.ffn_multiple_of)?)
+            .with_rope_theta(
+                self.rope_theta
+                    .ok_or_else(|| anyhow::anyhow!("model.rope_theta is required (or model.hf)"))?,
+            )
             .with_ffn_chunk(self.ffn_chunk)
-            .with_checkpoint(self.checkpoint)
+            .with_checkpoint(self.checkpoint))
+    }
+
+    /// With `hf`: its directory's config, with this spec's chunking and checkpointing; a size given
+    /// here that contradicts config.json is refused naming both.
+    pub fn hf_config(&self, dir: &Path) -> Result<HfConfig> {
+        let mut hf = HfConfig::read(&dir.join("config.json"))?;
+        let m = &hf.model;
+        let given = [
+            ("d_model", self.d_model, m.d_model),
+            ("layers", self.layers, m.layers),
+            ("heads", self.heads, m.heads),
+            ("kv_heads", self.kv_heads, m.kv_heads),
+        ];
+        for (key, mine, theirs) in given {
+            if let Some(mine) = mine
+                && mine != theirs
+            {
+                bail!(
+                    "model.{key} = {mine} contradicts {}/config.json ({theirs})",
+                    dir.display()
+                );
+            }
+        }
+        if let Some(theta) = self.rope_theta
+            && theta != m.rope_theta
+        {
+            bail!(
+                "model.rope_theta = {theta} contradicts {}/config.json ({})",
+                dir.display(),
+                m.rope_theta
+            );
+        }
+        if let Some(k) = self.ffn_multiple_of {
+            bail!(
+                "model.ffn_multiple_of = {k}: with model.hf the feed-forward width is config.json's \
+                 intermediate_size ({})",
+                m.ffn_hidden()
+            );
+        }
+        hf.model = hf
+            .model
+            .clone()
+            .with_ffn_chunk(self.ffn_chunk)
+            .with_checkpoint(self.checkpoint);
+        Ok(hf)
     }
 }
 
@@ -258,7 +352,11 @@ impl Prompts {
     }
 
     /// The examples of training step `step` (the same on every rank and every run).
-    pub fn batch(&self, tokenizer: &Tokenizer, step: usize) -> Vec<Example> {
+    pub fn batch(
+        &self,
+        tokenizer: &dyn TextTokenizer,
+        step: usize,
+    ) -> Result<Vec<Example>, TokenizerError> {
         let mut rng =
             SplitMix64::new(self.seed ^ (step as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
         (0..self.batch)
@@ -273,16 +371,21 @@ impl Prompts {
     }
 }
 
-/// `[BOS] prompt answer [EOS]`: the answer and EOS weigh 1, the prompt's tokens `lm_weight`.
-pub fn example(tokenizer: &Tokenizer, case: &Case, lm_weight: f32) -> Example {
-    let mut tokens = vec![BOS];
-    tokens.extend(tokenizer.encode(&case.prompt));
+/// `[BOS] prompt answer [EOS]` (BOS when the tokenizer has one): the answer and EOS weigh 1, the
+/// prompt's tokens `lm_weight`.
+pub fn example(
+    tokenizer: &dyn TextTokenizer,
+    case: &Case,
+    lm_weight: f32,
+) -> Result<Example, TokenizerError> {
+    let mut tokens: Vec<u32> = tokenizer.bos().into_iter().collect();
+    tokens.extend(tokenizer.text_ids(&case.prompt)?);
     let prompt_len = tokens.len();
-    tokens.extend(tokenizer.encode(&case.expected_number.to_string()));
-    tokens.push(EOS);
+    tokens.extend(tokenizer.text_ids(&case.expected_number.to_string())?);
+    tokens.push(tokenizer.eos());
     // weights[i] weighs predicting tokens[i + 1].
     let weights = (0..tokens.len() - 1)
         .map(|i| if i + 1 >= prompt_len { 1.0 } else { lm_weight })
         .collect();
-    Example { tokens, weights }
+    Ok(Example { tokens, weights })
 }

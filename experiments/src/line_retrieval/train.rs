@@ -3,22 +3,22 @@
 //! and when the sitting stops, then the final checkpoint (what `eval-lines` reads), metrics and loss
 //! curve.
 
-use super::checkpoint::{load_checkpoint, save_checkpoint};
+use super::checkpoint::load_checkpoint;
 use super::metrics::{METRICS_FILE, MetricsRow, start_file};
 use super::resume::{Checkpoints, FINISHED_FILE, RunState, resumable};
 use super::spec::{Prompts, TrainSpec};
+use super::start::Start;
 use crate::dir_lock::DirLock;
 use crate::results::write_whole;
 use anyhow::{Context, Result, bail};
+use burn::module::AutodiffModule;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use datasets::Tokenizer;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
-use workbench::model::lazy::seeded;
 use workbench::model::{Llama, LlamaConfig};
 use workbench::train::{
     Example, Progress, Snapshot, StepLog, TrainError, TrainOptions, Trained, Watched, train_from,
@@ -43,12 +43,20 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
     comm: Option<Comm>,
     force: bool,
 ) -> Result<()> {
-    let tokenizer = Tokenizer::line_retrieval();
-    let config = spec.model.config(tokenizer.vocab_size());
-    config.validate()?;
+    let start_from_model = Start::of(&spec.model)?;
+    let (config, tokenizer) = (start_from_model.config(), start_from_model.tokenizer());
     let t = &spec.train;
+    if let (Some(init), Some(hf)) = (&t.init, &spec.model.hf) {
+        bail!(
+            "train.init = {} and model.hf = {} both name starting weights; keep one",
+            init.display(),
+            hf.display()
+        );
+    }
     let partition = strategies::by_name(&spec.ring.strategy)?;
-    let options = t.schedule().options(spec.ring.ranks, spec.ring.config()?);
+    let mut options = t.schedule().options(spec.ring.ranks, spec.ring.config()?);
+    // Padding is masked out; it only has to be a token of the vocabulary.
+    options.pad_token = tokenizer.eos();
     let every = t.checkpoint_every()?;
     // The whole spec is checked before the directory is looked at: a bad one is refused even where
     // a finished run lies.
@@ -61,6 +69,11 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
         lm_weight: t.lm_weight,
     };
     prompts.check().context("train")?;
+    // Every case is made of these strings: a tokenizer that encodes them encodes every step's
+    // prompts (checked here, so that no step fails later).
+    tokenizer
+        .text_ids(&datasets::line_retrieval::every_string())
+        .context("train: the tokenizer cannot encode the line-retrieval prompts' strings")?;
     let spec_text = toml::to_string(spec)?;
     let rank = match &comm {
         Some(comm) => comm.rank(),
@@ -110,7 +123,7 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
     let (model, start, optimizer, rows, elapsed_before) = match &found {
         Some(found) => {
             let ring = resumable(&found.state.spec, &spec_text, &found.dir)?;
-            let resumed = Checkpoints::load::<B>(found, &config, device)?;
+            let resumed = Checkpoints::load::<B>(found, config, device)?;
             println!(
                 "resuming from step {} of {} ({}){}",
                 found.state.steps_done,
@@ -135,8 +148,8 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
         }
         None => {
             let model = match &t.init {
-                None => seeded::<B, _>(t.seed, device, || config.init::<B>(device)),
-                Some(dir) => start_from::<B>(dir, &config, device)?,
+                None => start_from_model.weights::<B>(t.seed, device)?,
+                Some(dir) => start_from::<B>(dir, config, device)?,
             };
             (model, 0, None, Vec::new(), 0.0)
         }
@@ -150,6 +163,7 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
             config.num_params(),
             t.init
                 .as_ref()
+                .or(spec.model.hf.as_ref())
                 .map(|d| format!(" from {}", d.display()))
                 .unwrap_or_default(),
             options.ranks,
@@ -160,7 +174,11 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
             t.num_lines
         );
     }
-    let batch_for = |step: usize| prompts.batch(&tokenizer, step);
+    let batch_for = |step: usize| {
+        prompts
+            .batch(tokenizer, step)
+            .expect("the tokenizer encoded every string a prompt is made of before step 0")
+    };
     let bar = ProgressBar::new(t.steps as u64).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} eta {eta} {msg}")
             .context("template")?,
@@ -272,7 +290,7 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
     bar.finish();
     let steps_done = start + trained.losses.len();
     let losses: Vec<f64> = lock(&rows).iter().map(|r| r.loss).collect();
-    save_checkpoint(&t.out, &trained.model, &config, &tokenizer)?;
+    start_from_model.save(&t.out, &trained.model.valid())?;
     loss_curve(&t.out.join("loss.svg"), &losses)?;
     let minutes = sitting.elapsed().as_secs_f64() / 60.0;
     if out_of_time.load(Ordering::Relaxed) && steps_done < t.steps {

@@ -278,6 +278,16 @@ impl<B: Backend> Llama<B> {
     }
 }
 
+impl<B: Backend> Llama<B> {
+    /// The same weights run with `config`'s trunk options (feed-forward chunking, checkpointing,
+    /// window, cap): a loaded model trained or evaluated with a spec's options. The sizes must be
+    /// the model's own.
+    pub fn with_trunk_of(mut self, config: &LlamaConfig) -> Self {
+        self.trunk = config.trunk();
+        self
+    }
+}
+
 impl<B: LayerBackend> Llama<B> {
     /// Logits `[b, t, vocab]` for this rank's tokens `[b, t]` at global `positions`.
     pub fn forward(

@@ -223,7 +223,8 @@ impl Experiment for TrainKind {
         };
         let config = parsed
             .model
-            .config(Tokenizer::line_retrieval().vocab_size());
+            .config(Tokenizer::line_retrieval().vocab_size())
+            .map_err(|e| spec.error("model", "hf", &e.to_string()))?;
         config
             .validate()
             .map_err(|e| spec.error("model", "heads", &e.to_string()))?;

@@ -61,7 +61,7 @@ impl Plan for TrainPlan {
     fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
         let run = self.runs[index];
         let tokenizer = Tokenizer::line_retrieval();
-        let config = self.model.config(tokenizer.vocab_size());
+        let config = self.model.config(tokenizer.vocab_size())?;
         let t = &self.train;
         let ring = RingConfig {
             causal: true,
@@ -101,7 +101,11 @@ impl Plan for TrainPlan {
             model,
             run.strategy,
             &options,
-            |step| prompts.batch(&tokenizer, step),
+            |step| {
+                prompts
+                    .batch(&tokenizer, step)
+                    .expect("the piece tokenizer encodes any text")
+            },
             |log| {
                 *tokens.lock().expect("tokens") += log.tokens;
                 let mut peak = engine_peak.lock().expect("peak");

@@ -1,0 +1,159 @@
+//! What a line-retrieval model starts from and is saved as: the project's own model (a seeded init,
+//! its piece tokenizer, `model.mpk`) or a Hugging Face directory (its weights, config and
+//! tokenizer.json, saved back as a Hugging Face directory that transformers loads).
+
+use super::checkpoint::{load_checkpoint, save_checkpoint};
+use super::spec::ModelSpec;
+use anyhow::{Context, Result, bail};
+use burn::tensor::backend::Backend;
+use datasets::{HfText, HfTokenizer, TextTokenizer, Tokenizer};
+use std::path::{Path, PathBuf};
+use workbench::HostRead;
+use workbench::hf::{HfConfig, export_model, load_model};
+use workbench::model::lazy::seeded;
+use workbench::model::{Llama, LlamaConfig};
+
+/// A training run's model source, its config and its tokenizer.
+#[derive(Debug)]
+pub enum Start {
+    /// The project's own model, drawn from a seed.
+    Own {
+        /// Its config (the spec's sizes, the piece tokenizer's vocabulary).
+        config: LlamaConfig,
+        /// The piece tokenizer.
+        tokenizer: Tokenizer,
+    },
+    /// A Hugging Face model's weights.
+    Hf {
+        /// Its directory.
+        dir: PathBuf,
+        /// Its config, with the spec's chunking and checkpointing.
+        config: HfConfig,
+        /// Its tokenizer with its BOS and EOS.
+        tokenizer: HfText,
+    },
+}
+
+/// The files the tokenizer of a Hugging Face directory is made of, copied beside a saved model.
+const TOKENIZER_FILES: [&str; 3] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+];
+
+/// The Hugging Face tokenizer of `dir` with `config`'s BOS and EOS (its first EOS ends a reply).
+pub fn hf_text(dir: &Path, config: &HfConfig) -> Result<HfText> {
+    let tokenizer = HfTokenizer::load(&dir.join("tokenizer.json"))?;
+    let Some(&eos) = config.eos.first() else {
+        bail!(
+            "{}/config.json has no eos_token_id: a line-retrieval reply ends with it",
+            dir.display()
+        );
+    };
+    if tokenizer.vocab_size() > config.model.vocab {
+        bail!(
+            "{}: tokenizer.json has {} tokens but config.json's vocab_size is {}",
+            dir.display(),
+            tokenizer.vocab_size(),
+            config.model.vocab
+        );
+    }
+    Ok(HfText {
+        tokenizer,
+        bos: config.bos,
+        eos,
+    })
+}
+
+impl Start {
+    /// The source `[model]` names.
+    pub fn of(spec: &ModelSpec) -> Result<Self> {
+        match &spec.hf {
+            None => {
+                let tokenizer = Tokenizer::line_retrieval();
+                let config = spec.config(tokenizer.vocab_size())?;
+                config.validate()?;
+                Ok(Start::Own { config, tokenizer })
+            }
+            Some(dir) => {
+                let config = spec.hf_config(dir)?;
+                let tokenizer = hf_text(dir, &config)?;
+                Ok(Start::Hf {
+                    dir: dir.clone(),
+                    config,
+                    tokenizer,
+                })
+            }
+        }
+    }
+
+    /// The model's config as it trains.
+    pub fn config(&self) -> &LlamaConfig {
+        match self {
+            Start::Own { config, .. } => config,
+            Start::Hf { config, .. } => &config.model,
+        }
+    }
+
+    /// The tokenizer prompts are written with.
+    pub fn tokenizer(&self) -> &dyn TextTokenizer {
+        match self {
+            Start::Own { tokenizer, .. } => tokenizer,
+            Start::Hf { tokenizer, .. } => tokenizer,
+        }
+    }
+
+    /// The starting weights: drawn from `seed`, or read from the Hugging Face directory.
+    pub fn weights<B: Backend>(&self, seed: u64, device: &B::Device) -> Result<Llama<B>> {
+        match self {
+            Start::Own { config, .. } => {
+                Ok(seeded::<B, _>(seed, device, || config.init::<B>(device)))
+            }
+            Start::Hf { dir, config, .. } => {
+                let (model, _) = load_model::<B>(dir, device)?;
+                Ok(model.with_trunk_of(&config.model))
+            }
+        }
+    }
+
+    /// Writes the trained `model` into `dir`: `model.mpk`, `config.json` and the piece tokenizer,
+    /// or a Hugging Face directory (config.json, model.safetensors, the tokenizer's files).
+    pub fn save<B: HostRead>(&self, dir: &Path, model: &Llama<B>) -> Result<()> {
+        match self {
+            Start::Own { config, tokenizer } => save_checkpoint(dir, model, config, tokenizer),
+            Start::Hf {
+                dir: from, config, ..
+            } => {
+                export_model(model, config, dir)?;
+                for name in TOKENIZER_FILES {
+                    if from.join(name).exists() {
+                        std::fs::copy(from.join(name), dir.join(name))
+                            .with_context(|| format!("copying {name} into {}", dir.display()))?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A trained model and its tokenizer: a `ringbench train` checkpoint (`model.mpk`), or a Hugging
+/// Face directory (one that `train` wrote from `model.hf`, or any other).
+pub fn load_trained<B: Backend>(
+    dir: &Path,
+    device: &B::Device,
+) -> Result<(Llama<B>, Box<dyn TextTokenizer>)> {
+    if !dir.is_dir() {
+        bail!(
+            "{}: no such checkpoint directory (ringbench train writes one)",
+            dir.display()
+        );
+    }
+    if dir.join("model.mpk").exists() || !dir.join("config.json").exists() {
+        let (model, _, tokenizer) = load_checkpoint::<B>(dir, device)?;
+        return Ok((model, Box::new(tokenizer)));
+    }
+    let (model, config) = load_model::<B>(dir, device)?;
+    let tokenizer = hf_text(dir, &config)?;
+    Ok((model, Box::new(tokenizer)))
+}
