@@ -29,8 +29,8 @@ pub enum Start {
         dir: PathBuf,
         /// Its config, with the spec's chunking and checkpointing.
         config: HfConfig,
-        /// Its tokenizer with its BOS and EOS.
-        tokenizer: HfText,
+        /// Its tokenizer with its BOS and EOS (boxed: HF's tokenizer is large).
+        tokenizer: Box<HfText>,
     },
 }
 
@@ -77,7 +77,7 @@ impl Start {
             }
             Some(dir) => {
                 let config = spec.hf_config(dir)?;
-                let tokenizer = hf_text(dir, &config)?;
+                let tokenizer = Box::new(hf_text(dir, &config)?);
                 Ok(Start::Hf {
                     dir: dir.clone(),
                     config,
@@ -99,7 +99,7 @@ impl Start {
     pub fn tokenizer(&self) -> &dyn TextTokenizer {
         match self {
             Start::Own { tokenizer, .. } => tokenizer,
-            Start::Hf { tokenizer, .. } => tokenizer,
+            Start::Hf { tokenizer, .. } => &**tokenizer,
         }
     }
 
