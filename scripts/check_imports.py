@@ -55,8 +55,13 @@ LAYERS = {
     ],
     "strategies": [
         ["error"],
-        ["partition", "work"],
+        # The one visibility rule; the trait and layouts; work counted and the ring's time simulated.
+        ["visibility"],
+        ["partition"],
+        ["work", "ring_time"],
         ["contiguous", "striped", "zigzag", "doc_zigzag"],
+        # The solver may start from the fixed layouts.
+        ["balanced"],
         ["registry"],
     ],
     "datasets": [

@@ -593,3 +593,36 @@ fn fine_tuning_from_hf_weights_gives_the_one_rank_losses_on_four_ranks_of_every_
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_projects_own_model_exports_as_llama_and_loads_back_to_the_same_logits() {
+    let checkpoint =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/line_retrieval/long/checkpoint");
+    let device = Default::default();
+    let (own, config, _) =
+        experiments::line_retrieval::load_checkpoint::<B>(&checkpoint, &device).unwrap();
+    let hf = experiments::hf::own_model_config(&config).unwrap();
+    let out = temp_dir("hf-export-own");
+    export_model(&own, &hf, &out).unwrap();
+    let (again, read) = load_model::<B>(&out, &device).unwrap();
+    assert_eq!(read.architecture, workbench::hf::Architecture::Llama);
+    assert_eq!(read.eos, vec![datasets::tokenizer::EOS]);
+    let prompt = Prompt::from((0..40).map(|i| (i * 37 % 264) as u32).collect::<Vec<_>>());
+    let d = decoding("striped", 3, &[], 0);
+    assert_eq!(
+        full_logits(&again, &prompt, &d).unwrap(),
+        full_logits(&own, &prompt, &d).unwrap()
+    );
+    // What transformers' LLaMA cannot compute is refused by name.
+    let sinks = config.clone().with_sinks(true);
+    let error = experiments::hf::own_model_config(&sinks)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("sinks = true"), "{error}");
+    let partial = config.with_window(Some(64)).with_window_every(2);
+    let error = experiments::hf::own_model_config(&partial)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("window_every = 2"), "{error}");
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -6,20 +6,27 @@
 
 #![warn(missing_docs)]
 
+mod balanced;
 mod contiguous;
 mod doc_zigzag;
 mod error;
 mod partition;
 mod registry;
+pub mod ring_time;
 mod striped;
+mod visibility;
 mod work;
 mod zigzag;
 
+pub use balanced::Balanced;
 pub use contiguous::Contiguous;
 pub use doc_zigzag::DocZigZag;
 pub use error::PartitionError;
-pub use partition::{Layout, Partition, check_ranks, padded_grid_len, padded_len};
+pub use partition::{
+    Layout, Partition, RingCosts, Workload, check_ranks, padded_grid_len, padded_len,
+};
 pub use registry::{by_name, names, register};
 pub use striped::Striped;
-pub use work::{Mask, Window, visible_pairs, windows, work_per_rank};
+pub use visibility::{Mask, Window, visible_pairs, windows};
+pub use work::work_per_rank;
 pub use zigzag::ZigZag;

@@ -1,6 +1,58 @@
-//! The `Partition` trait and the validated `Layout` it produces.
+//! The `Partition` trait, the validated `Layout` it produces, and the [`Workload`] a work-aware
+//! strategy balances.
 
 use crate::PartitionError;
+use crate::visibility::Mask;
+
+/// What one ring pass will cost on the machine, in the units a layout is compared in: seconds per
+/// visible (q, k) pair and seconds a block takes over a link.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RingCosts {
+    /// Seconds of one visible (q, k) pair's forward (FLOPs per pair over the device's rate).
+    pub seconds_per_pair: f64,
+    /// Seconds a block of keys and values takes over one link.
+    pub link_seconds: f64,
+}
+
+impl RingCosts {
+    /// The costs when the machine is not known: a pair costs 1, and a block of `block` tokens
+    /// crosses a link in the time a rank computes a whole block of pairs (`block²`): the paper's
+    /// knee, where a full block's compute just hides its transfer.
+    pub fn at_the_knee(block: usize) -> Self {
+        RingCosts {
+            seconds_per_pair: 1.0,
+            link_seconds: (block as f64).powi(2),
+        }
+    }
+}
+
+/// What a layout will be asked to compute: the documents packed in the sequence, the mask, and the
+/// ring's costs. A fixed strategy ignores it; a work-aware one ([`crate::Balanced`]) balances the
+/// ring's simulated time for it ([`crate::ring_time`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Workload<'a> {
+    /// Documents laid end to end (empty: one).
+    pub doc_lens: &'a [usize],
+    /// Causality and the sliding window.
+    pub mask: Mask,
+    /// The machine's costs.
+    pub costs: RingCosts,
+}
+
+impl<'a> Workload<'a> {
+    /// A causal pass over documents `doc_lens` with an optional sliding `window`, at the knee for
+    /// blocks of `block` tokens.
+    pub fn causal(doc_lens: &'a [usize], window: Option<usize>, block: usize) -> Self {
+        Workload {
+            doc_lens,
+            mask: Mask {
+                causal: true,
+                window,
+            },
+            costs: RingCosts::at_the_knee(block),
+        }
+    }
+}
 
 /// How global token positions are spread over ranks.
 ///
@@ -56,6 +108,18 @@ pub trait Partition: Send + Sync + std::fmt::Debug {
             seq_len,
             positions,
         })
+    }
+
+    /// Validates and returns the positions of every rank for `workload` (its documents, mask and
+    /// costs). Default: the packed layout, whatever the mask and costs; a work-aware strategy
+    /// overrides it.
+    fn layout_for(
+        &self,
+        seq_len: usize,
+        ranks: usize,
+        workload: &Workload,
+    ) -> Result<Layout, PartitionError> {
+        self.layout_packed(seq_len, workload.doc_lens, ranks)
     }
 
     /// Validates and returns the positions of every rank.

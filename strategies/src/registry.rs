@@ -1,10 +1,18 @@
 //! Name → strategy lookup. Adding a strategy: one file, one `mod` line in lib.rs, one line here; or,
 //! from outside this crate (a test, a user's crate), one call to [`register`].
 
-use crate::{Contiguous, DocZigZag, Partition, PartitionError, Striped, ZigZag};
+use crate::{Balanced, Contiguous, DocZigZag, Partition, PartitionError, Striped, ZigZag};
 use std::sync::RwLock;
 
-const BUILT_IN: &[&dyn Partition] = &[&Contiguous, &Striped, &ZigZag, &DocZigZag];
+const BUILT_IN: &[&dyn Partition] = &[
+    &Contiguous,
+    &Striped,
+    &ZigZag,
+    &DocZigZag,
+    &Balanced {
+        chunks_per_rank: None,
+    },
+];
 
 /// Strategies registered at run time, after the built-in ones.
 static REGISTERED: RwLock<Vec<&'static dyn Partition>> = RwLock::new(Vec::new());

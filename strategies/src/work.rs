@@ -1,94 +1,8 @@
-//! Work accounting from the one visibility rule: every query sees a window of key positions (its
-//! document's start up to itself when causal, up to the document's end when not, cut to a sliding
-//! window of W keys either side when there is one; padding sees only itself). The kernels mask with
-//! the same windows, so what is counted is what is computed.
+//! Work accounting from the visibility rule ([`crate::visibility`]): the (q, k) pairs each rank's
+//! queries see over a ring pass, so that what is counted is what is computed.
 
 use crate::Layout;
-
-/// What a query may see besides its document: the rule every window is made by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Mask {
-    /// Only keys at or before the query's position.
-    pub causal: bool,
-    /// A sliding window: only keys less than `W` positions away (`p − W < k`, and `k < p + W` when
-    /// not causal); `None`: the whole document. `W ≥ 1`.
-    pub window: Option<usize>,
-}
-
-impl Mask {
-    /// The whole document, causal or not.
-    pub fn causal(causal: bool) -> Mask {
-        Mask {
-            causal,
-            window: None,
-        }
-    }
-}
-
-/// The key positions one query may see: `lo..=hi`. Causal: from its document's start to itself;
-/// non-causal: its whole document; a padded query sees only itself (its output is dropped).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
-    /// First visible key position.
-    pub lo: usize,
-    /// Last visible key position.
-    pub hi: usize,
-}
-
-impl Window {
-    /// Whether the key at `position` is visible.
-    pub fn sees(&self, position: usize) -> bool {
-        self.lo <= position && position <= self.hi
-    }
-}
-
-/// Visible (q, k) pairs of queries with windows `win_q` against keys at `pos_k`.
-pub fn visible_pairs(win_q: &[Window], pos_k: &[usize]) -> u64 {
-    let mut sorted = pos_k.to_vec();
-    sorted.sort_unstable();
-    win_q
-        .iter()
-        .map(|w| {
-            let end = sorted.partition_point(|&k| k <= w.hi);
-            end.saturating_sub(sorted.partition_point(|&k| k < w.lo)) as u64
-        })
-        .sum()
-}
-
-/// The windows of queries at `positions` in a sequence of `len` real tokens made of documents of
-/// `doc_lens` laid end to end (empty: one document), as `mask` says: a query at p sees
-/// `[max(doc_start, p − W + 1), p]` when causal, `[max(doc_start, p − W + 1), min(doc_end − 1,
-/// p + W − 1)]` when not (no `W`: the document's bounds). A position at or past `len` is padding: it
-/// sees only itself, and no real query sees it.
-pub fn windows(positions: &[usize], len: usize, doc_lens: &[usize], mask: Mask) -> Vec<Window> {
-    // Document starts, ascending, ending with `len`.
-    let mut starts = vec![0];
-    for &l in doc_lens {
-        starts.push(starts.last().copied().unwrap_or(0) + l);
-    }
-    if starts.last() != Some(&len) {
-        starts.push(len);
-    }
-    positions
-        .iter()
-        .map(|&p| {
-            if p >= len {
-                return Window { lo: p, hi: p };
-            }
-            let doc = starts.partition_point(|&s| s <= p) - 1;
-            let (start, end) = (starts[doc], starts[doc + 1]);
-            let reach = mask.window.map_or(usize::MAX, |w| w.max(1) - 1);
-            Window {
-                lo: start.max(p.saturating_sub(reach)),
-                hi: if mask.causal {
-                    p
-                } else {
-                    (end - 1).min(p.saturating_add(reach))
-                },
-            }
-        })
-        .collect()
-}
+use crate::visibility::{Mask, visible_pairs, windows};
 
 /// Visible (q, k) pairs of each rank's queries against the whole sequence: the work a rank does
 /// over a ring pass, for a sequence of documents `doc_lens` (empty: one document) masked by `mask`.
@@ -105,56 +19,6 @@ pub fn work_per_rank(layout: &Layout, doc_lens: &[usize], mask: Mask) -> Vec<u64
 mod tests {
     use super::*;
     use crate::Partition;
-
-    #[test]
-    fn windows_follow_documents_causality_and_padding() {
-        // Documents of 2 and 3 tokens, one padded position.
-        let w = windows(&[0, 1, 2, 4, 5], 5, &[2, 3], Mask::causal(true));
-        let pairs: Vec<(usize, usize)> = w.iter().map(|w| (w.lo, w.hi)).collect();
-        assert_eq!(pairs, [(0, 0), (0, 1), (2, 2), (2, 4), (5, 5)]);
-        let w = windows(&[1, 3], 5, &[2, 3], Mask::causal(false));
-        assert_eq!((w[0].lo, w[0].hi, w[1].lo, w[1].hi), (0, 1, 2, 4));
-        // No documents: plain causal and plain full attention.
-        assert_eq!(
-            windows(&[3], 8, &[], Mask::causal(true))[0],
-            Window { lo: 0, hi: 3 }
-        );
-        assert_eq!(
-            windows(&[3], 8, &[], Mask::causal(false))[0],
-            Window { lo: 0, hi: 7 }
-        );
-    }
-
-    #[test]
-    fn a_sliding_window_cuts_each_side_and_stops_at_documents() {
-        let window = |causal| Mask {
-            causal,
-            window: Some(3),
-        };
-        // Positions 0..10, documents 4 and 6: p sees p-2..=p (causal), p-2..=p+2 (not), in its document.
-        let pairs = |causal| -> Vec<(usize, usize)> {
-            windows(&[0, 3, 4, 6, 9], 10, &[4, 6], window(causal))
-                .iter()
-                .map(|w| (w.lo, w.hi))
-                .collect()
-        };
-        assert_eq!(pairs(true), [(0, 0), (1, 3), (4, 4), (4, 6), (7, 9)]);
-        assert_eq!(pairs(false), [(0, 2), (1, 3), (4, 6), (4, 8), (7, 9)]);
-        // A window of 1 is the query alone; one wider than the sequence is no window.
-        let one = Mask {
-            causal: false,
-            window: Some(1),
-        };
-        assert_eq!(windows(&[5], 10, &[], one)[0], Window { lo: 5, hi: 5 });
-        let wide = Mask {
-            causal: true,
-            window: Some(100),
-        };
-        assert_eq!(
-            windows(&[5], 10, &[], wide),
-            windows(&[5], 10, &[], Mask::causal(true))
-        );
-    }
 
     #[test]
     fn causal_work_of_a_contiguous_split() {

@@ -8,6 +8,7 @@ pub mod bf16;
 pub mod compare;
 pub mod covering;
 pub mod device;
+pub mod table;
 
 pub use compare::{Deviation, deviation, deviation_at_scale, rel_err, rms_rel_err, worst};
 

@@ -1,10 +1,12 @@
-//! The declarative exactness table: every strategy × forward direction × backward scheme × ranks ×
-//! causal × {MHA, GQA} × kernel (fused, generic twin) against the float64 reference, plus scheme agreement and traffic accounting.
+//! The declarative exactness table: every pair of strategy, kernel (fused, generic twin), ranks and
+//! forward direction (a covering design) with every backward scheme, × causal × {MHA, GQA}, against
+//! the float64 reference, plus scheme agreement and traffic accounting.
 
 use burn::backend::{Autodiff, Flex};
+use ringbench_tests::table::{RANKS, check_case, design};
 use ringbench_tests::{
-    BATCH, Case, F32_ATTENTION, F32_UNIT_ROUNDOFF, HEAD_DIM, assert_within, case_with, deviations,
-    f32_attention_bound, job, ran_every_pass, rel_err, run_case,
+    BATCH, Case, F32_ATTENTION, HEAD_DIM, assert_within, case_with, deviations,
+    f32_attention_bound, job, ran_every_pass, run_case,
 };
 use strategies::{by_name, names};
 use workbench::block::BlockKind;
@@ -16,32 +18,9 @@ type B = Autodiff<Flex>;
 
 /// Max-abs error relative to each tensor's max magnitude, in f32 (derived in [`F32_ATTENTION`]).
 const TOLERANCE: f64 = F32_ATTENTION;
-/// Gradients of different backward schemes, relative to each tensor's max magnitude: every scheme
-/// computes the same tiles with the same arithmetic and differs only in the order in which a rank's
-/// at most 8 per-step contributions are added (and, for kv, where the sum travels), so they differ by
-/// at most 2·8·u ≈ 1e-6 of the sum's magnitude.
-const SCHEME_AGREEMENT: f64 = 2.0 * 8.0 * F32_UNIT_ROUNDOFF;
-
 const SEQ_LENS: [usize; 2] = [48, 40];
-const RANKS: [usize; 5] = [1, 2, 3, 4, 8];
 /// (query heads, kv heads): multi-head and grouped-query (8 query heads sharing 2 kv heads).
 const HEADS: [(usize, usize); 2] = [(4, 4), (8, 2)];
-
-/// Whether `strategy` splits `seq` tokens over `ranks` ranks without padding, written here from each
-/// strategy's definition (not asked of the strategy): contiguous and striped need `ranks | seq`,
-/// zig-zag's 2N chunks need `2·ranks | seq`, doc-zigzag two tokens a rank. A strategy not listed here fails the table until it is
-/// added.
-fn accepts(strategy: &str, seq: usize, ranks: usize) -> bool {
-    match strategy {
-        "contiguous" | "striped" => seq.is_multiple_of(ranks),
-        "zigzag" => seq.is_multiple_of(2 * ranks),
-        // Any length of at least two tokens a rank; documents split unevenly.
-        "doc-zigzag" => seq >= 2 * ranks,
-        other => {
-            panic!("the exactness table has no rule for strategy '{other}': add it to accepts()")
-        }
-    }
-}
 
 fn run(
     c: &Case,
@@ -58,71 +37,6 @@ fn case(seq: usize, heads: (usize, usize), causal: bool) -> Case {
 
 fn case_scaled(seq: usize, heads: (usize, usize), causal: bool, scale: f64) -> Case {
     case_with(seq, heads, causal, scale, &[])
-}
-
-/// Every strategy × kernel × ranks × direction × scheme on `c` against its float64 reference, and
-/// the schemes against each other; returns (runs, runs that were padded), as the engine reports them:
-/// a run counts when every rank recorded a whole forward and backward pass, and a run is padded when
-/// the engine split a longer length than the input's (cross-checked against `accepts`).
-fn check_case(c: &Case, name: &str, causal: bool) -> (usize, usize) {
-    let seq = c.q.shape[1];
-    let (mut runs, mut padded) = (0, 0);
-    for (strategy, kernel) in names()
-        .into_iter()
-        .flat_map(|s| Kernel::ALL.map(|k| (s, k)))
-    {
-        for ranks in RANKS {
-            for forward in Direction::ALL {
-                let mut grads_by_scheme = Vec::new();
-                for backward in BackwardScheme::ALL {
-                    let label = format!(
-                        "{name} {strategy} {kernel} N={ranks} fwd={forward} bwd={backward}"
-                    );
-                    let config = RingConfig {
-                        causal,
-                        forward,
-                        backward,
-                        kernel,
-                        scale: None,
-                        window: None,
-                        softcap: None,
-                        lockstep: false,
-                        precision: Default::default(),
-                    };
-                    let result =
-                        run(c, strategy, ranks, config).unwrap_or_else(|e| panic!("{label}: {e}"));
-                    assert_within(&result, &c.want, TOLERANCE, &label);
-                    let engine_padded = result.padded_len != seq;
-                    assert_eq!(
-                        engine_padded,
-                        !accepts(strategy, seq, ranks),
-                        "{label}: the engine split {} tokens",
-                        result.padded_len
-                    );
-                    runs += usize::from(ran_every_pass(&result, ranks));
-                    padded += usize::from(engine_padded);
-                    let grads = result.grads.expect("d_out was given");
-                    grads_by_scheme.push((backward, grads));
-                }
-                for (scheme, g) in grads_by_scheme.iter().skip(1) {
-                    let base = &grads_by_scheme[0].1;
-                    for (tensor, a, b) in [
-                        ("dq", &g.dq, &base.dq),
-                        ("dk", &g.dk, &base.dk),
-                        ("dv", &g.dv, &base.dv),
-                    ] {
-                        let diff = rel_err(&a.data, &b.data);
-                        assert!(
-                            diff <= SCHEME_AGREEMENT,
-                            "{name} {strategy} {kernel} N={ranks}: {tensor} {scheme} vs kv differ \
-                             by {diff:.3e}"
-                        );
-                    }
-                }
-            }
-        }
-    }
-    (runs, padded)
 }
 
 #[test]
@@ -143,7 +57,7 @@ fn exactness_table() {
         }
     }
     println!("exactness table: {runs} runs, {padded} of them padded");
-    let per_case = names().len() * Kernel::ALL.len() * RANKS.len() * 2 * 3;
+    let per_case = design().len() * BackwardScheme::ALL.len();
     assert_eq!(runs, SEQ_LENS.len() * HEADS.len() * 2 * per_case);
     // S = 40 does not split into zig-zag's 16 chunks on 8 ranks, nor into 3 ranks: those run padded.
     assert!(padded > 0);
@@ -184,10 +98,7 @@ fn packed_and_padded_table() {
         padded += p;
     }
     println!("packed and padded table: {runs} runs, {padded} of them padded");
-    assert_eq!(
-        runs,
-        6 * names().len() * Kernel::ALL.len() * RANKS.len() * 2 * 3
-    );
+    assert_eq!(runs, 6 * design().len() * BackwardScheme::ALL.len());
     // 47, 45 and 61 split over no rank count above 1 but their divisors: those runs pad (doc-zigzag
     // never needs to).
     assert!(padded > runs / 4, "{padded} of {runs}");

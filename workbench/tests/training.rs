@@ -125,6 +125,7 @@ fn losses_and_parameters_agree_across_rank_counts() {
         (4, 1, "zigzag", BackwardScheme::Q),
         (8, 1, "striped", BackwardScheme::KvReverse),
         (4, 2, "zigzag", BackwardScheme::Kv),
+        (4, 1, "balanced", BackwardScheme::Kv),
     ] {
         let (losses, params) = run_grid(ranks, ulysses, strategy, backward);
         for (step, (a, b)) in losses.iter().zip(&base_losses).enumerate() {
@@ -490,7 +491,12 @@ fn packed_training_equals_separate_rows() {
         .losses
     };
     let separate = losses(1, "contiguous", false);
-    for (ranks, strategy) in [(1, "contiguous"), (4, "doc-zigzag"), (4, "striped")] {
+    for (ranks, strategy) in [
+        (1, "contiguous"),
+        (4, "doc-zigzag"),
+        (4, "striped"),
+        (4, "balanced"),
+    ] {
         let packed = losses(ranks, strategy, true);
         for (step, (a, b)) in separate.iter().zip(&packed).enumerate() {
             assert!(

@@ -15,8 +15,7 @@ use anyhow::{Result, anyhow};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
-use strategies::{Mask, Partition, Window, visible_pairs, windows, work_per_rank};
-use workbench::Direction;
+use strategies::{Mask, Partition, RingCosts, Workload, ring_time, work_per_rank};
 use workbench::kernels::flops::FORWARD_PER_PAIR_DIM;
 
 /// The kind.
@@ -373,21 +372,21 @@ impl BalancePlan {
             (point.strategy, point.ranks, point.block, point.profile);
         let (doc_lens, mask) = (point.doc_lens(), point.mask());
         let m = &self.model;
-        let layout = partition.layout_packed(ranks * block, &doc_lens, ranks)?;
-        let win: Vec<Vec<Window>> = layout
-            .positions
-            .iter()
-            .map(|mine| windows(mine, layout.seq_len, &doc_lens, mask))
-            .collect();
-        // The engine's rule: a ring pass stops once no rank can see the blocks further along.
-        let sees = |r: usize, s: usize| {
-            let owner = Direction::Cw.owner(r, s, ranks);
-            visible_pairs(&win[r], &layout.positions[owner]) > 0
+        let flops_per_pair = (FORWARD_PER_PAIR_DIM * (m.head_dim * m.heads) as u64) as f64;
+        // The pass's documents, mask and this profile's costs: what `balanced` solves for (a fixed
+        // strategy ignores them).
+        let workload = Workload {
+            doc_lens: &doc_lens,
+            mask,
+            costs: RingCosts {
+                seconds_per_pair: flops_per_pair / p.flops,
+                link_seconds: m.link_seconds(block, p),
+            },
         };
-        let steps = (0..ranks)
-            .rev()
-            .find(|&s| (0..ranks).any(|r| sees(r, s)))
-            .map_or(1, |last| last + 1);
+        let layout = partition.layout_for(ranks * block, ranks, &workload)?;
+        // The engine's rule: a ring pass stops once no rank can see the blocks further along.
+        let pass = ring_time::Pass::of(&layout, &workload);
+        let steps = pass.steps;
         let measured = match m.tile_costs {
             TileCosts::Flops => None,
             TileCosts::Measured => {
@@ -404,7 +403,6 @@ impl BalancePlan {
                 Some((seconds, matmul))
             }
         };
-        let flops_per_pair = (FORWARD_PER_PAIR_DIM * (m.head_dim * m.heads) as u64) as f64;
         let shape_ratio =
             (m.heads * m.head_dim) as f64 / (m.measured_heads * m.measured_head_dim) as f64;
         let compute: Vec<Vec<f64>> = (0..ranks)
@@ -413,16 +411,12 @@ impl BalancePlan {
                     .map(|s| match &measured {
                         // Time on this machine → FLOPs at the model's shape → time on the profile.
                         Some((t, matmul)) => t[r][s] * matmul * shape_ratio / p.flops,
-                        None => {
-                            let owner = Direction::Cw.owner(r, s, ranks);
-                            visible_pairs(&win[r], &layout.positions[owner]) as f64 * flops_per_pair
-                                / p.flops
-                        }
+                        None => pass.pairs[r][s] as f64 * workload.costs.seconds_per_pair,
                     })
                     .collect()
             })
             .collect();
-        let sim = simulate(&compute, m.link_seconds(block, p));
+        let sim = simulate(&compute, workload.costs.link_seconds);
         if !sim.makespan.is_finite() {
             return Err(anyhow!("simulated makespan is not finite"));
         }

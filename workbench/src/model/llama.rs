@@ -174,10 +174,10 @@ impl LlamaConfig {
                 self.rope_scaling.name()
             )));
         }
-        if self.ffn_hidden() == 0 || self.vocab == 0 || self.d_model == 0 {
+        // (A vocabulary of 0 is a trunk without embedding or head: the Agentic Transformer's.)
+        if self.ffn_hidden() == 0 || self.d_model == 0 {
             return Err(RingError::ModelConfig(format!(
-                "vocab {}, d_model {} and the feed-forward width {} must be above 0",
-                self.vocab,
+                "d_model {} and the feed-forward width {} must be above 0",
                 self.d_model,
                 self.ffn_hidden()
             )));

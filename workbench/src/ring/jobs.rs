@@ -189,10 +189,14 @@ fn plan_job(job: &AttentionJob) -> Result<Plan, RingError> {
     let ring_ranks = job.ranks / job.ulysses;
     let padded = strategies::padded_grid_len(job.strategy, dims[1], ring_ranks, job.ulysses)?;
     sequence.check(padded)?;
-    let ring_layout = Arc::new(
-        job.strategy
-            .layout_packed(padded, job.doc_lens, ring_ranks)?,
-    );
+    // The job's documents and mask, for a strategy that balances them (`balanced`); the costs
+    // of an unknown machine.
+    let workload = strategies::Workload {
+        doc_lens: job.doc_lens,
+        mask: job.config.attend().mask(),
+        costs: strategies::RingCosts::at_the_knee(padded / ring_ranks),
+    };
+    let ring_layout = Arc::new(job.strategy.layout_for(padded, ring_ranks, &workload)?);
     let layout = match job.ulysses {
         1 => ring_layout.clone(),
         u => Arc::new(ring_layout.split_ranks(u)?),
