@@ -53,6 +53,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("balance_quick", "balance"),
     ("balance_measured_quick", "balance_measured"),
     ("balance_packed", "balance_packed"),
+    ("balance_masks", "balance_masks"),
     ("overlap", "overlap"),
     ("knee_quick", "knee"),
     ("memory_quick", "memory"),

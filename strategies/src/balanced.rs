@@ -19,7 +19,7 @@ use crate::visibility::windows;
 use crate::{PartitionError, Striped, ZigZag};
 
 /// The most chunks a rank gets by default.
-pub const MAX_CHUNKS_PER_RANK: usize = 16;
+pub const MAX_CHUNKS_PER_RANK: usize = 8;
 /// Above this many (token, rank) pairs (S · N), the token-level fixed layouts are not simulated (it
 /// would take longer than the solve).
 const FIXED_CHECK_LIMIT: usize = 1 << 24;
@@ -483,7 +483,7 @@ mod tests {
     #[test]
     fn lengths_and_granularity() {
         let b = Balanced::default();
-        assert_eq!(b.chunks_per_rank(4096, 8), 16);
+        assert_eq!(b.chunks_per_rank(4096, 8), 8);
         assert_eq!(b.chunks_per_rank(40, 8), 5);
         assert!(b.validate(40, 8).is_ok());
         assert!(matches!(
