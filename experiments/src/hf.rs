@@ -176,9 +176,15 @@ impl OnBackend for LogitsOn<'_> {
         let vocab = config.model.vocab;
         check_ids(&rows, vocab, &args.tokens)?;
         let decoding = decoding(&args.ring, &[], 0)?;
-        let mut data = Vec::with_capacity(rows.len() * rows[0].len() * vocab);
+        let mut data = Vec::new();
         for row in &rows {
-            data.extend(full_logits(&model, &Prompt::from(row.clone()), &decoding)?);
+            let logits = full_logits(&model, &Prompt::from(row.clone()), &decoding)?;
+            if data.is_empty() {
+                data = logits; // the first row's block is kept, not copied
+                data.reserve((rows.len() - 1) * data.len());
+            } else {
+                data.extend(logits);
+            }
         }
         let shape = vec![rows.len(), rows[0].len(), vocab];
         npy::write(&args.out, &HostTensor::new(shape.clone(), data))?;

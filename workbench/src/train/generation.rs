@@ -523,7 +523,17 @@ pub fn full_logits<B: LayerBackend>(
         let logits = model.forward(tokens, positions, &ctx)?;
         Ok::<_, RingError>(host::read(logits))
     });
-    let per_rank = all_or_root_cause(per_rank, RingError::echo_level)?;
+    let mut per_rank = all_or_root_cause(per_rank, RingError::echo_level)?;
+    // One rank holding every position in order: its logits are the answer as they are (no copy of
+    // a [len, vocab] block, which is large for a real vocabulary).
+    if let [only] = &layout.positions[..]
+        && only.iter().copied().eq(0..only.len())
+    {
+        let mut logits = per_rank.swap_remove(0);
+        let vocab = logits.len() / only.len().max(1);
+        logits.truncate(len * vocab);
+        return Ok(logits);
+    }
     let vocab = per_rank
         .iter()
         .zip(&layout.positions)
