@@ -1,5 +1,5 @@
 //! `balanced`: a layout solver for any mask. The sequence is cut into equal chunks (`chunks_per_rank`
-//! a rank; by default the most, up to 16, that divide a rank's share) and the chunks are assigned to
+//! a rank; by default the most, up to 8, that divide a rank's share) and the chunks are assigned to
 //! ranks to minimize the ring's simulated time ([`crate::ring_time`]) for the workload's documents,
 //! window, causality and costs. It trades balance against the steps a pass needs: a windowed or
 //! packed mask keeps a rank's chunks near each other so the ring stops early, a plain causal one
@@ -31,7 +31,7 @@ const PARTNERS: usize = 4;
 /// Chunks assigned to ranks to minimize the ring's simulated time for the actual mask.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Balanced {
-    /// Chunks a rank holds; `None`: the most, up to [`MAX_CHUNKS_PER_RANK`], that divide a rank's
+    /// Chunks a rank holds; `None`: the most, up to `MAX_CHUNKS_PER_RANK` (8), that divide a rank's
     /// share of the sequence.
     pub chunks_per_rank: Option<usize>,
 }
