@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use workbench::hf::{HfConfig, export_model, load_model};
 use workbench::ring::decode::DecodeMerge;
+use workbench::ring::jobs::HostTensor;
 use workbench::train::{Decoding, Prompt, full_logits};
 
 type B = burn::backend::Flex;
@@ -179,38 +180,59 @@ fn export_then_load_gives_the_same_model_and_config() {
     }
 }
 
+/// Runs `ringbench ARGS`, asserting it succeeded.
+fn ringbench_ok(args: &[&str]) {
+    let run = ringbench(args);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "ringbench {}: {stderr}",
+        args.join(" ")
+    );
+}
+
+/// `ringbench hf logits` of `tokens` through `model` on `ranks` ranks of `strategy`, read back.
+fn cli_logits(
+    model: &Path,
+    tokens: &Path,
+    (ranks, strategy): (&str, &str),
+    out: &Path,
+) -> HostTensor {
+    ringbench_ok(&[
+        "hf",
+        "logits",
+        "--model",
+        model.to_str().unwrap(),
+        "--tokens",
+        tokens.to_str().unwrap(),
+        "--ranks",
+        ranks,
+        "--strategy",
+        strategy,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    npy::read(out).unwrap()
+}
+
+/// `got` has `want`'s shape and lies within [`LOGITS_BOUND`] of it.
+fn assert_logits_close(got: &HostTensor, want: &HostTensor, label: &str) {
+    assert_eq!(got.shape, want.shape, "{label}");
+    let d = deviation(&got.data, &want.data);
+    assert!(d.within(LOGITS_BOUND), "{label}: {d}");
+}
+
 #[test]
 fn cli_logits_and_generate_match_the_fixtures() {
     let dir = case_dir("llama_linear_tied");
     let out = temp_dir("hf-cli");
-    let logits = out.join("logits.npy");
-    let run = ringbench(&[
-        "hf",
-        "logits",
-        "--model",
-        dir.to_str().unwrap(),
-        "--tokens",
-        dir.join("tokens.npy").to_str().unwrap(),
-        "--ranks",
-        "4",
-        "--strategy",
-        "striped",
-        "--out",
-        logits.to_str().unwrap(),
-    ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let got = npy::read(&logits).unwrap();
+    let tokens = dir.join("tokens.npy");
+    let got = cli_logits(&dir, &tokens, ("4", "striped"), &out.join("logits.npy"));
     let want = npy::read(&dir.join("logits.npy")).unwrap();
-    assert_eq!(got.shape, want.shape);
-    let d = deviation(&got.data, &want.data);
-    assert!(d.within(LOGITS_BOUND), "{d}");
+    assert_logits_close(&got, &want, "hf logits on 4 striped ranks");
     let gen_path = out.join("gen.npy");
     let gqa = case_dir("llama_gqa");
-    let run = ringbench(&[
+    ringbench_ok(&[
         "hf",
         "generate",
         "--model",
@@ -224,11 +246,6 @@ fn cli_logits_and_generate_match_the_fixtures() {
         "--out",
         gen_path.to_str().unwrap(),
     ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
     assert_eq!(
         npy::read_ids(&gen_path).unwrap(),
         npy::read_ids(&gqa.join("greedy.npy")).unwrap()
@@ -496,12 +513,7 @@ fn fine_tune(dir: &Path, name: &str, spec: impl Fn(&Path) -> String) -> PathBuf 
     let out = dir.join(name);
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, spec(&out)).unwrap();
-    let run = ringbench(&["train", "--config", path.to_str().unwrap()]);
-    assert!(
-        run.status.success(),
-        "{name}: {}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    ringbench_ok(&["train", "--config", path.to_str().unwrap()]);
     out
 }
 
@@ -539,7 +551,7 @@ fn fine_tuning_from_hf_weights_gives_the_one_rank_losses_on_four_ranks_of_every_
     // `finetuned_logits.npy` is check_export.py's float64 output on this very run (1 rank,
     // contiguous, 2 steps of seed 3) made on another machine.
     let export = dir.join("export");
-    let run = ringbench(&[
+    ringbench_ok(&[
         "hf",
         "export",
         "--checkpoint",
@@ -547,34 +559,14 @@ fn fine_tuning_from_hf_weights_gives_the_one_rank_losses_on_four_ranks_of_every_
         "--out",
         export.to_str().unwrap(),
     ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let logits = dir.join("logits.npy");
-    let run = ringbench(&[
-        "hf",
-        "logits",
-        "--model",
-        export.to_str().unwrap(),
-        "--tokens",
-        model.join("tokens.npy").to_str().unwrap(),
-        "--ranks",
-        "2",
-        "--out",
-        logits.to_str().unwrap(),
-    ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let got = npy::read(&logits).unwrap();
+    let tokens = model.join("tokens.npy");
+    let got = cli_logits(&export, &tokens, ("2", "zigzag"), &dir.join("logits.npy"));
     let transformers = npy::read(&case_dir("").join("finetuned_logits.npy")).unwrap();
-    assert_eq!(got.shape, transformers.shape);
-    let d = deviation(&got.data, &transformers.data);
-    assert!(d.within(LOGITS_BOUND), "export against transformers: {d}");
+    assert_logits_close(
+        &got,
+        &transformers,
+        "the fine-tuned export against transformers",
+    );
     // And the fine-tuning moved them (by about 1e-2 of the largest logit): the check is not of the
     // starting weights.
     let before = npy::read(&model.join("logits.npy")).unwrap();

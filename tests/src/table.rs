@@ -32,7 +32,8 @@ pub fn accepts(strategy: &str, seq: usize, ranks: usize) -> bool {
         .is_ok()
 }
 
-fn run(
+/// `c` through the ring on `ranks` ranks of `strategy` (CPU autodiff backend).
+pub fn run(
     c: &Case,
     strategy: &str,
     ranks: usize,

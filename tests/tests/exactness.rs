@@ -3,14 +3,14 @@
 //! the float64 reference, plus scheme agreement and traffic accounting.
 
 use burn::backend::{Autodiff, Flex};
-use ringbench_tests::table::{RANKS, check_case, design};
+use ringbench_tests::table::{RANKS, check_case, design, run};
 use ringbench_tests::{
     BATCH, Case, F32_ATTENTION, HEAD_DIM, assert_within, case_with, deviations,
-    f32_attention_bound, job, ran_every_pass, run_case,
+    f32_attention_bound, job, ran_every_pass,
 };
 use strategies::{by_name, names};
 use workbench::block::BlockKind;
-use workbench::ring::jobs::{AttentionResult, Fault, FaultKind, run_attention};
+use workbench::ring::jobs::{Fault, FaultKind, run_attention};
 use workbench::transport::Phase;
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig, RingError};
 
@@ -21,15 +21,6 @@ const TOLERANCE: f64 = F32_ATTENTION;
 const SEQ_LENS: [usize; 2] = [48, 40];
 /// (query heads, kv heads): multi-head and grouped-query (8 query heads sharing 2 kv heads).
 const HEADS: [(usize, usize); 2] = [(4, 4), (8, 2)];
-
-fn run(
-    c: &Case,
-    strategy: &str,
-    ranks: usize,
-    config: RingConfig,
-) -> Result<AttentionResult, RingError> {
-    run_case::<B>(c, strategy, ranks, config, &Default::default())
-}
 
 fn case(seq: usize, heads: (usize, usize), causal: bool) -> Case {
     case_with(seq, heads, causal, 1.0 / (HEAD_DIM as f64).sqrt(), &[])
