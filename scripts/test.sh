@@ -28,8 +28,19 @@ ldconfig -p | grep 'libvulkan.so.1 ' >/dev/null || missing+=(libvulkan1)
 if [ ${#missing[@]} -gt 0 ]; then
   step "installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq "${missing[@]}"
+  # As root (CI) directly; otherwise through sudo when it is there, else one line saying what to install.
+  as_root=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+      as_root=(sudo env DEBIAN_FRONTEND=noninteractive)
+    else
+      echo "scripts/test.sh needs these Debian packages, and root or sudo to install them: ${missing[*]}" >&2
+      echo "(without features, cargo test --workspace needs none of them)" >&2
+      exit 1
+    fi
+  fi
+  "${as_root[@]}" apt-get update -qq
+  "${as_root[@]}" apt-get install -y -qq "${missing[@]}"
 fi
 
 step "import directions and circles of each library crate (scripts/check_imports.py)"
