@@ -287,7 +287,8 @@ fn export(args: &ExportArgs) -> Result<()> {
     type B = burn::backend::Flex;
     let device = Default::default();
     let from = &args.checkpoint;
-    if args.out.exists() && args.out.canonicalize()? == from.canonicalize()? {
+    let same = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y);
+    if same(&args.out, from) {
         bail!(
             "--out {} is the checkpoint itself; give another directory",
             args.out.display()
