@@ -318,6 +318,16 @@ fn a_bad_directory_is_refused_naming_what_is_wrong() {
         );
     }
 
+    // No directory at all, and a directory without config.json: each named once.
+    let error = load_error(Path::new("/nonexistent-hf-model"));
+    assert_eq!(error, "/nonexistent-hf-model: no such model directory");
+    let empty = temp_dir("hf-empty");
+    let error = load_error(&empty);
+    assert!(
+        error.ends_with("config.json: No such file or directory (os error 2)"),
+        "{error}"
+    );
+
     // A shard the index names is missing.
     let dir = copy_case("llama_linear_tied", "hf-missing-shard");
     let shard = std::fs::read_dir(&dir)

@@ -8,12 +8,13 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum HfError {
     /// A file that could not be read or written.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {cause}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
-        /// What the system said.
-        source: std::io::Error,
+        /// What the system said (its text is in this error's message, not a second link of the
+        /// chain).
+        cause: std::io::Error,
     },
     /// A config value this model cannot honour, or a config that is not one.
     #[error("{}: {what}", path.display())]
@@ -88,10 +89,10 @@ pub enum HfError {
 }
 
 impl HfError {
-    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: &Path, cause: std::io::Error) -> Self {
         HfError::Io {
             path: path.to_path_buf(),
-            source,
+            cause,
         }
     }
 }

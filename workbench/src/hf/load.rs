@@ -27,6 +27,12 @@ pub fn load_model<B: Backend>(
     dir: &Path,
     device: &B::Device,
 ) -> Result<(Llama<B>, HfConfig), HfError> {
+    if !dir.is_dir() {
+        return Err(HfError::Weights {
+            path: dir.to_path_buf(),
+            what: "no such model directory".into(),
+        });
+    }
     let config = HfConfig::read(&dir.join("config.json"))?;
     let wanted = wanted_tensors(&config.model);
     let mut loaded: HashMap<String, Tensor<B, 1>> = HashMap::with_capacity(wanted.len());
