@@ -318,6 +318,20 @@ fn a_bad_directory_is_refused_naming_what_is_wrong() {
         );
     }
 
+    // Layers of another type than the model's one (a mix of windowed and full layers).
+    let dir = copy_case("llama_gqa", "hf-layer-types");
+    edit_config(&dir, |c| {
+        c.insert(
+            "layer_types".into(),
+            json!(["sliding_attention", "full_attention"]),
+        );
+    });
+    let error = load_error(&dir);
+    assert!(
+        error.contains("layer_types") && error.contains("every layer here is full_attention"),
+        "{error}"
+    );
+
     // No directory at all, and a directory without config.json: each named once.
     let error = load_error(Path::new("/nonexistent-hf-model"));
     assert_eq!(error, "/nonexistent-hf-model: no such model directory");

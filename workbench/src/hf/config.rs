@@ -200,13 +200,18 @@ impl HfConfig {
             }
             _ => None,
         };
+        // Every layer is of one type here: the window's when there is one, else full attention.
+        let layer_type = if window.is_some() {
+            "sliding_attention"
+        } else {
+            "full_attention"
+        };
         if let Some(Value::Array(types)) = keys.get("layer_types")
-            && let Some(other) = types.iter().find(|t| t.as_str() != Some("full_attention"))
-            && architecture != Architecture::Mistral
+            && let Some(other) = types.iter().find(|t| t.as_str() != Some(layer_type))
         {
             return Err(keys.refuse(
                 "layer_types",
-                format!("a layer of type {other}: only full_attention layers are computed"),
+                format!("a layer of type {other}: every layer here is {layer_type}"),
             ));
         }
         if window == Some(0) {
