@@ -110,6 +110,8 @@ def main():
             if rb_logits.size != hf_logits.size:
                 sys.exit(f"ringbench logits have shape {rb_logits.shape}, transformers {hf_logits.shape}")
             rb_logits = rb_logits.reshape(hf_logits.shape)
+            if not (np.isfinite(rb_logits).all() and np.isfinite(hf_logits).all()):
+                sys.exit("a NaN or infinite logit: the comparison would not mean anything")
             rel = float(np.abs(rb_logits - hf_logits).max() / np.abs(hf_logits).max())
 
         def fmt(x, spec):
