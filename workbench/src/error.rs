@@ -24,6 +24,19 @@ pub enum TransportError {
         /// The timeout.
         seconds: f64,
     },
+    /// A call that waits on the other ranks (joining a communicator, a collective on the device)
+    /// did not finish within the rank's timeout.
+    #[error(
+        "rank {rank}: {what} did not finish within {seconds:.1} s (a rank never joined or died)"
+    )]
+    Deadline {
+        /// The reporting rank.
+        rank: usize,
+        /// What it was waiting for.
+        what: &'static str,
+        /// The timeout.
+        seconds: f64,
+    },
     /// Messages arrived out of the order every rank follows.
     #[error("rank {rank}: message from rank {peer} has tag {got}, expected {expected}")]
     Protocol {
@@ -281,7 +294,9 @@ impl RingError {
     pub fn echo_level(&self) -> u8 {
         match self {
             RingError::Transport(TransportError::PeerGone { .. }) => 2,
-            RingError::Transport(TransportError::Timeout { .. }) => 1,
+            RingError::Transport(
+                TransportError::Timeout { .. } | TransportError::Deadline { .. },
+            ) => 1,
             _ => 0,
         }
     }

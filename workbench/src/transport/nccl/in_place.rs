@@ -162,7 +162,7 @@ pub(super) fn post(
 /// Waits for the group, checks the header against the shapes received into, and gives the
 /// filled tensors as blocks on this rank's GPU.
 pub(super) fn finish(
-    t: &NcclTransport,
+    t: &mut NcclTransport,
     receive: Receive,
     from: usize,
 ) -> Result<Payload, TransportError> {
@@ -195,7 +195,7 @@ pub(super) fn finish(
 /// rank's GPU, which it returns once the NCCL stream has run: nothing crosses the host. NCCL's ring
 /// all-reduce reduces each chunk once and forwards the result, so every rank gets the same bits.
 pub(super) fn all_reduce(
-    t: &NcclTransport,
+    t: &mut NcclTransport,
     block: &Block,
     memory: CudaMemory,
 ) -> Result<Block, TransportError> {
@@ -206,9 +206,7 @@ pub(super) fn all_reduce(
     t.comm
         .all_reduce(send.slice(), receive.slice_mut(), &ReduceOp::Sum)
         .map_err(|e| t.failed("ncclAllReduce", e))?;
-    t.stream
-        .synchronize()
-        .map_err(|e| t.failed("synchronize", e))?;
+    t.settle()?;
     drop(send);
     let flat = receive.into_memory().into_tensor();
     Ok(Block::from_flat_on_device::<Cuda>(

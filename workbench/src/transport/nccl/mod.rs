@@ -7,7 +7,8 @@
 //! A ring exchange is one NCCL group (send to `to`, receive from `from`) queued on the rank's stream,
 //! so it runs while the ranks compute. Both sides of an exchange move the same shapes (equal shards),
 //! so what a rank receives is shaped like what it sends. Ranks meet through a file holding NCCL's
-//! unique id, written by rank 0.
+//! unique id, written by rank 0 ([`rendezvous`]); joining and every wait end within the rank's
+//! timeout.
 //!
 //! Two ways a payload goes:
 //! - **In place** (with `cuda`, when every block is a tensor of Burn's CUDA backend): NCCL sends from
@@ -29,10 +30,11 @@ use cudarc::nccl::safe::{Comm, Id, ReduceOp};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[cfg(feature = "cuda")]
 mod in_place;
+pub mod rendezvous;
 
 /// A posted receive: the device buffers it fills.
 enum Incoming {
@@ -54,9 +56,34 @@ pub struct NcclTransport {
     /// Send buffers (staged messages, lent tensors) that must live until the stream has run their
     /// sends.
     outgoing: Vec<Box<dyn Send>>,
+    /// How long any wait on the peers may last.
+    timeout: Duration,
+    /// Whether a wait ran out: the stream may still be running (or stuck in) a collective.
+    stalled: bool,
     /// The GPU, as Burn's CUDA backend names it: where in-place receives are allocated.
     #[cfg(feature = "cuda")]
     device: cubecl::cuda::CudaDevice,
+}
+
+/// A joined communicator handed back from the thread that joined it.
+struct Joined(Result<Comm, cudarc::nccl::result::NcclError>);
+
+// SAFETY: the communicator is created on the joining thread and from then on used by one thread at
+// a time (the rank's); NCCL allows a communicator to move between threads.
+unsafe impl Send for Joined {}
+
+impl Drop for NcclTransport {
+    /// The stream may still be running sends from `outgoing` and receives into `incoming`: freeing
+    /// those buffers first would let NCCL touch freed memory. So the drop waits for the stream (at
+    /// most the timeout, and not at all once a wait has run out); if it does not finish, the
+    /// buffers are leaked rather than freed under it, and the communicator is aborted (cudarc's
+    /// `Comm` aborts on drop), which ends what it still runs.
+    fn drop(&mut self) {
+        if self.stalled || self.settle().is_err() {
+            std::mem::forget(std::mem::take(&mut self.outgoing));
+            std::mem::forget(std::mem::take(&mut self.incoming));
+        }
+    }
 }
 
 impl std::fmt::Debug for NcclTransport {
@@ -82,8 +109,12 @@ fn unavailable(rank: usize, what: &'static str, why: impl ToString) -> Transport
 }
 
 impl NcclTransport {
-    /// Joins an NCCL communicator of `size` ranks on GPU `device`. Rank 0 writes NCCL's unique id to
-    /// `id_file`; the others wait for it (up to `timeout`).
+    /// Joins an NCCL communicator of `size` ranks on GPU `device`. Rank 0 publishes NCCL's unique
+    /// id in a file of this run's own name beside `id_file` ([`rendezvous::id_path`]: `.KEY` from
+    /// the launcher's job id when it has one), written whole; the others wait for it. Waiting for
+    /// the id, joining, and every later wait on the peers end within `timeout` with a typed error
+    /// ([`TransportError::Timeout`], [`TransportError::Deadline`]). Once every rank has joined,
+    /// rank 0 removes the file.
     pub fn from_id_file(
         rank: usize,
         size: usize,
@@ -108,34 +139,15 @@ impl NcclTransport {
         if !nccl {
             return Err(unavailable(rank, "NCCL", "libnccl was not found"));
         }
+        let path = rendezvous::id_path(id_file, rendezvous::run_key_from_env().as_deref());
         let id = if rank == 0 {
             let id = Id::new().map_err(|e| unavailable(rank, "NCCL", format!("{e:?}")))?;
-            let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
-            std::fs::write(id_file, bytes).map_err(|e| {
-                unavailable(rank, "NCCL id file", format!("{}: {e}", id_file.display()))
-            })?;
+            let bytes: [u8; rendezvous::ID_BYTES] = std::array::from_fn(|i| id.internal()[i] as u8);
+            rendezvous::publish_id(&path, &bytes, rank)?;
             id
         } else {
-            let deadline = Instant::now() + timeout;
-            loop {
-                match std::fs::read(id_file) {
-                    Ok(bytes) if bytes.len() == 128 => {
-                        let mut internal = [0 as std::ffi::c_char; 128];
-                        for (dst, src) in internal.iter_mut().zip(bytes) {
-                            *dst = src as std::ffi::c_char;
-                        }
-                        break Id::uninit(internal);
-                    }
-                    _ if Instant::now() > deadline => {
-                        return Err(TransportError::Timeout {
-                            rank,
-                            peer: 0,
-                            seconds: timeout.as_secs_f64(),
-                        });
-                    }
-                    _ => std::thread::sleep(Duration::from_millis(20)),
-                }
-            }
+            let bytes = rendezvous::await_id(&path, rank, timeout)?;
+            Id::uninit(bytes.map(|b| b as std::ffi::c_char))
         };
         let context = CudaContext::new(device)
             .map_err(|e| unavailable(rank, "CUDA device", format!("{e:?}")))?;
@@ -144,18 +156,58 @@ impl NcclTransport {
         let stream = context
             .new_stream()
             .map_err(|e| unavailable(rank, "CUDA stream", format!("{e:?}")))?;
-        let comm = Comm::from_rank(stream.clone(), rank, size, id)
-            .map_err(|e| unavailable(rank, "NCCL", format!("{e:?}")))?;
+        // ncclCommInitRank returns once every rank has called it: a peer that never comes would
+        // block it for good, so it runs on a thread of its own under the deadline.
+        let joining = stream.clone();
+        let comm = rendezvous::within(timeout, rank, "joining the NCCL communicator", move || {
+            joining.context().bind_to_thread()?;
+            Ok(Joined(Comm::from_rank(joining, rank, size, id)))
+        })?
+        .map_err(|e: cudarc::driver::DriverError| {
+            unavailable(rank, "CUDA device", format!("{e:?}"))
+        })?
+        .0
+        .map_err(|e| unavailable(rank, "NCCL", format!("{e:?}")))?;
+        if rank == 0 {
+            // Every rank has joined, so every rank has read the id: the file has done its job.
+            let _ = std::fs::remove_file(&path);
+        }
         Ok(Self {
             comm,
             stream,
             rank,
             size,
+            timeout,
+            stalled: false,
             incoming: HashMap::new(),
             outgoing: Vec::new(),
             #[cfg(feature = "cuda")]
             device: cubecl::cuda::CudaDevice { index: device },
         })
+    }
+
+    /// Waits, at most the rank's timeout, until the stream has run everything queued on it so far
+    /// (the exchanges and all-reduces posted, the copies after them). A wait that runs out marks the
+    /// transport stalled: its drop then leaves the buffers the stream may still use allocated.
+    fn settle(&mut self) -> Result<(), TransportError> {
+        let event = self
+            .stream
+            .record_event(None)
+            .map_err(|e| self.failed("record a CUDA event", e))?;
+        let rank = self.rank;
+        let waited =
+            rendezvous::poll_until(self.timeout, rank, "an NCCL exchange or all-reduce", || {
+                event
+                    .try_is_complete()
+                    .map_err(|e| TransportError::RankFailed {
+                        rank,
+                        message: format!("the NCCL stream: {e:?}"),
+                    })
+            });
+        if waited.is_err() {
+            self.stalled = true;
+        }
+        waited
     }
 
     /// A message copied to the device to be sent, and a zeroed buffer of its length to receive the
@@ -172,8 +224,10 @@ impl NcclTransport {
         Ok((send, recv))
     }
 
-    /// Copies a device buffer to the host once the stream has run everything queued before.
-    fn download(&self, buffer: &CudaSlice<f32>) -> Result<Vec<f32>, TransportError> {
+    /// Copies a device buffer to the host once the stream has run everything queued before (within
+    /// the rank's timeout).
+    fn download(&mut self, buffer: &CudaSlice<f32>) -> Result<Vec<f32>, TransportError> {
+        self.settle()?;
         let host = self
             .stream
             .clone_dtoh(buffer)
@@ -394,6 +448,34 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "rank 0: CUDA is not available: libcuda was not found (no NVIDIA driver on this machine)"
+        );
+    }
+
+    /// Rank 0 of two, whose peer never comes: joining ends at the deadline with a typed error
+    /// (NCCL's own join would wait for ever), and the id file is removed only after a join.
+    #[test]
+    #[ignore = "needs a GPU with CUDA and NCCL"]
+    fn a_rank_whose_peer_never_joins_ends_within_the_timeout() {
+        assert!(cuda_present(), "no CUDA driver on this machine");
+        let file =
+            std::env::temp_dir().join(format!("ringbench-nccl-alone-{}", std::process::id()));
+        let began = std::time::Instant::now();
+        let err = NcclTransport::from_id_file(0, 2, 0, &file, Duration::from_secs(3)).unwrap_err();
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            began.elapsed()
+        );
+        assert!(
+            matches!(
+                err,
+                TransportError::Deadline {
+                    rank: 0,
+                    what: "joining the NCCL communicator",
+                    ..
+                }
+            ),
+            "{err}"
         );
     }
 
