@@ -83,6 +83,13 @@ pub trait DeviceTiles<B: Backend>: Sync {
         lse: &Tensor<B, 3>,
         delta: &Tensor<B, 3>,
     ) -> BackwardTileResult<B>;
+
+    /// `lhs · rhs` over the last two axes (batched over the first two) with every product and
+    /// sum in f32: the generic kernel's matmuls. Burn's own matmul on a CubeCL backend is
+    /// autotuned, and on recent NVIDIA GPUs its tensor-core candidates compute f32 inputs in TF32
+    /// (a 10-bit mantissa: 2⁻¹¹ relative), which the generic kernel's 1e-5 exactness cannot
+    /// absorb; this one asks CubeCL for its unit (no tensor core) matmul.
+    fn matmul_f32(&self, lhs: Tensor<B, 4>, rhs: Tensor<B, 4>) -> Tensor<B, 4>;
 }
 
 /// Rows each unit owns (query rows forward and for dQ, key rows for dK and dV) for heads of
@@ -207,6 +214,38 @@ mod launch {
                 )
             };
             ForwardTileResult { out, lse, work }
+        }
+
+        fn matmul_f32(
+            &self,
+            lhs: Tensor<CubeBackend<R, F, I, BT>, 4>,
+            rhs: Tensor<CubeBackend<R, F, I, BT>, 4>,
+        ) -> Tensor<CubeBackend<R, F, I, BT>, 4> {
+            use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
+            use cubek::matmul::launch::Strategy;
+            use cubek::matmul::routines::BlueprintStrategy;
+            use cubek::std::InputBinding;
+            let (lhs, rhs) = (handle(&lhs), handle(&rhs));
+            let dtype = burn::tensor::DType::F32;
+            let out = burn_cubecl::kernel::matmul::init_matmul_output(&lhs, &rhs, dtype);
+            let client = out.client.clone();
+            let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
+                lhs: dtype.into(),
+                rhs: dtype.into(),
+                out: dtype.into(),
+            });
+            // A unit matmul keeps f32 stage and register types (only tensor-core routines
+            // switch f32 to TF32).
+            cubek::matmul::launch::launch_ref(
+                &Strategy::SimpleUnit(BlueprintStrategy::Inferred(Default::default())),
+                &client,
+                InputBinding::new(lhs.binding(), dtype.into()),
+                InputBinding::new(rhs.binding(), dtype.into()),
+                out.clone().binding(),
+                &mut dtypes,
+            )
+            .unwrap_or_else(|e| panic!("CubeCL's unit matmul could not be set up: {e:?}"));
+            Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(out))
         }
 
         fn backward(

@@ -20,9 +20,18 @@ use crate::host::HostRead;
 use burn::tensor::{FloatDType, Tensor, backend::Backend};
 use std::sync::Arc;
 
+/// `lhs · rhs` in f32 on `B`'s device: a CubeCL backend's unit matmul (its autotuned one may pick
+/// TF32 tensor cores), any other backend's own.
+fn matmul<B: HostRead>(lhs: Tensor<B, 4>, rhs: Tensor<B, 4>) -> Tensor<B, 4> {
+    match B::device_tiles() {
+        Some(tiles) => tiles.matmul_f32(lhs, rhs),
+        None => lhs.matmul(rhs),
+    }
+}
+
 /// A tile's scores `scale · q kᵀ`, soft-capped when `how` says (`C · tanh(s / C)`), with the mask
 /// applied, laid out `[b, h, tq, tk]`; and, with a cap, each score's `tanh` (for the backward).
-fn scores<B: Backend>(
+fn scores<B: HostRead>(
     q: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
     bias: Option<Tensor<B, 2>>,
@@ -31,9 +40,7 @@ fn scores<B: Backend>(
     let [b, h, tq, d] = q.dims();
     let [_, hk, tk, _] = k.dims();
     let grouped = q.clone().reshape([b, hk, (h / hk) * tq, d]) * how.scale;
-    let s = grouped
-        .matmul(k.clone().swap_dims(2, 3))
-        .reshape([b, h, tq, tk]);
+    let s = matmul(grouped, k.clone().swap_dims(2, 3)).reshape([b, h, tq, tk]);
     let (s, tanh) = match how.softcap {
         Some(cap) => {
             let t = (s / cap).tanh();
@@ -58,12 +65,10 @@ pub(super) fn rounded<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: Dtype)
 }
 
 /// `p · v` where p is `[b, h, tq, tk]` and v is `[b, hk, tk, d]`: `[b, h, tq, d]`.
-fn grouped_matmul<B: Backend>(p: Tensor<B, 4>, v: &Tensor<B, 4>) -> Tensor<B, 4> {
+fn grouped_matmul<B: HostRead>(p: Tensor<B, 4>, v: &Tensor<B, 4>) -> Tensor<B, 4> {
     let [b, h, tq, tk] = p.dims();
     let [_, hk, _, d] = v.dims();
-    p.reshape([b, hk, (h / hk) * tq, tk])
-        .matmul(v.clone())
-        .reshape([b, h, tq, d])
+    matmul(p.reshape([b, hk, (h / hk) * tq, tk]), v.clone()).reshape([b, h, tq, d])
 }
 
 /// Forward of one tile: normalized output `[b, h, tq, d]` and log-sum-exp `[b, h, tq]`.
@@ -71,7 +76,7 @@ fn grouped_matmul<B: Backend>(p: Tensor<B, 4>, v: &Tensor<B, 4>) -> Tensor<B, 4>
 /// `bias` is the tile's additive mask `[tq, tk]` (0 or −∞) for partially visible tiles, `None` for
 /// fully visible ones.
 /// Rows with no visible key get output 0 and lse −∞, which [`merge_block`] treats as empty.
-pub fn block_attention<B: Backend>(
+pub fn block_attention<B: HostRead>(
     q: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
     v: &Tensor<B, 4>,
@@ -112,7 +117,7 @@ pub fn merge_block<B: Backend>(
 /// `lse` and `delta` are the *final* per-row statistics of the full attention, so tiles can be
 /// processed in any order and their contributions summed.
 #[allow(clippy::too_many_arguments)]
-pub fn block_attention_backward<B: Backend>(
+pub fn block_attention_backward<B: HostRead>(
     q: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
     v: &Tensor<B, 4>,
@@ -130,10 +135,8 @@ pub fn block_attention_backward<B: Backend>(
     let dtype = how.precision.dtype;
     let p_g = rounded(p.clone(), dtype).reshape([b, hk, rows, tk]);
     let do_g = d_out.clone().reshape([b, hk, rows, d]);
-    let dv = p_g.swap_dims(2, 3).matmul(do_g.clone());
-    let dp = do_g
-        .matmul(v.clone().swap_dims(2, 3))
-        .reshape([b, h, tq, tk]);
+    let dv = matmul(p_g.swap_dims(2, 3), do_g.clone());
+    let dp = matmul(do_g, v.clone().swap_dims(2, 3)).reshape([b, h, tq, tk]);
     let ds = p * (dp - delta.clone().unsqueeze_dim(3));
     // Through the cap: d(raw score) = dS · (1 − tanh²).
     let ds = match tanh {
@@ -142,10 +145,8 @@ pub fn block_attention_backward<B: Backend>(
     };
     // dS enters its products in the operands' type.
     let ds_g = rounded(ds, dtype).reshape([b, hk, rows, tk]) * how.scale;
-    let dq = ds_g.clone().matmul(k.clone()).reshape([b, h, tq, d]);
-    let dk = ds_g
-        .swap_dims(2, 3)
-        .matmul(q.clone().reshape([b, hk, rows, d]));
+    let dq = matmul(ds_g.clone(), k.clone()).reshape([b, h, tq, d]);
+    let dk = matmul(ds_g.swap_dims(2, 3), q.clone().reshape([b, hk, rows, d]));
     (dq, dk, dv)
 }
 
@@ -358,7 +359,7 @@ mod wgpu_tests {
     };
 
     /// Two tiles of `[2, 4, 24, 16]` and their merge: outputs and log-sum-exps.
-    fn tiles<B: Backend>(q: &[f32], k: &[f32], v: &[f32]) -> Vec<Vec<f32>> {
+    fn tiles<B: HostRead>(q: &[f32], k: &[f32], v: &[f32]) -> Vec<Vec<f32>> {
         let shape = [2, 4, 24, 16];
         let (q, k0, v0) = (
             on::<B, 4>(q, shape),
