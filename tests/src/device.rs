@@ -119,6 +119,47 @@ where
     runs
 }
 
+/// Heads as wide as real models' (d = 64 and 128, where the fused device kernel's rows are 16 and 32
+/// four-wide vectors a unit), forward and every gradient, at S = 32, GQA 4/2, scale 1/√d: zig-zag
+/// causal on 2 ranks (K/V travelling) and not causal on 1 (the Q side's scheme), each within the f32
+/// bound of its chains ([`f32_attention_bound_at`]: d-long scores and dP, S/N-long tiles) of the
+/// float64 reference with `kernel`. Returns the runs the engine counted, asserted to be all of them.
+/// (Few runs: on Mesa's software device each new width compiles its kernels first.)
+pub fn wide_heads<B>(device: &B::Device, kernel: Kernel) -> usize
+where
+    B: AutodiffBackend<InnerBackend: RingBackend> + RingBackend,
+{
+    const WIDE_SEQ: usize = 32;
+    let mut runs = 0;
+    for head_dim in [64, 128] {
+        for (causal, ranks, backward) in
+            [(true, 2, BackwardScheme::Kv), (false, 1, BackwardScheme::Q)]
+        {
+            let scale = 1.0 / (head_dim as f64).sqrt();
+            let c = crate::case_wide(
+                workbench::Dtype::F32,
+                WIDE_SEQ,
+                (4, 2),
+                head_dim,
+                causal,
+                scale,
+                &[],
+                Default::default(),
+            );
+            let label = format!("d={head_dim} causal={causal} zigzag N={ranks} bwd={backward}");
+            let config = on(kernel, causal, Direction::Cw, backward);
+            let result = run_case::<B>(&c, "zigzag", ranks, config, device)
+                .unwrap_or_else(|e| panic!("{label}: {e}"));
+            let bound = crate::f32_attention_bound_at(head_dim, WIDE_SEQ.div_ceil(ranks), ranks);
+            assert_within(&result, &c.want, bound, &label);
+            assert_eq!(result.kernel_impl, device_impl(kernel), "{label}");
+            runs += usize::from(ran_every_pass(&result, ranks));
+        }
+    }
+    assert_eq!(runs, 2 * 2);
+    runs
+}
+
 /// On a device no ring step of `kernel` copies anything between host and device (the inputs are
 /// placed before the first step and the outputs read after the last), and the ranks send each other
 /// exactly what they send on Flex.

@@ -46,8 +46,13 @@ const NARROWEST_SUB_TILE: usize = 32;
 /// ring step, each term rounded by at most u ([`F32_UNIT_ROUNDOFF`]); never below the project's
 /// standard 1e-5, which is what it gives for tiles of 128.
 pub fn f32_attention_bound(tile_len: usize, ring_steps: usize) -> f64 {
+    f32_attention_bound_at(HEAD_DIM, tile_len, ring_steps)
+}
+
+/// [`f32_attention_bound`] for heads `head_dim` wide (a score's and dP's chains are that long).
+pub fn f32_attention_bound_at(head_dim: usize, tile_len: usize, ring_steps: usize) -> f64 {
     let merges = tile_len.div_ceil(NARROWEST_SUB_TILE) + ring_steps;
-    let chain = 2 * HEAD_DIM + tile_len + merges;
+    let chain = 2 * head_dim + tile_len + merges;
     (chain as f64 * F32_UNIT_ROUNDOFF).max(F32_ATTENTION)
 }
 
@@ -121,9 +126,39 @@ pub fn case_in(
     doc_lens: &[usize],
     variant: Variant,
 ) -> Case {
-    let mut rng = Rng::new((seq * 131 + heads * 7 + usize::from(causal)) as u64);
-    let q_shape = vec![BATCH, seq, heads, HEAD_DIM];
-    let kv_shape = vec![BATCH, seq, kv_heads, HEAD_DIM];
+    case_wide(
+        dtype,
+        seq,
+        (heads, kv_heads),
+        HEAD_DIM,
+        causal,
+        scale,
+        doc_lens,
+        variant,
+    )
+}
+
+/// [`case_in`] with heads `head_dim` wide instead of [`HEAD_DIM`].
+#[allow(clippy::too_many_arguments)]
+pub fn case_wide(
+    dtype: Dtype,
+    seq: usize,
+    (heads, kv_heads): (usize, usize),
+    head_dim: usize,
+    causal: bool,
+    scale: f64,
+    doc_lens: &[usize],
+    variant: Variant,
+) -> Case {
+    // The seed of the 16-wide cases is kept, so that their inputs (and measured errors) stay.
+    let wide = if head_dim == HEAD_DIM {
+        0
+    } else {
+        head_dim * 1009
+    };
+    let mut rng = Rng::new((seq * 131 + heads * 7 + usize::from(causal) + wide) as u64);
+    let q_shape = vec![BATCH, seq, heads, head_dim];
+    let kv_shape = vec![BATCH, seq, kv_heads, head_dim];
     let mut q = rng.vec(q_shape.iter().product(), 2.0);
     let mut k = rng.vec(kv_shape.iter().product(), 2.0);
     let mut v = rng.vec(kv_shape.iter().product(), 1.0);
@@ -137,7 +172,7 @@ pub fn case_in(
             k: &k,
             v: &v,
             d_out: &d_out,
-            dims: [BATCH, seq, heads, HEAD_DIM],
+            dims: [BATCH, seq, heads, head_dim],
             kv_heads,
         },
         causal,

@@ -29,6 +29,17 @@ fn cuda_fused_exactness_subset() {
     println!("cuda exactness subset, cubecl-fused: {runs} + {across} runs within 1e-5");
 }
 
+/// Heads 64 and 128 wide, forward and backward, both kernels, within the f32 bound of the float64
+/// reference.
+#[test]
+fn cuda_wide_heads_forward_and_backward() {
+    let device = CudaDevice::new(0);
+    for kernel in Kernel::ALL {
+        let runs = ringbench_tests::device::wide_heads::<OnCuda>(&device, kernel);
+        println!("cuda d = 64 and 128, {kernel:?}: {runs} runs within the bound");
+    }
+}
+
 /// On CUDA no ring step copies anything between host and device, and the ranks send each other
 /// exactly what they send on Flex.
 #[test]

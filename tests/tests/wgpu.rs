@@ -36,6 +36,17 @@ fn wgpu_fused_exactness_subset() {
     println!("wgpu exactness subset, cubecl-fused: {runs} + {across} runs within {TOLERANCE:e}");
 }
 
+/// Heads 64 and 128 wide, forward and backward, with the fused device kernel (whose per-unit rows
+/// grow with d), within the f32 bound of the float64 reference. Slow on the software device (each
+/// width compiles its kernels, ~2 minutes): `cargo test` skips it in scripts/test.sh and the GPU
+/// check's dry run (`bash scripts/gpu-check.sh dry-run`) runs it; on CUDA both kernels run it.
+#[test]
+fn wgpu_wide_heads_forward_and_backward() {
+    let device = WgpuDevice::DefaultDevice;
+    let runs = ringbench_tests::device::wide_heads::<OnWgpu>(&device, Kernel::Fused);
+    println!("wgpu d = 64 and 128, fused: {runs} runs within the bound");
+}
+
 /// On wgpu no ring step copies anything between host and device, and the ranks send each other
 /// exactly what they send on Flex; a whole call moves its inputs, its outputs and the shards'
 /// positions, nothing else: both kernels.
