@@ -52,12 +52,18 @@ pub struct TrainArgs {
     /// gradient is all-reduced in GPU memory.
     #[arg(long)]
     pub nccl_id_file: Option<PathBuf>,
+    /// Only redraw the spec's `out/loss.svg` from its `metrics.csv`, and exit.
+    #[arg(long)]
+    pub replot: bool,
 }
 
 /// `ringbench train`: trains, or resumes the run in the spec's `out` from its newest good
 /// checkpoint, and writes the checkpoint, metrics and loss curve.
 pub fn run_train(args: &TrainArgs) -> Result<()> {
     let spec = load_spec(&args.config)?;
+    if args.replot {
+        return train::replot(&spec.train.out);
+    }
     let Some(id_file) = &args.nccl_id_file else {
         return on_backend(
             args.backend,

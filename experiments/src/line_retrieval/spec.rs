@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use workbench::hf::HfConfig;
-use workbench::model::{Checkpoint, LlamaConfig};
+use workbench::model::{Checkpoint, LlamaConfig, RopeScaling};
 use workbench::train::{Example, TrainOptions};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
@@ -50,6 +50,11 @@ pub struct ModelSpec {
     /// RoPE base.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_theta: Option<f64>,
+    /// RoPE's context-extension scaling, `[model.rope_scaling]` with `rope_type` = `linear`,
+    /// `dynamic`, `llama3` or `yarn` and its parameters. A model trained without it (`train.init`,
+    /// or `hf`) continues with it: a context extension changes the rotation, not the weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
     /// Tokens per feed-forward chunk.
     #[serde(default = "default_ffn_chunk")]
     pub ffn_chunk: usize,
@@ -236,6 +241,7 @@ impl ModelSpec {
             kv_heads: Some(kv_heads),
             ffn_multiple_of: Some(ffn_multiple_of),
             rope_theta: Some(rope_theta),
+            rope_scaling: None,
             ffn_chunk,
             checkpointing: false,
             checkpoint: Checkpoint::None,
@@ -264,6 +270,7 @@ impl ModelSpec {
                 self.rope_theta
                     .ok_or_else(|| anyhow::anyhow!("model.rope_theta is required (or model.hf)"))?,
             )
+            .with_rope_scaling(self.rope_scaling.unwrap_or_default())
             .with_ffn_chunk(self.ffn_chunk)
             .with_checkpoint(self.checkpoint))
     }
@@ -305,9 +312,11 @@ impl ModelSpec {
                 m.ffn_hidden()
             );
         }
+        let scaling = self.rope_scaling.unwrap_or(m.rope_scaling);
         hf.model = hf
             .model
             .clone()
+            .with_rope_scaling(scaling)
             .with_ffn_chunk(self.ffn_chunk)
             .with_checkpoint(self.checkpoint);
         Ok(hf)

@@ -5,6 +5,7 @@
 use super::checkpoint::{load_checkpoint, save_checkpoint};
 use super::spec::ModelSpec;
 use anyhow::{Context, Result, bail};
+use burn::backend::Flex;
 use burn::tensor::backend::Backend;
 use datasets::{HfText, HfTokenizer, TextTokenizer, Tokenizer};
 use std::path::{Path, PathBuf};
@@ -12,6 +13,7 @@ use workbench::HostRead;
 use workbench::hf::{HfConfig, export_model, load_model};
 use workbench::model::lazy::seeded;
 use workbench::model::{Llama, LlamaConfig};
+use workbench::train::{flat_params, with_flat_params};
 
 /// A training run's model source, its config and its tokenizer.
 #[derive(Debug)]
@@ -106,9 +108,7 @@ impl Start {
     /// The starting weights: drawn from `seed`, or read from the Hugging Face directory.
     pub fn weights<B: Backend>(&self, seed: u64, device: &B::Device) -> Result<Llama<B>> {
         match self {
-            Start::Own { config, .. } => {
-                Ok(seeded::<B, _>(seed, device, || config.init::<B>(device)))
-            }
+            Start::Own { config, .. } => Ok(drawn_on_host::<B>(config, seed, device)),
             Start::Hf { dir, config, .. } => {
                 let (model, _) = load_model::<B>(dir, device)?;
                 Ok(model.with_trunk_of(&config.model))
@@ -137,6 +137,19 @@ impl Start {
     }
 }
 
+/// `config`'s model with its weights drawn from `seed` by the CPU backend's generator and moved to
+/// `device`: one seed gives every backend the same weights (each backend's own generator draws
+/// differently: host and device), so that a run on a GPU and one on the CPU can be compared.
+pub fn drawn_on_host<B: Backend>(config: &LlamaConfig, seed: u64, device: &B::Device) -> Llama<B> {
+    let host = Default::default();
+    let on_host = seeded::<Flex, _>(seed, &host, || config.init::<Flex>(&host));
+    // The target's own draw is only a shape to fill: every value is replaced.
+    with_flat_params(
+        seeded::<B, _>(seed, device, || config.init::<B>(device)),
+        &flat_params(&on_host),
+    )
+}
+
 /// A trained model and its tokenizer: a `ringbench train` checkpoint (`model.mpk`), or a Hugging
 /// Face directory (one that `train` wrote from `model.hf`, or any other).
 pub fn load_trained<B: Backend>(
@@ -156,4 +169,46 @@ pub fn load_trained<B: Backend>(
     let (model, config) = load_model::<B>(dir, device)?;
     let tokenizer = hf_text(dir, &config)?;
     Ok((model, Box::new(tokenizer)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> LlamaConfig {
+        LlamaConfig::new(40)
+            .with_d_model(16)
+            .with_layers(1)
+            .with_heads(2)
+            .with_kv_heads(1)
+    }
+
+    /// On the CPU the host draw is the backend's own: the weights a seed gave before are kept.
+    #[test]
+    fn on_the_cpu_the_host_draw_is_the_seeded_init() {
+        let device = Default::default();
+        let own = seeded::<Flex, _>(5, &device, || config().init::<Flex>(&device));
+        let drawn = drawn_on_host::<Flex>(&config(), 5, &device);
+        assert_eq!(flat_params(&drawn), flat_params(&own));
+        assert_ne!(
+            flat_params(&drawn_on_host::<Flex>(&config(), 6, &device)),
+            flat_params(&own)
+        );
+    }
+
+    /// On wgpu (whose generator draws on the device, differently) a seed gives the CPU's weights,
+    /// bit for bit.
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn one_seed_gives_every_backend_the_same_weights() {
+        use workbench::backends::Wgpu;
+        let device = burn::backend::wgpu::WgpuDevice::DefaultDevice;
+        let cpu = drawn_on_host::<Flex>(&config(), 9, &Default::default());
+        let gpu = drawn_on_host::<Wgpu>(&config(), 9, &device);
+        let own = seeded::<Wgpu, _>(9, &device, || config().init::<Wgpu>(&device));
+        let expected = flat_params(&cpu);
+        assert_eq!(flat_params(&gpu), expected);
+        // Without the host draw they differ: the test can tell.
+        assert_ne!(flat_params(&own), expected);
+    }
 }

@@ -325,6 +325,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Redraws `OUT/loss.svg` from `OUT/metrics.csv` (`ringbench train --replot`): a figure drawn by
+/// an older ringbench, without training.
+pub fn replot(out: &Path) -> Result<()> {
+    let rows = super::metrics::read_rows(&out.join(super::metrics::METRICS_FILE))?;
+    if rows.is_empty() {
+        bail!(
+            "{}: no steps to plot",
+            out.join(super::metrics::METRICS_FILE).display()
+        );
+    }
+    let losses: Vec<f64> = rows.iter().map(|r| r.loss).collect();
+    loss_curve(&out.join("loss.svg"), &losses)?;
+    println!(
+        "{}: redrew loss.svg from {} steps",
+        out.display(),
+        losses.len()
+    );
+    Ok(())
+}
+
 /// The loss curve: the mean over windows of up to 50 steps, so that it is readable at thousands of
 /// steps.
 fn loss_curve(path: &Path, losses: &[f64]) -> Result<()> {
@@ -350,7 +370,8 @@ fn loss_curve(path: &Path, losses: &[f64]) -> Result<()> {
 }
 
 /// The weights of the checkpoint in `dir`, which must have the architecture `config` describes
-/// (feed-forward chunking and checkpointing may differ: they do not change the weights).
+/// (feed-forward chunking and checkpointing may differ: they do not change the weights), rotated
+/// as `config` says (a context extension may change RoPE's base and scaling).
 fn start_from<B: Backend>(
     dir: &Path,
     config: &LlamaConfig,
@@ -360,14 +381,16 @@ fn start_from<B: Backend>(
     let comparable = found
         .clone()
         .with_ffn_chunk(config.ffn_chunk)
-        .with_checkpoint(config.checkpoint);
+        .with_checkpoint(config.checkpoint)
+        .with_rope_theta(config.rope_theta)
+        .with_rope_scaling(config.rope_scaling);
     if &comparable != config {
         bail!(
             "train.init = {}: the checkpoint's model ({found:?}) is not the spec's [model] ({config:?})",
             dir.display()
         );
     }
-    Ok(model)
+    Ok(model.with_trunk_of(config))
 }
 
 /// Trains as this process's rank over `comm` (NCCL), or, under `mpirun`, over MPI (a failing rank
