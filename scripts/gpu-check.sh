@@ -1,27 +1,44 @@
 #!/usr/bin/env bash
-# The GPU check, in two halves, so that the GPU machine runs prebuilt binaries and nothing else:
+# The GPU check: what a lent GPU machine runs in its few minutes, and the same script run here on
+# Mesa's software Vulkan device so that CI tests the script itself.
 #
-#   bash scripts/gpu-check.sh build   # here, no GPU needed: ringbench with the cuda and nccl features,
-#                                     # the CUDA exactness test and the NCCL transport's GPU test,
-#                                     # stripped and packed into target/gpu-check/binaries.tar.xz
-#   bash scripts/gpu-check.sh run     # on the GPU machine, from the repository root (the device tool:
-#                                     # carry target/gpu-check): writes results/gpu/ (or $OUT/gpu/)
+#   bash scripts/gpu-check.sh build     # here, no GPU needed: ringbench with the cuda and nccl
+#                                       # features, the CUDA exactness tests and the NCCL transport's
+#                                       # tests, stripped, and NVRTC 12.6's libraries from PyPI's
+#                                       # nvidia-cuda-nvrtc-cu12 wheel (CubeCL compiles its kernels at
+#                                       # run time with NVRTC, which a bare driver lacks), all packed
+#                                       # into target/gpu-check/ (~45 MB: the device tool carries 64 MiB)
+#   bash scripts/gpu-check.sh run       # on the GPU machine, from the repository root (the device
+#                                       # tool: carry target/gpu-check): writes results/gpu/ (or $OUT/gpu/)
+#   bash scripts/gpu-check.sh dry-run   # here and in CI: the same stages, file layout and comparisons
+#                                       # on wgpu (llvmpipe) at tiny sizes, with the debug build of the
+#                                       # test command; writes target/gpu-check-dry-run/gpu/, never results/
 #
-# `run` records the GPU's name and driver, runs the exactness subset on CUDA (the fused CubeCL kernel
-# and the generic one, every strategy x direction x scheme x N in {1, 2, 4}, causal and not, MHA and
-# GQA, within 1e-5 of float64; bf16 with each kernel within the bf16 bound), `bench attn --backend
-# cuda` (both kernels, zig-zag, causal and not, S up to 64K beside the same run's CUDA matmul;
-# gathered into bench_attn.csv and bench_attn.md), the NCCL transport's one-rank test (CUDA tensors
-# sent to the rank itself from their own memory, only the header through the host; a tensor
-# all-reduced in place), and with two or more GPUs, under mpirun over NCCL on the cuda backend:
-# `attn`, its outputs compared with the NumPy fixture, and 5 training steps (gradients all-reduced in
-# GPU memory), their losses compared with the same spec trained on the CPU's threads.
-# Unattended: each step has a timeout, under 10 minutes in all. Without a GPU it says so in one line and
-# exits 2.
+# Stages (run: cuda; dry-run: wgpu), each under its own timeout, at most 8 minutes in all on a GPU
+# including first-call kernel compilation, sized to finish even at 1 TFLOP/s:
+#  1. what the machine has, one line each: the GPU(s) and driver; NVRTC (carried); NCCL (NCCL's
+#     wheel is 158-335 MiB, more than the device tool carries: its stages run only where the machine
+#     has libnccl.so.2, and say so otherwise); mpirun (only with 2+ GPUs).
+#  2. exactness (160 s): the exactness subset, every strategy x direction x scheme x N in {1, 2, 4},
+#     causal and not, MHA and GQA, both kernels, within 1e-5 of float64; heads 64 and 128 wide,
+#     forward and backward, within their derived bound; bf16 within its bound. f32 matmuls run in
+#     full f32 (the generic kernel asks CubeCL for its unit matmul: tensor cores would compute f32
+#     inputs in TF32, 2^-11).
+#  3. bench attn (40 s per kernel and length): fused and generic kernels, zig-zag, causal and not,
+#     S = 4K and 16K (8 heads of 128: at most ~2e13 FLOP a run), beside the same run's matmul;
+#     gathered into bench_attn.csv and bench_attn.md.
+#  4. NCCL on one GPU (30 s): an exchange with itself (staged and in place), all-reduces and the
+#     barrier; and a rank whose peer never joins ends within its timeout with a typed error.
+#  5. with 2+ GPUs, under mpirun over NCCL: `attn` on the cuda backend, compared with the NumPy
+#     fixture; 5 training steps (gradients all-reduced in GPU memory) from the same host-seeded
+#     weights as the same spec trained on the CPU's threads, losses compared. The dry run makes the
+#     same comparisons with 2 in-process wgpu ranks.
+# Without a GPU, `run` says so in one line and exits 2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stage=target/gpu-check
 bins=target/gpu-check-bin
+nvrtc_version=12.6.85
 
 build() {
   set -e
@@ -44,11 +61,27 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "workbench":
         print(m["executable"])')
-  rm -rf "$stage" "$bins" && mkdir -p "$stage" "$bins"
+  rm -rf "$stage" "$bins" && mkdir -p "$stage" "$bins/lib"
   cp target/release/ringbench "$bins/ringbench"
   cp "$test_bin" "$bins/cuda-exactness"
   cp "$nccl_bin" "$bins/workbench-lib"
   tar -C "$bins" -cf - ringbench cuda-exactness workbench-lib | xz -T0 -6 >"$stage/binaries.tar.xz"
+  # NVRTC 12.6 (sm_90 and older; its wheel is 22 MiB where 12.8's is 83): libnvrtc.so.12 and its
+  # builtins, packed apart so that a machine that has them can skip them.
+  local wheels=target/gpu-check-wheels
+  mkdir -p "$wheels"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
+    "nvidia-cuda-nvrtc-cu12==$nvrtc_version" -d "$wheels"
+  python3 - "$wheels" "$bins/lib" <<'PY'
+import glob, os, sys, zipfile
+wheel, = glob.glob(os.path.join(sys.argv[1], "nvidia_cuda_nvrtc_cu12-*.whl"))
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if "/lib/libnvrtc" in name:
+            with open(os.path.join(sys.argv[2], os.path.basename(name)), "wb") as f:
+                f.write(z.read(name))
+PY
+  tar -C "$bins" -cf - lib | xz -T0 -6 >"$stage/nvrtc.tar.xz"
   du -sh "$stage"/*
   echo "staged in $stage: carry it, then run 'bash scripts/gpu-check.sh run' on the GPU machine"
 }
@@ -149,9 +182,91 @@ print(f"{len(rows)} bench rows in {out}/bench_attn.csv and bench_attn.md")
 PY
 }
 
+# The stages, shared by `run` (cuda, release binaries from the build) and `dry-run` (wgpu, the test
+# command's debug build, tiny sizes). Globals: mode, backend, out, bin, exactness_bin, lib_bin, gpus.
+stages() {
+  local status=0
+  mkdir -p "$out"
+  echo "== exactness subset on $backend (tests/tests/$backend.rs)"
+  local filter=()
+  [ "$mode" = dry-run ] && filter=(wide_heads)  # CI's test command runs the rest of tests/tests/wgpu.rs
+  timeout "$t_exact" "$exactness_bin" --test-threads 1 "${filter[@]}" 2>&1 | tee "$out/exactness.log" | tail -5
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  grep -q "test result: ok. [1-9]" "$out/exactness.log" || { echo "FAILED: no exactness test ran"; status=1; }
+  echo "== bench attn on $backend (fused CubeCL and generic kernels, zig-zag)"
+  local seq
+  for seq in "${bench_seqs[@]}"; do
+    for kernel in fused generic; do
+      timeout "$t_bench" "$bin" bench attn --backend "$backend" --kernels "$kernel" --strategies zigzag \
+        --seq "$seq" --ranks 1 --heads "$bench_heads" --head-dim "$bench_dim" --repeats "$bench_repeats" \
+        --out "$out/bench_${kernel}_$seq" 2>&1 | tail -3
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
+  done
+  gather_bench "$out" || status=1
+  echo "== NCCL's rendezvous and deadlines (no GPU needed: id file, never-written id, a join that never ends)"
+  timeout 30 "$lib_bin" transport::nccl::rendezvous 2>&1 | tee "$out/nccl_rendezvous.log" | tail -2
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  if [ "$mode" = run ] && [ "$have_nccl" = yes ]; then
+    echo "== NCCL on one GPU: exchange with itself (staged and in place), all-reduces, barrier; a peer that never joins"
+    timeout 30 "$lib_bin" --ignored --test-threads 1 transport::nccl::tests 2>&1 | tee "$out/nccl_one_rank.log" | tail -4
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
+  local fixture=experiments/tests/fixtures/attn_gqa
+  local launch=() nccl_args=() train_args=()
+  if [ "$mode" = run ]; then
+    if [ "$gpus" -lt 2 ] || [ "$have_nccl" != yes ] || [ "$have_mpirun" != yes ]; then
+      echo "== NCCL across GPUs: skipped ($gpus GPU(s), NCCL: $have_nccl, mpirun: $have_mpirun)"
+      finish "$status"
+      return
+    fi
+    export RINGBENCH_RUN_ID="gpu-check-$$-$(date +%s)"
+    launch=(mpirun --allow-run-as-root --oversubscribe -n "$gpus")
+    nccl_args=(--nccl-id-file "$out/nccl.id")
+    train_args=(--nccl-id-file "$out/nccl_train.id")
+    echo "== NCCL: ringbench attn under mpirun on $gpus GPUs, cuda backend (blocks sent in place)"
+  else
+    echo "== 2 in-process ranks on wgpu: ringbench attn against the NumPy fixture"
+  fi
+  local ranks=$(( gpus < 2 ? 2 : gpus ))
+  timeout "$t_multi" "${launch[@]}" "$bin" attn \
+    --q "$fixture/q.npy" --k "$fixture/k.npy" --v "$fixture/v.npy" --do "$fixture/do.npy" \
+    --ranks "$ranks" --causal --backend "$backend" "${nccl_args[@]}" --out "$out/ranks_attn" \
+    2>&1 | tail -3
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  python3 scripts/npy_close.py "$out/ranks_attn" "$fixture" 1e-5 || status=1
+  echo "== training on $ranks $backend ranks against flex threads, from the same host-seeded weights"
+  train_spec "$ranks" "$out/train_flex" >"$out/train_flex.toml"
+  train_spec "$ranks" "$out/train_$backend" >"$out/train_$backend.toml"
+  rm -rf "$out/train_flex" "$out/train_$backend"
+  timeout "$t_multi" "$bin" train --config "$out/train_flex.toml" 2>&1 | tail -2
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  timeout "$t_multi" "${launch[@]}" "$bin" train --config "$out/train_$backend.toml" --backend "$backend" \
+    "${train_args[@]}" 2>&1 | tail -2
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  same_losses "$out/train_flex/metrics.csv" "$out/train_$backend/metrics.csv" || status=1
+  finish "$status"
+}
+
+finish() {
+  echo "== gpu-check $mode: $( [ "$1" -eq 0 ] && echo passed || echo FAILED ); results in $out"
+  exit "$1"
+}
+
+# Whether the dynamic loader finds library $1 (after LD_LIBRARY_PATH's folders).
+have_lib() {
+  local dir
+  for dir in ${LD_LIBRARY_PATH//:/ }; do
+    [ -e "$dir/$1" ] && return 0
+  done
+  ldconfig -p 2>/dev/null | grep -F "$1 " >/dev/null
+}
+
 run() {
-  local out="${OUT:-results}/gpu"
-  local bin="$bins/ringbench"
+  mode=run backend=cuda out="${OUT:-results}/gpu" bin="$bins/ringbench"
+  exactness_bin="$bins/cuda-exactness" lib_bin="$bins/workbench-lib"
+  t_exact=160 t_bench=40 t_multi=60
+  bench_seqs=(4096 16384) bench_heads=8 bench_dim=128 bench_repeats=2
   if [ ! -f "$stage/binaries.tar.xz" ]; then
     echo "gpu-check: $stage holds no build; run 'bash scripts/gpu-check.sh build' first" >&2
     exit 1
@@ -162,59 +277,60 @@ run() {
     exit 2
   fi
   mkdir -p "$out"
-  local gpus
   gpus=$(nvidia-smi -L | wc -l)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.csv"
   echo "== $(date -u +%FT%TZ): $gpus GPU(s): $(tail -n +2 "$out/gpu.csv" | head -1)"
-  local status=0
-  echo "== exactness subset on CUDA (tests/tests/cuda.rs)"
-  timeout 160 "$bins/cuda-exactness" --test-threads 1 2>&1 | tee "$out/exactness.log" | tail -5
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  echo "== bench attn on CUDA (fused CubeCL and generic kernels, zig-zag)"
-  # Tiles of at most 8K x 8K per rank (the generic kernel materializes a tile's scores, 2 GiB at 8
-  # heads): N = S / 8K ranks, all on GPU 0. Each kernel and length under its own timeout.
-  for seq in 4096 16384 65536; do
-    local ranks=$(( seq > 8192 ? seq / 8192 : 1 ))
-    for kernel in fused generic; do
-      timeout 45 "$bin" bench attn --backend cuda --kernels "$kernel" --strategies zigzag \
-        --seq "$seq" --ranks "$ranks" --heads 8 --head-dim 128 --repeats 2 \
-        --out "$out/bench_${kernel}_$seq" 2>&1 | tail -3
-      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-    done
-  done
-  gather_bench "$out" || status=1
-  echo "== NCCL on one GPU: exchange with itself (staged and in place), all-reduces, barrier"
-  timeout 20 "$bins/workbench-lib" --ignored --exact \
-    transport::nccl::tests::one_rank_exchanges_with_itself_reduces_and_meets_at_the_barrier \
-    2>&1 | tee "$out/nccl_one_rank.log" | tail -3
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  if [ "$gpus" -ge 2 ]; then
-    echo "== NCCL: ringbench attn under mpirun on $gpus GPUs, cuda backend (blocks sent in place)"
-    local fixture=experiments/tests/fixtures/attn_gqa
-    timeout 60 mpirun --allow-run-as-root --oversubscribe -n "$gpus" "$bin" attn \
-      --q "$fixture/q.npy" --k "$fixture/k.npy" --v "$fixture/v.npy" --do "$fixture/do.npy" \
-      --ranks "$gpus" --causal --backend cuda --nccl-id-file "$out/nccl.id" --out "$out/nccl" \
-      2>&1 | tail -3
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-    python3 scripts/npy_close.py "$out/nccl" "$fixture" 1e-5 || status=1
-    echo "== NCCL: ringbench train under mpirun on $gpus GPUs, cuda backend, against flex threads"
-    train_spec "$gpus" "$out/train_flex" >"$out/train_flex.toml"
-    train_spec "$gpus" "$out/train_nccl" >"$out/train_nccl.toml"
-    timeout 30 "$bin" train --config "$out/train_flex.toml" 2>&1 | tail -2
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-    timeout 40 mpirun --allow-run-as-root --oversubscribe -n "$gpus" "$bin" train \
-      --config "$out/train_nccl.toml" --backend cuda --nccl-id-file "$out/nccl_train.id" 2>&1 | tail -2
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-    same_losses "$out/train_flex/metrics.csv" "$out/train_nccl/metrics.csv" || status=1
+  if have_lib libnvrtc.so.12; then
+    echo "== NVRTC: the machine's own"
+  elif [ -f "$stage/nvrtc.tar.xz" ] && tar -C "$bins" -xJf "$stage/nvrtc.tar.xz"; then
+    export LD_LIBRARY_PATH="$PWD/$bins/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "== NVRTC: carried ($nvrtc_version, $bins/lib)"
   else
-    echo "== NCCL across GPUs: skipped (one GPU)"
+    echo "== NVRTC: missing, and none carried: CubeCL cannot compile kernels; rebuild with network" >&2
+    exit 1
   fi
-  echo "== gpu-check: $( [ $status -eq 0 ] && echo passed || echo FAILED ); results in $out"
-  exit $status
+  have_nccl=no; have_lib libnccl.so.2 && have_nccl=yes
+  echo "== NCCL (libnccl.so.2): $have_nccl$( [ $have_nccl = no ] && echo ' (its wheel is too large to carry: NCCL stages skipped)')"
+  have_mpirun=no; command -v mpirun >/dev/null 2>&1 && have_mpirun=yes
+  [ "$gpus" -ge 2 ] && echo "== mpirun: $have_mpirun"
+  stages
+}
+
+# The test command's debug executables (with its features; built if missing): ringbench, the wgpu
+# exactness tests, workbench's library tests.
+dry_run() {
+  mode=dry-run backend=wgpu out="${DRY_RUN_OUT:-target/gpu-check-dry-run}/gpu"
+  t_exact=900 t_bench=300 t_multi=300
+  bench_seqs=(64 128) bench_heads=2 bench_dim=16 bench_repeats=1
+  gpus=1 have_nccl=no have_mpirun=no
+  local features=experiments/mpi,experiments/nccl,experiments/wgpu
+  local listing
+  listing=$(cargo test --locked --workspace --features "$features" --no-run --message-format=json 2>/dev/null) || {
+    echo "gpu-check dry-run: building the test command's executables failed" >&2; exit 1; }
+  exe() {
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1] \
+       and sys.argv[2] in m["target"]["kind"] and m["profile"]["test"] == (sys.argv[3] == "test"):
+        print(m["executable"]); break' "$@" <<<"$listing"
+  }
+  bin=$(exe ringbench bin plain) exactness_bin=$(exe wgpu test test) lib_bin=$(exe workbench lib test)
+  if [ -z "$bin" ] || [ -z "$exactness_bin" ] || [ -z "$lib_bin" ]; then
+    echo "gpu-check dry-run: missing an executable (ringbench: '$bin', wgpu tests: '$exactness_bin', workbench lib: '$lib_bin')" >&2
+    exit 1
+  fi
+  export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+  rm -rf "$out" && mkdir -p "$out"
+  printf 'name, driver_version, memory.total [MiB]\nwgpu (dry run: Mesa llvmpipe), -, -\n' >"$out/gpu.csv"
+  echo "== $(date -u +%FT%TZ): dry run on wgpu, results in $out"
+  stages
 }
 
 case "${1:-}" in
   build) build ;;
   run) run ;;
-  *) echo "usage: bash scripts/gpu-check.sh build|run" >&2; exit 2 ;;
+  dry-run) dry_run ;;
+  *) echo "usage: bash scripts/gpu-check.sh build|run|dry-run" >&2; exit 2 ;;
 esac

@@ -71,8 +71,16 @@ on Mesa's software Vulkan device)"
 # As root, mpirun needs --allow-run-as-root; the tests pass it and --oversubscribe (4 ranks, 2 cores).
 # Without a session, Vulkan's loader warns that XDG_RUNTIME_DIR is unset; give it a directory.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
-cargo test --locked --workspace --no-fail-fast --features "$test_features" 2>&1 | tee target/test.log \
-  || status=$?
+# The wide-head check on the software device (~2 minutes) runs once, in the GPU check's dry run below.
+cargo test --locked --workspace --no-fail-fast --features "$test_features" \
+  -- --skip wgpu_wide_heads_forward_and_backward 2>&1 | tee target/test.log || status=$?
+
+step "the GPU check's dry run: its stages, files and comparisons on wgpu at tiny sizes (scripts/gpu-check.sh)"
+bash scripts/gpu-check.sh dry-run 2>&1 | tee target/gpu-check-dry-run.log || status=1
+grep -h "^test result:" target/gpu-check-dry-run/gpu/*.log >>target/test.log || true
+
+step "the docs: every relative link resolves, README.md within 200 lines (scripts/check_docs.py)"
+python3 scripts/check_docs.py --links || status=1
 # Each test binary prints its own summary; add them up into one closing line. A binary that failed to
 # build or crashed prints no summary: the exit status still fails the run.
 step "done"
