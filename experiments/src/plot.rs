@@ -1,6 +1,8 @@
 //! SVG line charts for result tables: one panel or a grid of panels (facets) sharing a legend that
-//! sits beside the plots, never on the data. A discrete sweep (ranks, block sizes) is drawn at evenly
-//! spaced ticks labelled with its values; values spanning decades get a log axis.
+//! sits beside the plots, never on the data, and inside the canvas. A panel draws at most
+//! [`MAX_SERIES_PER_PANEL`] series (more become small multiples). A discrete sweep (ranks, block
+//! sizes) is drawn at evenly spaced ticks labelled with its values, and its axis title says so;
+//! values spanning decades get a log axis.
 
 use crate::results::significant;
 use anyhow::{Result, anyhow};
@@ -10,6 +12,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// One named series of (x, y) points.
+#[derive(Debug, Clone)]
 pub struct Series {
     /// Legend text.
     pub name: String,
@@ -30,6 +33,7 @@ impl Series {
 }
 
 /// One panel of a faceted figure: its title and its series.
+#[derive(Debug, Clone)]
 pub struct Panel {
     /// What the panel's rows share (empty for a single panel).
     pub name: String,
@@ -219,10 +223,12 @@ impl Placement {
         }
     }
 
-    /// The axis title, saying when it is logarithmic.
+    /// The axis title, saying when it is logarithmic, or categorical (its values evenly spaced
+    /// whatever their distances).
     fn title(&self, label: &str) -> String {
         match self.scale {
             Scale::Log => format!("{label} (log scale)"),
+            Scale::Discrete => format!("{label} (categories, evenly spaced)"),
             _ => label.to_owned(),
         }
     }
@@ -240,8 +246,46 @@ pub fn line_chart(path: &Path, chart: &Chart, series: Vec<Series>) -> Result<()>
     )
 }
 
-/// Writes an SVG figure of `panels` side by side in rows of up to three, one legend for all.
+/// Most series one panel draws: a panel given more is drawn as small multiples of this many.
+pub const MAX_SERIES_PER_PANEL: usize = 8;
+
+/// Legend text's size in pixels, and an upper estimate of one character's width in it (sans-serif
+/// glyphs are at most ~0.6 of the size wide, digits and lower case less).
+const LEGEND_FONT: u32 = 13;
+const LEGEND_CHAR_WIDTH: f64 = 0.62 * LEGEND_FONT as f64;
+/// Pixels between legend entries, and above the first.
+const LEGEND_STEP: u32 = 20;
+const LEGEND_TOP: u32 = 30;
+
+/// `panels` with every panel of more than [`MAX_SERIES_PER_PANEL`] series split into panels of at
+/// most that many (named `NAME (1/3)`, …): small multiples on the same axes.
+fn split_crowded(panels: &[Panel]) -> Vec<Panel> {
+    let mut out = Vec::new();
+    for panel in panels {
+        let chunks: Vec<&[Series]> = panel.series.chunks(MAX_SERIES_PER_PANEL).collect();
+        if chunks.len() <= 1 {
+            out.push(panel.clone());
+            continue;
+        }
+        for (i, chunk) in chunks.iter().enumerate() {
+            let part = format!("{}/{}", i + 1, chunks.len());
+            out.push(Panel {
+                name: if panel.name.is_empty() {
+                    format!("series {part}")
+                } else {
+                    format!("{} ({part})", panel.name)
+                },
+                series: chunk.to_vec(),
+            });
+        }
+    }
+    out
+}
+
+/// Writes an SVG figure of `panels` side by side in rows of up to three, one legend for all, every
+/// label inside the canvas; a panel of more than [`MAX_SERIES_PER_PANEL`] series becomes several.
 pub fn panels(path: &Path, chart: &Chart, panels: &[Panel]) -> Result<()> {
+    let panels = &split_crowded(panels);
     let points = || {
         panels
             .iter()
@@ -266,11 +310,15 @@ pub fn panels(path: &Path, chart: &Chart, panels: &[Panel]) -> Result<()> {
     }
     let columns = panels.len().min(3);
     let rows = panels.len().div_ceil(columns);
-    let legend_width = 24 + 7 * names.iter().map(|n| n.len()).max().unwrap_or(0) as u32;
+    // The legend's column is as wide as its longest name and the figure as tall as its entries:
+    // nothing is drawn past the canvas.
+    let longest = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
+    let legend_width = 44 + (LEGEND_CHAR_WIDTH * longest as f64).ceil() as u32;
+    let legend_height = LEGEND_TOP + LEGEND_STEP * names.len() as u32 + 40;
     let (panel_w, panel_h) = (if columns == 1 { 620 } else { 360 }, 320);
     let size = (
-        panel_w * columns as u32 + legend_width.clamp(120, 360),
-        40 + panel_h * rows as u32,
+        panel_w * columns as u32 + legend_width.max(120),
+        (40 + panel_h * rows as u32).max(legend_height),
     );
     let draw = |e: &dyn std::fmt::Display| anyhow!("{}: {e}", path.display());
     let root = SVGBackend::new(path, size).into_drawing_area();
@@ -279,10 +327,14 @@ pub fn panels(path: &Path, chart: &Chart, panels: &[Panel]) -> Result<()> {
         .titled(chart.title, ("sans-serif", 18))
         .map_err(|e| draw(&e))?;
     let (plots, legend) = root.split_horizontally(panel_w * columns as u32);
+    let (plots, _) = plots.split_vertically(panel_h * rows as u32);
     let areas = plots.split_evenly((rows, columns));
     for (panel, area) in panels.iter().zip(&areas) {
+        // A caption wider than its panel is set smaller, so that it stays inside.
+        let fits = (f64::from(panel_w) - 20.0) / (0.62 * panel.name.chars().count().max(1) as f64);
+        let caption_size = fits.floor().clamp(8.0, 14.0);
         let mut c = ChartBuilder::on(area)
-            .caption(&panel.name, ("sans-serif", 14))
+            .caption(&panel.name, ("sans-serif", caption_size))
             .margin(10)
             .x_label_area_size(36)
             .y_label_area_size(72)
@@ -332,7 +384,7 @@ fn draw_legend<DB: DrawingBackend>(
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     for (i, name) in names.iter().enumerate() {
         let (colour, _) = look(i);
-        let y = 30 + 20 * i as i32;
+        let y = (LEGEND_TOP + LEGEND_STEP * i as u32) as i32;
         area.draw(&PathElement::new(
             vec![(8, y), (28, y)],
             colour.stroke_width(2),
@@ -341,7 +393,7 @@ fn draw_legend<DB: DrawingBackend>(
         area.draw(&Text::new(
             name.to_string(),
             (34, y - 7),
-            ("sans-serif", 13).into_font(),
+            ("sans-serif", LEGEND_FONT).into_font(),
         ))?;
     }
     Ok(())

@@ -9,7 +9,7 @@ use crate::runner::{self, RunOptions};
 use crate::spec::SpecText;
 use anyhow::{Result, anyhow, bail};
 use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 /// How much to compute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -66,30 +66,6 @@ pub const TABLES: &[(&str, &str)] = &[
     ("decode_quick", "decode"),
 ];
 
-/// `runs/YYYY-MM-DDTHH-MM-SSZ` for the present moment.
-fn run_dir() -> PathBuf {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
-    // Civil date from days since 1970-01-01 (proleptic Gregorian; Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    PathBuf::from("runs").join(format!(
-        "{year:04}-{month:02}-{day:02}T{:02}-{:02}-{:02}Z",
-        rest / 3600,
-        rest / 60 % 60,
-        rest % 60
-    ))
-}
-
 /// The spec names of the tables to run: every one of `size`, or those `only` names.
 fn chosen(size: Size, only: Option<&[String]>) -> Result<Vec<&'static str>> {
     let names: Vec<&'static str> = TABLES
@@ -117,7 +93,7 @@ pub fn run(args: &ReproduceArgs) -> Result<()> {
     let out = match (&args.into, &args.out) {
         (Some(into), _) => into.clone(),
         (None, Some(out)) => out.clone(),
-        (None, None) => run_dir(),
+        (None, None) => crate::results::run_dir(),
     };
     let fresh = args.into.is_none();
     if fresh && finished(&out) {

@@ -4,7 +4,8 @@
 
 use anyhow::{Context, Result, anyhow};
 use serde::Serialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The column naming the hash of the spec's settings a row was computed under
 /// ([`crate::spec::SpecText::settings_hash`]); the runner stamps every row with it.
@@ -267,6 +268,31 @@ pub fn significant(x: f64, digits: usize) -> String {
     }
     let decimals = (digits as i64 - 1 - magnitude).max(0) as usize;
     format!("{x:.decimals$}")
+}
+
+/// `runs/YYYY-MM-DDTHH-MM-SSZ` for the present moment: where `run` and `reproduce` write unless told
+/// otherwise, so that the committed `results/` is touched only when asked.
+pub fn run_dir() -> PathBuf {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (proleptic Gregorian; Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    PathBuf::from("runs").join(format!(
+        "{year:04}-{month:02}-{day:02}T{:02}-{:02}-{:02}Z",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60
+    ))
 }
 
 #[cfg(test)]

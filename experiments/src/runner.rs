@@ -21,9 +21,11 @@ pub struct RunArgs {
     /// Recompute every point, discarding the rows of an earlier run.
     #[arg(long)]
     pub force: bool,
-    /// Results go to DIR/NAME (NAME is the spec's file stem).
-    #[arg(long, default_value = "results")]
-    pub results: PathBuf,
+    /// Results go to DIR/NAME (NAME is the spec's file stem). Default: a fresh
+    /// `runs/<UTC time>/`, so that the committed reference is never touched unless asked:
+    /// `--results results` updates it (and resumes from its rows).
+    #[arg(long)]
+    pub results: Option<PathBuf>,
     /// List the experiment kinds and their sweep keys, and exit.
     #[arg(long)]
     pub kinds: bool,
@@ -56,7 +58,8 @@ pub fn run_command(args: &RunArgs) -> Result<()> {
         return Ok(());
     }
     let spec = args.spec.as_ref().ok_or_else(|| anyhow!("no spec given"))?;
-    run(spec, &args.results, args.force).map(|_| ())
+    let results = args.results.clone().unwrap_or_else(crate::results::run_dir);
+    run(spec, &results, args.force).map(|_| ())
 }
 
 /// What every row of a run carries besides its kind's columns.
@@ -168,6 +171,15 @@ pub fn run_with(path: &Path, results: &Path, options: &RunOptions) -> Result<Run
             let _ = std::fs::remove_file(dir.join(side));
         }
     }
+    if !table.rows.is_empty() {
+        // Said even when quiet: these rows were computed by an earlier run, perhaps on another
+        // machine or by another build (their `ringbench_version` column says which).
+        eprintln!(
+            "{}: kept {} rows from an earlier run (--force recomputes them)",
+            csv_path.display(),
+            table.rows.len()
+        );
+    }
     let points = plan.points();
     check_keys(kind, &points)?;
     let todo: Vec<usize> = (0..points.len())
@@ -208,8 +220,9 @@ pub fn run_with(path: &Path, results: &Path, options: &RunOptions) -> Result<Run
         spec.description.clone()
     };
     let md = format!(
-        "# {name}\n\n{about}\n\nRegenerate: `ringbench run {}`\n\n{}",
+        "# {name}\n\n{about}\n\nRegenerate: `ringbench run {} --results {}`\n\n{}",
         path.display(),
+        results.display(),
         table.markdown()
     );
     write_whole(&dir.join("results.md"), md.as_bytes())?;
