@@ -79,8 +79,11 @@ step "the GPU check's dry run: its stages, files and comparisons on wgpu at tiny
 bash scripts/gpu-check.sh dry-run 2>&1 | tee target/gpu-check-dry-run.log || status=1
 grep -h "^test result:" target/gpu-check-dry-run/gpu/*.log >>target/test.log || true
 
-step "the docs: every relative link resolves, README.md within 200 lines (scripts/check_docs.py)"
+step "the docs: every relative link resolves, README.md within 200 lines, every guide's quick path runs (scripts/check_docs.py)"
 python3 scripts/check_docs.py --links || status=1
+# With the debug ringbench just built; own-model's quick path is its example, which cargo test ran
+# above, and gpu.md's is the dry run above.
+python3 scripts/check_docs.py --quick-paths --bin target/debug/ringbench --skip own-model.md,gpu.md || status=1
 # Each test binary prints its own summary; add them up into one closing line. A binary that failed to
 # build or crashed prints no summary: the exit status still fails the run.
 step "done"

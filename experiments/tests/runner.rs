@@ -906,3 +906,64 @@ fn a_lost_row_a_gained_row_and_a_measured_cell_that_is_not_a_number_fail_the_che
     assert_eq!(found.only_here.len(), 1);
     assert!(found.failures()[0].contains("not in the reference"));
 }
+
+/// `ringbench run SPEC` without `--results` writes into `runs/<UTC time>/NAME/` under the working
+/// directory and nowhere else (never the committed `results/`), and computes its points; a second
+/// run with `--results` at that directory keeps its rows and says so in one line.
+#[test]
+fn run_without_results_writes_a_fresh_runs_directory_only() {
+    let root = temp("default-out");
+    let spec = root.join("balance_quick.toml");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("balance_quick.toml"),
+        &spec,
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringbench"))
+        .current_dir(&root)
+        .args(["run", "balance_quick.toml"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let entries: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let mut sorted = entries.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["balance_quick.toml", "runs"], "{entries:?}");
+    let runs: Vec<PathBuf> = std::fs::read_dir(root.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let stamp = runs[0].file_name().unwrap().to_string_lossy().into_owned();
+    // YYYY-MM-DDTHH-MM-SSZ
+    assert_eq!(stamp.len(), 20, "{stamp}");
+    assert!(stamp.ends_with('Z') && stamp.as_bytes()[10] == b'T', "{stamp}");
+    let table = runs[0].join("balance_quick");
+    assert_eq!(rows(&table).len(), 12);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("12 points computed, 0 kept"), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "Regenerate: `ringbench run balance_quick.toml --results {}`",
+            Path::new("runs").join(&stamp).display()
+        )),
+        "{stdout}"
+    );
+    // Into that directory again: nothing computed, the kept rows said in one line.
+    let again = std::process::Command::new(env!("CARGO_BIN_EXE_ringbench"))
+        .current_dir(&root)
+        .args(["run", "balance_quick.toml", "--results"])
+        .arg(&runs[0])
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        stderr.contains("kept 12 rows from an earlier run (--force recomputes them)"),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&again.stdout).contains("0 points computed, 12 kept"));
+}
