@@ -207,7 +207,10 @@ pub fn job<'a>(c: &'a Case, strategy: &str, ranks: usize, config: RingConfig) ->
             softcap: c.variant.softcap.map(|cap| cap as f32),
             ..config
         },
-        timeout: Duration::from_secs(30),
+        // How long a rank waits for a silent peer: a guard against a hang, not a time limit. On
+        // Mesa's software device a peer's first call of a new shape compiles its kernels first,
+        // which took over 30 s on a loaded 2-core machine (a generic-kernel case timed out there).
+        timeout: Duration::from_secs(300),
         fault: None,
         link: None,
         doc_lens: &c.doc_lens,

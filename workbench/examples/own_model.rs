@@ -47,7 +47,11 @@ fn batch(step: usize) -> (Tensor<B, 3>, Tensor<B, 3>) {
 /// Trains 8 steps on 1 rank and on 4 ranks of `strategy`; an error if the losses differ.
 fn train_on_one_and_four_ranks(strategy: &str) -> Result<(), Box<dyn std::error::Error>> {
     let partition = strategies::by_name(strategy)?;
-    let model = RingAttentionConfig::new(DIM, 2).init::<B>(&Default::default())?;
+    // Seeded: every run draws the same weights, so its losses are the same from run to run.
+    let device = Default::default();
+    let model = workbench::model::lazy::seeded::<B, _>(7, &device, || {
+        RingAttentionConfig::new(DIM, 2).init::<B>(&device)
+    })?;
     let losses = |ranks| {
         let options = TrainOptions {
             ranks,
@@ -70,8 +74,16 @@ fn train_on_one_and_four_ranks(strategy: &str) -> Result<(), Box<dyn std::error:
 }
 
 #[cfg_attr(test, allow(dead_code))] // under `cargo test` the harness is the entry point
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    train_on_one_and_four_ranks(&std::env::args().nth(1).unwrap_or_else(|| "zigzag".into()))
+fn main() -> std::process::ExitCode {
+    let strategy = std::env::args().nth(1).unwrap_or_else(|| "zigzag".into());
+    match train_on_one_and_four_ranks(&strategy) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // One line, as the errors read (`unknown strategy 'zigzagg'; known strategies: …`).
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 #[test] // `test = true` in workbench/Cargo.toml: `cargo test` runs it

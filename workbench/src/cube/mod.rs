@@ -92,26 +92,68 @@ pub trait DeviceTiles<B: Backend>: Sync {
     fn matmul_f32(&self, lhs: Tensor<B, 4>, rhs: Tensor<B, 4>) -> Tensor<B, 4>;
 }
 
-/// Rows each unit owns (query rows forward and for dQ, key rows for dK and dV) for heads of
-/// `head_dim`: every vector read from shared memory feeds this many rows. 4 up to 64 dimensions,
-/// 2 up to 128, then 1 (the rows' operands and accumulators live in registers).
-pub fn rows_per_unit(head_dim: usize) -> usize {
-    match head_dim {
-        0..=64 => 4,
-        65..=128 => 2,
-        _ => 1,
+/// Where a unit of the fused kernels keeps its rows (their operands and accumulators), as the
+/// device's CubeCL properties tell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowStorage {
+    /// A GPU's register file, of which the rows may take `floats` 32-bit values a unit before
+    /// they spill to local memory.
+    Registers {
+        /// Row values a unit keeps in registers.
+        floats: usize,
+    },
+    /// A device that does not describe itself (CubeCL's wgpu runtime reports no multiprocessors
+    /// and cannot tell a GPU from Mesa's software device): the sizing measured on the software
+    /// device, whose units are SIMD lanes of a CPU (no register cliff).
+    Unknown,
+}
+
+/// Row values a CUDA unit keeps in registers: half of the 255 32-bit registers a thread may have
+/// (every NVIDIA GPU since Maxwell), the other half left to addresses, loop state and temporaries.
+pub const CUDA_ROW_REGISTERS: usize = 128;
+
+impl RowStorage {
+    /// The storage of a device with these CubeCL hardware properties: one that reports its
+    /// streaming multiprocessors (CUDA) is a GPU with NVIDIA's register file; any other is
+    /// [`RowStorage::Unknown`].
+    pub fn of(streaming_multiprocessors: Option<u32>) -> RowStorage {
+        match streaming_multiprocessors {
+            Some(_) => RowStorage::Registers {
+                floats: CUDA_ROW_REGISTERS,
+            },
+            None => RowStorage::Unknown,
+        }
     }
 }
 
-/// The units of a cube (and the rows of each streamed sub-tile) for heads of `head_dim` on a device
-/// that lets one cube use `shared_bytes` of shared memory (CubeCL's `max_shared_memory_size`:
-/// WebGPU guarantees 16 KiB, Mesa's software Vulkan device offers 32 KiB, CUDA's opt-in maximum is
-/// 227 KiB on H100 and H200): the largest power of two up to 32 whose two streamed sub-tiles
-/// (`head_dim` padded to a multiple of 4), four values a streamed row and the windows of the cube's
-/// own rows fit, as f32.
-pub fn tile_rows(head_dim: usize, shared_bytes: usize) -> usize {
+/// Rows each unit owns (query rows forward and for dQ, key rows for dK and dV) for heads of
+/// `head_dim` on a device whose units keep rows in `storage`: every vector read from shared memory
+/// feeds this many rows. In registers, as many as the widest kernel's rows fit (dK/dV keeps four
+/// values a column a row: k, v, dk, dv), at least 1 and at most 4. Elsewhere 4 up to 64
+/// dimensions, 2 up to 128, then 1 (measured on Mesa's software device).
+pub fn rows_per_unit(head_dim: usize, storage: RowStorage) -> usize {
+    match storage {
+        RowStorage::Registers { floats } => {
+            let per_row = 4 * head_dim.div_ceil(4) * 4;
+            (floats / per_row).clamp(1, 4)
+        }
+        RowStorage::Unknown => match head_dim {
+            0..=64 => 4,
+            65..=128 => 2,
+            _ => 1,
+        },
+    }
+}
+
+/// The units of a cube (and the rows of each streamed sub-tile) for heads of `head_dim`, each unit
+/// owning `r` rows, on a device that lets one cube use `shared_bytes` of shared memory (CubeCL's
+/// `max_shared_memory_size`: WebGPU guarantees 16 KiB, Mesa's software Vulkan device offers 32
+/// KiB, CUDA's opt-in maximum is 227 KiB on H100 and H200): the largest power of two up to 32 whose
+/// two streamed sub-tiles (`head_dim` padded to a multiple of 4), four values a streamed row and
+/// the windows of the cube's own rows fit, as f32.
+pub fn tile_rows(head_dim: usize, r: usize, shared_bytes: usize) -> usize {
     let padded = head_dim.div_ceil(4) * 4;
-    let per_unit = 2 * padded + 4 + 2 * rows_per_unit(head_dim);
+    let per_unit = 2 * padded + 4 + 2 * r;
     let values = shared_bytes / size_of::<f32>();
     let mut rows = 32;
     while rows > 1 && rows * per_unit > values {
@@ -120,13 +162,20 @@ pub fn tile_rows(head_dim: usize, shared_bytes: usize) -> usize {
     rows
 }
 
+/// The rows a unit owns and the units of a cube (the sub-tile width) for heads of `head_dim` on a
+/// device with these storage and shared memory.
+pub fn cube_shape(head_dim: usize, storage: RowStorage, shared_bytes: usize) -> (usize, usize) {
+    let r = rows_per_unit(head_dim, storage);
+    (r, tile_rows(head_dim, r, shared_bytes))
+}
+
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use launch::CubeTiles;
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod launch {
     use super::{
-        BackwardTileResult, DeviceTiles, ForwardTileResult, TileOperands, rows_per_unit, tile_rows,
+        BackwardTileResult, DeviceTiles, ForwardTileResult, RowStorage, TileOperands, cube_shape,
         tiles,
     };
     use burn::tensor::Tensor;
@@ -151,9 +200,15 @@ mod launch {
         primitive
     }
 
-    /// Shared memory one cube may use on the tensors' device, in bytes.
-    fn shared_bytes<R: CubeRuntime>(client: &ComputeClient<R>) -> usize {
-        client.properties().hardware.max_shared_memory_size
+    /// The rows a unit owns and the units of a cube for heads of `d` on the client's device, from
+    /// its CubeCL properties (multiprocessors, shared memory).
+    fn shape_on<R: CubeRuntime>(client: &ComputeClient<R>, d: usize) -> (usize, usize) {
+        let hardware = &client.properties().hardware;
+        cube_shape(
+            d,
+            RowStorage::of(hardware.num_streaming_multiprocessors),
+            hardware.max_shared_memory_size,
+        )
     }
 
     /// `n` per-cube counters, zero.
@@ -179,8 +234,7 @@ mod launch {
             let device = t.q.device();
             let q = handle(t.q);
             let client = q.client.clone();
-            let rows = tile_rows(d, shared_bytes(&client));
-            let r = rows_per_unit(d);
+            let (r, rows) = shape_on(&client, d);
             let blocks = tq.div_ceil(rows * r);
             let out = Tensor::empty([b, h, tq, d], &device);
             let lse = Tensor::empty([b, h, tq], &device);
@@ -260,8 +314,7 @@ mod launch {
             let device = t.q.device();
             let q = handle(t.q);
             let client = q.client.clone();
-            let rows = tile_rows(d, shared_bytes(&client));
-            let r = rows_per_unit(d);
+            let (r, rows) = shape_on(&client, d);
             let (q_blocks, k_blocks) = (tq.div_ceil(rows * r), tk.div_ceil(rows * r));
             let dq = Tensor::empty([b, h, tq, d], &device);
             let dk = Tensor::empty([b, hk, tk, d], &device);
@@ -339,3 +392,42 @@ mod launch {
 
 #[cfg(all(test, feature = "wgpu"))]
 mod wgpu_tests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On CUDA (a device that reports its multiprocessors) a unit owns as many rows as the dK/dV
+    /// kernel's four values a column fit in 128 registers, and a cube is a full warp of 32 units
+    /// (227 KiB of shared memory); on a device that does not say (wgpu), the software device's
+    /// measured sizing stays.
+    #[test]
+    fn cubes_are_shaped_from_the_device_properties() {
+        let cuda = RowStorage::of(Some(132));
+        assert_eq!(cuda, RowStorage::Registers { floats: 128 });
+        assert_eq!(RowStorage::of(None), RowStorage::Unknown);
+        let h100_shared = 227 * 1024;
+        let shapes: Vec<(usize, usize)> = [16, 32, 64, 128]
+            .iter()
+            .map(|&d| cube_shape(d, cuda, h100_shared))
+            .collect();
+        assert_eq!(shapes, [(2, 32), (1, 32), (1, 32), (1, 32)]);
+        // Up to d = 32 every kernel's rows fit the register budget; wider heads spill the dK/dV
+        // kernel's (4·d values a unit), which this sizing cannot avoid with one row a unit.
+        for d in [16, 32] {
+            let (r, _) = cube_shape(d, cuda, h100_shared);
+            assert!(4 * d * r <= CUDA_ROW_REGISTERS, "d = {d}");
+        }
+        let llvmpipe_shared = 32 * 1024;
+        let measured: Vec<usize> = [16, 64, 128, 256]
+            .iter()
+            .map(|&d| rows_per_unit(d, RowStorage::Unknown))
+            .collect();
+        assert_eq!(measured, [4, 4, 2, 1]);
+        // Shared memory bounds the sub-tile: 32 KiB holds 32 rows of 2 × 64 floats, not of 2 × 128.
+        assert_eq!(tile_rows(64, 4, llvmpipe_shared), 32);
+        assert_eq!(tile_rows(128, 2, llvmpipe_shared), 16);
+        // WebGPU's guaranteed 16 KiB.
+        assert_eq!(tile_rows(128, 2, 16 * 1024), 8);
+    }
+}

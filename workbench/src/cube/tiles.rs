@@ -139,6 +139,76 @@ fn cover(bounds: &Array<f32>, span: &Array<f32>) -> u32 {
     c
 }
 
+/// This unit's `r` query rows' windows of visible key positions into `lo` and `hi` (a row past the
+/// end sees nothing: `[0, −1]`), and into `s_lo` and `s_hi` in the block's row order (row
+/// `t · tile + unit`), from which [`window_bounds`] takes the cube's bounds after a `sync_cube`.
+/// The forward and dQ kernels, whose units own query rows, share it.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn load_windows(
+    q_lo: &Tensor<f32>,
+    q_hi: &Tensor<f32>,
+    s_lo: &mut SharedMemory<f32>,
+    s_hi: &mut SharedMemory<f32>,
+    lo: &mut Array<f32>,
+    hi: &mut Array<f32>,
+    base: usize,
+    unit: usize,
+    tq: usize,
+    #[comptime] tile: usize,
+    #[comptime] r: usize,
+) {
+    #[unroll]
+    for t in 0..r {
+        let i = base + t * tile + unit;
+        lo[t] = 0.0f32;
+        hi[t] = f32::new(-1.0);
+        if i < tq {
+            lo[t] = q_lo[i * q_lo.stride(0)];
+            hi[t] = q_hi[i * q_hi.stride(0)];
+        }
+        s_lo[t * tile + unit] = lo[t];
+        s_hi[t * tile + unit] = hi[t];
+    }
+}
+
+/// Key sub-tile `kb` (`tile` keys from `kb · tile`; unit `u` loads key `u`) of kv head `hk` in
+/// batch `b` into shared memory: positions, keys and values, each row as `d4` four-wide vectors.
+/// Returns how many keys the sub-tile holds (the last may be partial); the caller syncs the cube
+/// before reading them. The forward and dQ kernels, which stream keys past their query rows, share
+/// it.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn stage_keys(
+    k: &Tensor<f32>,
+    v: &Tensor<f32>,
+    k_pos: &Tensor<f32>,
+    s_pos: &mut SharedMemory<f32>,
+    s_k: &mut SharedMemory<V4>,
+    s_v: &mut SharedMemory<V4>,
+    b: usize,
+    hk: usize,
+    kb: usize,
+    unit: usize,
+    #[comptime] tile: usize,
+    #[comptime] d: usize,
+) -> usize {
+    let d4 = comptime!(d.div_ceil(4));
+    let tk = k.shape(2);
+    let j = kb * tile + unit;
+    if j < tk {
+        s_pos[unit] = k_pos[j * k_pos.stride(0)];
+        let k_at = row_offset(k, b, hk, j);
+        let v_at = row_offset(v, b, hk, j);
+        #[unroll]
+        for c4 in 0..d4 {
+            s_k[unit * d4 + c4] = read4(k, k_at, c4, 1.0f32, d);
+            s_v[unit * d4 + c4] = read4(v, v_at, c4, 1.0f32, d);
+        }
+    }
+    min(tile, tk - kb * tile)
+}
+
 /// The forward of one tile folded into the running `(out_prev, lse_prev)`: writes the merged
 /// `(out, lse)`. Cubes: (query blocks of `tile · r` rows, heads, batch); unit `u` owns rows
 /// `u, u + tile, …` of its block (`r` of them), so that every key it reads from shared memory feeds
@@ -186,18 +256,12 @@ pub fn forward_tile(
     let mut l = Array::<f32>::new(r);
     let mut q_row = Array::<V4>::new(r * d4);
     let mut acc = Array::<V4>::new(r * d4);
+    load_windows(
+        q_lo, q_hi, &mut s_lo, &mut s_hi, &mut lo, &mut hi, base, unit, tq, tile, r,
+    );
     #[unroll]
     for t in 0..r {
         let i = base + t * tile + unit;
-        lo[t] = 0.0f32;
-        hi[t] = f32::new(-1.0);
-        if i < tq {
-            lo[t] = q_lo[i * q_lo.stride(0)];
-            hi[t] = q_hi[i * q_hi.stride(0)];
-        }
-        // Window bounds over the block's rows in order: row `t · tile + u` of the block.
-        s_lo[t * tile + unit] = lo[t];
-        s_hi[t * tile + unit] = hi[t];
         m[t] = neg_inf;
         l[t] = 0.0f32;
         let q_at = row_offset(q, b, h, min(i, tq - 1));
@@ -219,19 +283,10 @@ pub fn forward_tile(
     let mut computed = 0.0f32;
     let blocks = tk.div_ceil(tile);
     for kb in 0..blocks {
-        let j = kb * tile + unit;
-        if j < tk {
-            s_pos[unit] = k_pos[j * k_pos.stride(0)];
-            let k_at = row_offset(k, b, hk, j);
-            let v_at = row_offset(v, b, hk, j);
-            #[unroll]
-            for c4 in 0..d4 {
-                s_k[unit * d4 + c4] = read4(k, k_at, c4, 1.0f32, d);
-                s_v[unit * d4 + c4] = read4(v, v_at, c4, 1.0f32, d);
-            }
-        }
+        let keys = stage_keys(
+            k, v, k_pos, &mut s_pos, &mut s_k, &mut s_v, b, hk, kb, unit, tile, d,
+        );
         sync_cube();
-        let keys = min(tile, tk - kb * tile);
         let covered = cover(&bounds, &key_span(&s_pos, keys, neg_inf));
         if covered != 0u32 {
             computed += 1.0;
@@ -526,18 +581,12 @@ pub fn backward_dq(
     let mut q_row = Array::<V4>::new(r * d4);
     let mut do_row = Array::<V4>::new(r * d4);
     let mut dq_acc = Array::<V4>::new(r * d4);
+    load_windows(
+        q_lo, q_hi, &mut s_lo, &mut s_hi, &mut lo, &mut hi, base, unit, tq, tile, r,
+    );
     #[unroll]
     for t in 0..r {
-        let i = base + t * tile + unit;
-        lo[t] = 0.0f32;
-        hi[t] = f32::new(-1.0);
-        if i < tq {
-            lo[t] = q_lo[i * q_lo.stride(0)];
-            hi[t] = q_hi[i * q_hi.stride(0)];
-        }
-        s_lo[t * tile + unit] = lo[t];
-        s_hi[t * tile + unit] = hi[t];
-        let row = min(i, tq - 1);
+        let row = min(base + t * tile + unit, tq - 1);
         let q_at = row_offset(q, b, h, row);
         let do_at = row_offset(d_out, b, h, row);
         #[unroll]
@@ -561,19 +610,10 @@ pub fn backward_dq(
     let mut computed = 0.0f32;
     let blocks = tk.div_ceil(tile);
     for kb in 0..blocks {
-        let j = kb * tile + unit;
-        if j < tk {
-            s_pos[unit] = k_pos[j * k_pos.stride(0)];
-            let k_at = row_offset(k, b, hk, j);
-            let v_at = row_offset(v, b, hk, j);
-            #[unroll]
-            for c4 in 0..d4 {
-                s_k[unit * d4 + c4] = read4(k, k_at, c4, 1.0f32, d);
-                s_v[unit * d4 + c4] = read4(v, v_at, c4, 1.0f32, d);
-            }
-        }
+        let keys = stage_keys(
+            k, v, k_pos, &mut s_pos, &mut s_k, &mut s_v, b, hk, kb, unit, tile, d,
+        );
         sync_cube();
-        let keys = min(tile, tk - kb * tile);
         let covered = cover(&bounds, &key_span(&s_pos, keys, neg_inf));
         if covered != 0u32 {
             computed += 1.0;

@@ -108,7 +108,12 @@ fn a_causal_tile_of_wide_heads_matches_float64() {
 fn causal_tile((h, hk, t, d): (usize, usize, usize, usize), tolerance: f64) -> usize {
     let device = Default::default();
     let client = <burn::backend::wgpu::WgpuRuntime as cubecl::Runtime>::client(&device);
-    let rows = tile_rows(d, client.properties().hardware.max_shared_memory_size);
+    let hardware = &client.properties().hardware;
+    let (r, rows) = cube_shape(
+        d,
+        RowStorage::of(hardware.num_streaming_multiprocessors),
+        hardware.max_shared_memory_size,
+    );
     let wave =
         |n: usize, f: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * f).sin() * 1.5).collect() };
     let (q, k, v) = (
@@ -152,9 +157,9 @@ fn causal_tile((h, hk, t, d): (usize, usize, usize, usize), tolerance: f64) -> u
             i / d % t
         );
     }
-    // A query block of `rows · rows_per_unit(d)` rows sees the key sub-tiles up to its last row's.
+    // A query block of `rows · r` rows sees the key sub-tiles up to its last row's.
     let work = values(result.work);
-    let block_rows = rows * rows_per_unit(d);
+    let block_rows = rows * r;
     let blocks = t.div_ceil(block_rows);
     let want_work: Vec<f32> = (0..2 * h)
         .flat_map(|_| (0..blocks).map(|qb| (((qb + 1) * block_rows).min(t) - 1) / rows + 1))
