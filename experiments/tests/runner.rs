@@ -924,7 +924,11 @@ fn run_without_results_writes_a_fresh_runs_directory_only() {
         .args(["run", "balance_quick.toml"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let entries: Vec<String> = std::fs::read_dir(&root)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -940,7 +944,10 @@ fn run_without_results_writes_a_fresh_runs_directory_only() {
     let stamp = runs[0].file_name().unwrap().to_string_lossy().into_owned();
     // YYYY-MM-DDTHH-MM-SSZ
     assert_eq!(stamp.len(), 20, "{stamp}");
-    assert!(stamp.ends_with('Z') && stamp.as_bytes()[10] == b'T', "{stamp}");
+    assert!(
+        stamp.ends_with('Z') && stamp.as_bytes()[10] == b'T',
+        "{stamp}"
+    );
     let table = runs[0].join("balance_quick");
     assert_eq!(rows(&table).len(), 12);
     let stdout = String::from_utf8_lossy(&out.stdout);
