@@ -66,6 +66,29 @@ pub struct BenchAttnArgs {
     /// Also write bench_attn.csv and bench_attn.md here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// How the generic kernel multiplies on a CubeCL device: f32 (CubeCL's unit matmul, exact to
+    /// 1e-5: the default) or autotuned (Burn's autotuned matmul, which computes f32 in TF32 on
+    /// NVIDIA tensor cores; `kernel_impl` then says `generic-autotuned`).
+    #[arg(long, default_value = "f32")]
+    pub generic_matmul: GenericMatmulArg,
+}
+
+/// `--generic-matmul`'s values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GenericMatmulArg {
+    /// Every product and sum in f32.
+    F32,
+    /// Burn's autotuned matmul (TF32 on NVIDIA tensor cores).
+    Autotuned,
+}
+
+impl From<GenericMatmulArg> for workbench::kernels::GenericMatmul {
+    fn from(arg: GenericMatmulArg) -> Self {
+        match arg {
+            GenericMatmulArg::F32 => workbench::kernels::GenericMatmul::F32,
+            GenericMatmulArg::Autotuned => workbench::kernels::GenericMatmul::Autotuned,
+        }
+    }
 }
 
 /// A length or count of at least 1: clap refuses 0 in one line naming the flag (a length or rank
@@ -131,6 +154,8 @@ struct Measured {
 /// `ringbench bench`.
 pub fn run(command: &BenchCommand) -> Result<()> {
     let BenchCommand::Attn(args) = command;
+    // Chosen for the whole process before any rank starts; every row's `kernel_impl` says it.
+    workbench::kernels::set_generic_matmul(args.generic_matmul.into());
     let devices = args.devices.as_deref().map(parse_devices).transpose()?;
     on_backend(
         args.backend,

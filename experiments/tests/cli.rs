@@ -1181,3 +1181,66 @@ fn the_gpu_checks_npy_comparison_fails_what_the_tests_fail() {
     assert!(code == Some(1) && said.contains("not finite"), "{said}");
     std::fs::remove_dir_all(&out).unwrap();
 }
+
+/// `bench attn --generic-matmul` says in every row which matmul the generic kernel ran: on wgpu,
+/// `generic` by default (CubeCL's f32 unit matmul) and `generic-autotuned` when asked; on flex,
+/// whose matmul is its own, `generic` either way.
+#[cfg(feature = "wgpu")]
+#[test]
+fn bench_says_which_matmul_the_generic_kernel_ran() {
+    let cases = [
+        ("wgpu", "f32", "generic"),
+        ("wgpu", "autotuned", "generic-autotuned"),
+        ("flex", "autotuned", "generic"),
+    ];
+    for (backend, mode, want) in cases {
+        let out = temp_dir(&format!("bench-matmul-{backend}-{mode}"));
+        let args = [
+            "bench",
+            "attn",
+            "--backend",
+            backend,
+            "--kernels",
+            "generic",
+            "--strategies",
+            "zigzag",
+            "--seq",
+            "64",
+            "--ranks",
+            "1",
+            "--heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--matmul",
+            "64",
+            "--generic-matmul",
+            mode,
+            "--out",
+        ];
+        let mut full: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+        full.push(out.clone().into());
+        let output = ringbench(&full);
+        assert!(
+            output.status.success(),
+            "{backend} {mode}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let mut reader = csv::Reader::from_path(out.join("bench_attn.csv")).unwrap();
+        let column = reader
+            .headers()
+            .unwrap()
+            .iter()
+            .position(|h| h == "kernel_impl")
+            .unwrap();
+        let impls: Vec<String> = reader
+            .records()
+            .map(|r| r.unwrap()[column].to_owned())
+            .collect();
+        assert!(!impls.is_empty(), "{backend} {mode}: no rows");
+        assert!(
+            impls.iter().all(|i| i == want),
+            "{backend} {mode}: {impls:?}"
+        );
+    }
+}

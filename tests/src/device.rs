@@ -122,7 +122,7 @@ where
 /// Heads as wide as real models' (d = 64 and 128, where the fused device kernel's rows are 16 and 32
 /// four-wide vectors a unit), forward and every gradient, at S = 32, GQA 4/2, scale 1/√d: zig-zag
 /// causal on 2 ranks (K/V travelling) and not causal on 1 (the Q side's scheme), each within the f32
-/// bound of its chains ([`f32_attention_bound_at`]: d-long scores and dP, S/N-long tiles) of the
+/// bound of its chains ([`crate::f32_attention_bound_at`]: d-long scores and dP, S/N-long tiles) of the
 /// float64 reference with `kernel`. Returns the runs the engine counted, asserted to be all of them.
 /// (Few runs: on Mesa's software device each new width compiles its kernels first.)
 pub fn wide_heads<B>(device: &B::Device, kernel: Kernel) -> usize

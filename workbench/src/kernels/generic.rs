@@ -19,13 +19,45 @@ use crate::error::RingError;
 use crate::host::HostRead;
 use burn::tensor::{FloatDType, Tensor, backend::Backend};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-/// `lhs · rhs` in f32 on `B`'s device: a CubeCL backend's unit matmul (its autotuned one may pick
-/// TF32 tensor cores), any other backend's own.
+/// How the generic kernel multiplies on a CubeCL device (wgpu, cuda).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GenericMatmul {
+    /// Every product and sum in f32 (CubeCL's unit matmul): the default, and what the exactness
+    /// tests hold to 1e-5.
+    #[default]
+    F32,
+    /// Burn's autotuned matmul, for speed: on NVIDIA GPUs since Ampere its tensor-core routines
+    /// compute f32 inputs in TF32 (2⁻¹¹ relative), outside the 1e-5 exactness. A run in this mode
+    /// reports its kernel as `generic-autotuned`.
+    Autotuned,
+}
+
+/// Whether this process's generic kernel uses [`GenericMatmul::Autotuned`]: a process-wide choice,
+/// made once by a command line (`bench attn --generic-matmul autotuned`) before any rank starts.
+static AUTOTUNED: AtomicBool = AtomicBool::new(false);
+
+/// Sets how this process's generic kernel multiplies on a CubeCL device, from now on.
+pub fn set_generic_matmul(mode: GenericMatmul) {
+    AUTOTUNED.store(mode == GenericMatmul::Autotuned, Ordering::Relaxed);
+}
+
+/// How this process's generic kernel multiplies on a CubeCL device.
+pub fn generic_matmul() -> GenericMatmul {
+    if AUTOTUNED.load(Ordering::Relaxed) {
+        GenericMatmul::Autotuned
+    } else {
+        GenericMatmul::F32
+    }
+}
+
+/// `lhs · rhs` on `B`'s device: a CubeCL backend's unit matmul in f32 (its autotuned one may pick
+/// TF32 tensor cores) unless [`GenericMatmul::Autotuned`] was chosen; any other backend's own.
 fn matmul<B: HostRead>(lhs: Tensor<B, 4>, rhs: Tensor<B, 4>) -> Tensor<B, 4> {
-    match B::device_tiles() {
-        Some(tiles) => tiles.matmul_f32(lhs, rhs),
-        None => lhs.matmul(rhs),
+    match (B::device_tiles(), generic_matmul()) {
+        (Some(tiles), GenericMatmul::F32) => tiles.matmul_f32(lhs, rhs),
+        _ => lhs.matmul(rhs),
     }
 }
 
@@ -177,7 +209,10 @@ impl<B: HostRead> TileKernel<B> for GenericTwin {
     type Forward = GenericForward<B>;
 
     fn implementation(&self, _: &B::Device, _: Precision) -> Result<&'static str, RingError> {
-        Ok("generic")
+        Ok(match (B::device_tiles().is_some(), generic_matmul()) {
+            (true, GenericMatmul::Autotuned) => "generic-autotuned",
+            _ => "generic",
+        })
     }
 
     fn shard(

@@ -21,6 +21,7 @@ use crate::host::HostRead;
 use std::fmt;
 use std::str::FromStr;
 
+pub use generic::{GenericMatmul, generic_matmul, set_generic_matmul};
 pub use tile::{
     BackwardTile, ForwardTile, Keys, Queries, Scores, TileDims, TileKernel, Travelling,
 };
