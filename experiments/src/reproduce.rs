@@ -64,6 +64,8 @@ pub const TABLES: &[(&str, &str)] = &[
     ("hybrid", "hybrid"),
     ("train_quick", "train"),
     ("decode_quick", "decode"),
+    ("retrieval_quick", "retrieval"),
+    ("exorl_quick", "exorl"),
 ];
 
 /// The spec names of the tables to run: every one of `size`, or those `only` names.

@@ -200,7 +200,8 @@ pub fn prepare_task(spec: &ExorlSpec, task: &TaskSection) -> Result<PreparedTask
     })
 }
 
-/// One configuration on one task over every seed: train, roll out, and its `returns.csv` row.
+/// One configuration on one task over every seed: train, roll out, and its `returns.csv` row (`bar`
+/// shows which seed trains; the caller advances it).
 pub fn config_row(
     spec: &ExorlSpec,
     task: &PreparedTask,
@@ -260,7 +261,6 @@ pub fn config_row(
             );
         }
         seed_returns.push(mean_std(&returns).0);
-        bar.inc(1);
     }
     let (mean, std) = mean_std(&seed_returns);
     let single = peak_single as f64 / MIB;
@@ -344,6 +344,7 @@ pub fn table(spec_path: &Path) -> Result<()> {
         data_rows.extend(prepared.data_rows.iter().cloned());
         for config in &spec.configs {
             returns_rows.push(config_row(&spec, &prepared, config, &bar)?);
+            bar.inc(spec.seeds.len() as u64);
         }
     }
     bar.finish();

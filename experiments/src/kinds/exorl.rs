@@ -2,7 +2,7 @@
 //! `kind = "exorl"`): one point per (task, configuration), trained with ring attention over every
 //! seed and rolled out; the collected data's statistics go to `data.csv` beside the table.
 
-use super::experiment::{Card, Column, Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Check, Column, Experiment, Plan, Point, PointContext};
 use crate::exorl::ExorlSpec;
 use crate::exorl::table::{PreparedTask, config_row, prepare_task};
 use crate::plot::{Axis, Chart, Scale, Series, line_chart};
@@ -29,10 +29,35 @@ const CARD: Card = Card {
     about: "offline RL: behaviour cloning vs Agentic Transformers trained with ring attention (Table 5 analog)",
     sweep_keys: &["[[task]]", "[[config]]", "seeds"],
     key_columns: &["task", "config"],
-    // Returns of policies trained and rolled out on this CPU: its rounding moves them.
+    // The configuration's facts are exact. Returns of policies trained and rolled out on this
+    // CPU, the collected data's returns (simulated in f32 kernels) and allocator peaks are
+    // measurements: its rounding and kernels move them.
     columns: &[
+        Column::exact("k"),
+        Column::exact("return_conditioned"),
+        Column::exact("chain_tokens"),
+        Column::exact("seeds"),
+        Column::exact("ring_ranks"),
+        Column::exact("budget_mib"),
         Column::measured("mean_return"),
+        Column::measured("std_return"),
+        Column {
+            name: "seed_returns",
+            check: Check::Shown,
+        },
+        Column::measured("data_mean_return"),
+        Column::measured("data_best_return"),
+        Column::measured("chain_peak_mib_1_rank"),
         Column::measured("chain_peak_mib_per_rank_ring"),
+        Column {
+            name: "fits_1_rank",
+            check: Check::Shown,
+        },
+        Column {
+            name: "fits_ring",
+            check: Check::Shown,
+        },
+        Column::measured("train_s_per_run"),
     ],
 };
 

@@ -15,6 +15,7 @@ mod memory_model;
 mod mfu;
 mod overlap;
 mod precision;
+mod retrieval;
 mod shape;
 mod train;
 mod window;
@@ -35,6 +36,7 @@ pub const KINDS: &[&dyn Experiment] = &[
     &hybrid::Hybrid,
     &exorl::Exorl,
     &decode::DecodeKind,
+    &retrieval::Retrieval,
 ];
 
 /// The kind called `name`, or an error listing the known kinds.

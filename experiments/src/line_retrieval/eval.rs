@@ -160,8 +160,7 @@ pub fn run_eval(args: &EvalArgs) -> Result<Vec<AccuracyRow>> {
 /// The checkpoint's most training lines (from its train.toml) and their mean prompt tokens, when
 /// that line count was evaluated.
 fn trained_length(args: &EvalArgs, rows: &[AccuracyRow]) -> Option<(usize, f64)> {
-    let spec = super::load_spec(&args.checkpoint.join("train.toml")).ok()?;
-    let lines = spec.train.num_lines;
+    let lines = super::trained_lines(&args.checkpoint)?;
     let row = rows.iter().find(|r| r.num_lines == lines)?;
     Some((lines, row.prompt_tokens))
 }

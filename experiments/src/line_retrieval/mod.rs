@@ -20,6 +20,7 @@ pub use eval::{
 };
 pub use spec::{
     LineTrainSection, ModelSpec, Prompts, RingSpec, Schedule, TrainSpec, example, load_spec,
+    trained_lines,
 };
 
 use crate::backend::{BackendName, OnBackend, on_backend};

@@ -331,6 +331,16 @@ pub fn load_spec(path: &Path) -> Result<TrainSpec> {
         .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().replace('\n', " ")))
 }
 
+/// The most lines of the training prompts of the checkpoint in `dir`, read from its `train.toml`
+/// alone (a spec an older ringbench wrote, with keys this one no longer takes, still says it);
+/// `None` without one (a Hugging Face directory).
+pub fn trained_lines(dir: &Path) -> Option<usize> {
+    let text = std::fs::read_to_string(dir.join("train.toml")).ok()?;
+    let spec: toml::Table = toml::from_str(&text).ok()?;
+    let lines = spec.get("train")?.get("num_lines")?.as_integer()?;
+    usize::try_from(lines).ok()
+}
+
 /// How training prompts are drawn: `batch` fresh cases per step, each of `min_lines..=num_lines`
 /// lines with names from the training word list.
 #[derive(Debug, Clone, Copy)]

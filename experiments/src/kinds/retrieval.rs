@@ -1,0 +1,386 @@
+//! Kind `retrieval`: the Figure 3 analog as a runner spec: committed line-retrieval checkpoints
+//! evaluated on fresh held-out LongChat cases (line names no training prompt used), decoded over a KV
+//! cache sharded on N ranks; exact-match accuracy against the prompt's length, each model's trained
+//! length marked.
+
+use super::experiment::{Card, Check, Column, Experiment, Plan, Point, PointContext};
+use crate::line_retrieval::{Evaluation, decoding, evaluate, start::load_trained, trained_lines};
+use crate::plot::{Axis, Chart, Panel, Scale, panels};
+use crate::results::{Record, Table};
+use crate::spec::SpecText;
+use anyhow::{Context, Result};
+use burn::backend::Flex;
+use datasets::{Case, SplitMix64, TextTokenizer, WordSplit, generate};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use strategies::Partition;
+use workbench::model::Llama;
+use workbench::train::{Decoded, Decoding, decode};
+
+/// The kind.
+pub struct Retrieval;
+
+/// How far two CPUs' logits of the same checkpoint may lie apart, relative to their row's scale:
+/// each lies within the decode exactness suite's bound of the exact logits (`tests/tests/decode.rs`
+/// asserts the cached decoding against the recompute within it), so twice that. A reply step whose
+/// best two logits are closer than this may pick the other token on another CPU.
+const NEAR_TIE: f64 = 2.0 * ringbench_tests::F32_ATTENTION;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Spec {
+    sweep: Sweep,
+    cases: Cases,
+    #[serde(default)]
+    decode: DecodeSpec,
+    /// The checkpoints, in the order they are evaluated and drawn.
+    model: Vec<ModelEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sweep {
+    /// Lines per prompt.
+    num_lines: Option<Vec<usize>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cases {
+    /// Cases per number of lines.
+    per_count: usize,
+    /// Seeds the generator (one stream over the line counts in the sweep's order).
+    seed: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct DecodeSpec {
+    ranks: usize,
+    strategy: String,
+    /// Prompts decoded together.
+    batch: usize,
+}
+
+impl Default for DecodeSpec {
+    fn default() -> Self {
+        DecodeSpec {
+            ranks: 2,
+            strategy: "zigzag".into(),
+            batch: 25,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelEntry {
+    /// The row's label.
+    name: String,
+    /// A checkpoint directory (`ringbench train`'s, or a Hugging Face one).
+    checkpoint: PathBuf,
+    /// The figure's panel (default: one panel).
+    #[serde(default)]
+    panel: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    model: String,
+    num_lines: usize,
+    panel: String,
+    /// The most lines of the checkpoint's training prompts (its train.toml; empty when it has none).
+    trained_lines: Option<usize>,
+    cases: usize,
+    correct: usize,
+    accuracy: f64,
+    /// Cases with a reply step whose best two logits lie within [`NEAR_TIE`] of each other.
+    near_ties: usize,
+    prompt_tokens: f64,
+    prefill_seconds: f64,
+    decode_seconds: f64,
+}
+
+const CARD: Card = Card {
+    name: "retrieval",
+    about: "measured: held-out line-retrieval accuracy of trained checkpoints against prompt length, \
+            decoded over a KV cache sharded on N ranks (Figure 3 analog)",
+    sweep_keys: &["num_lines", "[[model]]", "[cases]", "[decode]"],
+    key_columns: &["model", "num_lines"],
+    columns: &[
+        Column {
+            name: "panel",
+            check: Check::Shown,
+        },
+        Column::exact("trained_lines"),
+        Column::exact("cases"),
+        // Exact unless a case's reply has a near tie (see `check`).
+        Column::exact("correct"),
+        Column::exact("accuracy"),
+        Column {
+            name: "near_ties",
+            check: Check::Shown,
+        },
+        Column::exact("prompt_tokens"),
+        Column::measured("prefill_seconds"),
+        Column::measured("decode_seconds"),
+    ],
+};
+
+struct RetrievalPlan {
+    models: Vec<ModelEntry>,
+    /// (model index, line count index).
+    points: Vec<(usize, usize)>,
+    num_lines: Vec<usize>,
+    /// Per line count, its cases.
+    cases: Vec<Vec<Case>>,
+    decode: DecodeSpec,
+    partition: &'static dyn Partition,
+    /// The model loaded last: (index, model, tokenizer, trained lines).
+    loaded: Option<Loaded>,
+}
+
+struct Loaded {
+    index: usize,
+    model: Llama<Flex>,
+    tokenizer: Box<dyn TextTokenizer>,
+    trained_lines: Option<usize>,
+}
+
+impl Experiment for Retrieval {
+    fn card(&self) -> &'static Card {
+        &CARD
+    }
+
+    fn plan(&self, spec: &SpecText) -> Result<Box<dyn Plan>> {
+        let parsed: Spec = spec.parse()?;
+        let num_lines = spec
+            .list("sweep", "num_lines", &parsed.sweep.num_lines)?
+            .to_vec();
+        if num_lines.contains(&0) {
+            return Err(spec.error("sweep", "num_lines", "a prompt needs at least 1 line"));
+        }
+        if parsed.cases.per_count == 0 {
+            return Err(spec.error("cases", "per_count", "evaluate at least 1 case"));
+        }
+        if parsed.decode.ranks == 0 || parsed.decode.batch == 0 {
+            return Err(spec.error("decode", "ranks", "ranks and batch must be at least 1"));
+        }
+        if parsed.model.is_empty() {
+            return Err(spec.error("", "model", "name at least one [[model]] checkpoint"));
+        }
+        for (i, m) in parsed.model.iter().enumerate() {
+            if parsed.model[..i].iter().any(|o| o.name == m.name) {
+                return Err(spec.error(
+                    "",
+                    "model",
+                    &format!("two [[model]] entries are named '{}'", m.name),
+                ));
+            }
+            if !m.checkpoint.is_dir() {
+                return Err(spec.error(
+                    "",
+                    "model",
+                    &format!(
+                        "[[model]] '{}': checkpoint {} is not a directory",
+                        m.name,
+                        m.checkpoint.display()
+                    ),
+                ));
+            }
+        }
+        let partition =
+            spec.strategies("decode", "strategy", &[parsed.decode.strategy.clone()])?[0];
+        let mut rng = SplitMix64::new(parsed.cases.seed);
+        let cases = num_lines
+            .iter()
+            .map(|&n| {
+                (0..parsed.cases.per_count)
+                    .map(|_| generate(&mut rng, n, WordSplit::Eval))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| spec.error("sweep", "num_lines", &e.to_string()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let points = (0..parsed.model.len())
+            .flat_map(|m| (0..num_lines.len()).map(move |l| (m, l)))
+            .collect();
+        Ok(Box::new(RetrievalPlan {
+            models: parsed.model,
+            points,
+            num_lines,
+            cases,
+            decode: parsed.decode,
+            partition,
+            loaded: None,
+        }))
+    }
+
+    /// `correct` and `accuracy` are exact, but a case with a near tie may go the other way on
+    /// another CPU: each such case may move `correct` by one.
+    fn check(&self, row: &Record, column: &Column) -> Check {
+        match column.name {
+            "correct" | "accuracy" => {
+                let ties = row.num("near_ties");
+                if ties > 0.0 {
+                    Check::Within(ties / row.num("correct").max(1.0))
+                } else {
+                    Check::Exact
+                }
+            }
+            _ => column.check,
+        }
+    }
+
+    fn figure(&self, table: &Table, dir: &Path) -> Result<()> {
+        // Per panel: accuracy against prompt tokens per model, and each trained length the panel's
+        // models have, drawn at its evaluated prompt length.
+        let mut lines: BTreeMap<(String, String), Vec<(f64, f64)>> = BTreeMap::new();
+        let mut tokens_at: BTreeMap<(String, u64), f64> = BTreeMap::new();
+        let mut trained: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for row in &table.rows {
+            let panel = row.get("panel").unwrap_or("").to_owned();
+            let model = row.get("model").unwrap_or("").to_owned();
+            let tokens = row.num("prompt_tokens");
+            let trained_lines = row.get("trained_lines").and_then(|t| t.parse::<u64>().ok());
+            let name = match trained_lines {
+                Some(t) => format!("{model} (trained ≤ {t} lines)"),
+                None => model,
+            };
+            lines
+                .entry((panel.clone(), name))
+                .or_default()
+                .push((tokens, row.num("accuracy")));
+            tokens_at.insert((panel.clone(), row.num("num_lines") as u64), tokens);
+            if let Some(t) = trained_lines {
+                trained.entry(panel).or_default().push(t);
+            }
+        }
+        for (panel, mut lengths) in trained {
+            lengths.sort_unstable();
+            lengths.dedup();
+            for t in lengths {
+                if let Some(&tokens) = tokens_at.get(&(panel.clone(), t)) {
+                    lines.insert(
+                        (
+                            panel.clone(),
+                            format!("trained length {t} lines (~{tokens:.0} tokens)"),
+                        ),
+                        vec![(tokens, 0.0), (tokens, 1.0)],
+                    );
+                }
+            }
+        }
+        panels(
+            &dir.join("accuracy.svg"),
+            &Chart {
+                title: "Line retrieval: held-out exact match against prompt length",
+                x: Axis::new("prompt length (tokens)", Scale::Linear),
+                y: Axis::new("exact-match accuracy", Scale::Linear),
+            },
+            &Panel::grouped(lines),
+        )
+    }
+}
+
+impl RetrievalPlan {
+    /// The model of entry `index`, loaded once while its points run.
+    fn load(&mut self, index: usize) -> Result<&Loaded> {
+        if self.loaded.as_ref().is_none_or(|l| l.index != index) {
+            let entry = &self.models[index];
+            let (model, tokenizer) = load_trained::<Flex>(&entry.checkpoint, &Default::default())
+                .with_context(|| format!("[[model]] '{}'", entry.name))?;
+            let trained_lines = trained_lines(&entry.checkpoint);
+            self.loaded = Some(Loaded {
+                index,
+                model,
+                tokenizer,
+                trained_lines,
+            });
+        }
+        Ok(self.loaded.as_ref().expect("loaded above"))
+    }
+}
+
+impl Plan for RetrievalPlan {
+    fn points(&self) -> Vec<Point> {
+        self.points
+            .iter()
+            .map(|&(m, l)| {
+                Point::single(Record::new([
+                    ("model", self.models[m].name.clone()),
+                    ("num_lines", self.num_lines[l].to_string()),
+                ]))
+            })
+            .collect()
+    }
+
+    fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
+        let (m, l) = self.points[index];
+        let (ranks, batch, partition) = (self.decode.ranks, self.decode.batch, self.partition);
+        let cases = self.cases[l].clone();
+        let (name, panel) = (self.models[m].name.clone(), self.models[m].panel.clone());
+        let loaded = self.load(m)?;
+        let stop = [loaded.tokenizer.eos()];
+        context.bar.set_message(format!("{} cases", cases.len()));
+        let decoding = Decoding {
+            stop: &stop,
+            pad: loaded.tokenizer.eos(),
+            keep_logits: true,
+            ..decoding(partition, ranks, batch)
+        };
+        let mut near_ties = 0;
+        let evaluation: Evaluation = evaluate(&*loaded.tokenizer, &cases, |prompts| {
+            let decoded = decode(&loaded.model, prompts, &decoding)?;
+            for i in 0..prompts.len() {
+                near_ties += usize::from(has_near_tie(&decoded, i)?);
+            }
+            Ok(decoded)
+        })?;
+        let row = &evaluation.rows[0];
+        let out = Row {
+            model: name,
+            num_lines: row.num_lines,
+            panel,
+            trained_lines: loaded.trained_lines,
+            cases: row.cases,
+            correct: row.correct,
+            accuracy: row.accuracy,
+            near_ties,
+            prompt_tokens: row.prompt_tokens,
+            prefill_seconds: row.prefill_seconds,
+            decode_seconds: row.decode_seconds,
+        };
+        Ok(vec![Record::of(&out)?])
+    }
+}
+
+/// Whether a step of prompt `i`'s reply picked its token by a margin under [`NEAR_TIE`] of the
+/// step's largest logit (a NaN logit counts: its pick is not reproducible either).
+fn has_near_tie(decoded: &Decoded, i: usize) -> Result<bool> {
+    let steps = decoded.replies[i].len() + usize::from(decoded.ended_by[i].is_some());
+    let logits = &decoded.logits[i];
+    if steps == 0 || logits.len() % steps != 0 {
+        anyhow::bail!(
+            "prompt {i}: {} kept logits do not split into its {steps} reply steps",
+            logits.len()
+        );
+    }
+    Ok(logits.chunks(logits.len() / steps).any(|row| {
+        let (mut best, mut second, mut scale) = (f64::NEG_INFINITY, f64::NEG_INFINITY, 0.0f64);
+        for &x in row {
+            let x = f64::from(x);
+            if x.is_nan() {
+                return true;
+            }
+            scale = scale.max(x.abs());
+            if x > best {
+                second = best;
+                best = x;
+            } else if x > second {
+                second = x;
+            }
+        }
+        best - second <= NEAR_TIE * scale
+    }))
+}
