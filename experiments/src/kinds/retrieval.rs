@@ -359,10 +359,15 @@ impl Plan for RetrievalPlan {
 /// step's largest logit (a NaN logit counts: its pick is not reproducible either).
 fn has_near_tie(decoded: &Decoded, i: usize) -> Result<bool> {
     let steps = decoded.replies[i].len() + usize::from(decoded.ended_by[i].is_some());
-    let logits = &decoded.logits[i];
-    if steps == 0 || logits.len() % steps != 0 {
+    near_tie(&decoded.logits[i], steps).with_context(|| format!("prompt {i}"))
+}
+
+/// Whether any of the `steps` rows of `logits` (`[steps, vocab]` flat) has its best two values
+/// within [`NEAR_TIE`] of the row's largest magnitude, or a NaN.
+fn near_tie(logits: &[f32], steps: usize) -> Result<bool> {
+    if steps == 0 || logits.is_empty() || logits.len() % steps != 0 {
         anyhow::bail!(
-            "prompt {i}: {} kept logits do not split into its {steps} reply steps",
+            "{} kept logits do not split into {steps} reply steps",
             logits.len()
         );
     }
@@ -383,4 +388,73 @@ fn has_near_tie(decoded: &Decoded, i: usize) -> Result<bool> {
         }
         best - second <= NEAR_TIE * scale
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_whose_best_two_logits_are_within_rounding_is_a_near_tie() {
+        // Row scale 10: the margin must exceed 2e-5 * 10 = 2e-4.
+        assert!(!near_tie(&[10.0, 9.0, -3.0], 1).unwrap());
+        assert!(near_tie(&[10.0, 10.0 - 1e-4, -3.0], 1).unwrap());
+        assert!(!near_tie(&[10.0, 10.0 - 1e-3, -3.0], 1).unwrap());
+        // Any step of the reply: the second row ties.
+        assert!(near_tie(&[1.0, 0.0, 5.0, 5.0], 2).unwrap());
+        // A NaN logit makes the pick irreproducible.
+        assert!(near_tie(&[1.0, f32::NAN, 0.0], 1).unwrap());
+        // Logits that do not split into the reply's steps are refused, not guessed.
+        let err = near_tie(&[1.0, 2.0, 3.0], 2).unwrap_err().to_string();
+        assert!(
+            err.contains("3 kept logits") && err.contains("2 reply steps"),
+            "{err}"
+        );
+        assert!(near_tie(&[], 0).is_err());
+    }
+
+    #[test]
+    fn correct_is_exact_unless_a_case_had_a_near_tie() {
+        let column = Column::exact("correct");
+        let row =
+            |ties: &str| Record::new([("correct", "40"), ("near_ties", ties), ("accuracy", "0.4")]);
+        assert_eq!(Retrieval.check(&row("0"), &column), Check::Exact);
+        assert_eq!(
+            Retrieval.check(&row("2"), &column),
+            Check::Within(2.0 / 40.0)
+        );
+        assert_eq!(
+            Retrieval.check(&row("2"), &Column::exact("prompt_tokens")),
+            Check::Exact
+        );
+    }
+
+    #[test]
+    fn a_spec_with_a_missing_or_twice_named_checkpoint_is_refused_by_name() {
+        let plan = |models: &str| {
+            let text = format!(
+                "kind = \"retrieval\"\n[sweep]\nnum_lines = [2]\n[cases]\nper_count = 1\nseed = 0\n{models}"
+            );
+            let spec = SpecText::from_text(Path::new("r.toml"), text).unwrap();
+            Retrieval.plan(&spec).err().map(|e| format!("{e:#}"))
+        };
+        let missing =
+            plan("[[model]]\nname = \"a\"\ncheckpoint = \"/nonexistent/ckpt\"\n").unwrap();
+        assert!(
+            missing.contains("/nonexistent/ckpt") && missing.contains("'a'"),
+            "{missing}"
+        );
+        let dir = std::env::temp_dir();
+        let twice = plan(&format!(
+            "[[model]]\nname = \"a\"\ncheckpoint = \"{0}\"\n[[model]]\nname = \"a\"\ncheckpoint = \"{0}\"\n",
+            dir.display()
+        ))
+        .unwrap();
+        assert!(
+            twice.contains("two [[model]] entries are named 'a'"),
+            "{twice}"
+        );
+        let none = plan("").unwrap();
+        assert!(none.contains("model"), "{none}");
+    }
 }

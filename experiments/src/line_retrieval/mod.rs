@@ -56,12 +56,31 @@ pub struct TrainArgs {
     /// Only redraw the spec's `out/loss.svg` from its `metrics.csv`, and exit.
     #[arg(long)]
     pub replot: bool,
+    /// Train on this many ranks instead of the spec's `ring.ranks` (e.g. 1, to compare the peak
+    /// memory per rank the last line reports).
+    #[arg(long)]
+    pub ranks: Option<usize>,
+    /// Train this many steps instead of the spec's `train.steps` (the schedule stretches with it).
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Write the run here instead of the spec's `train.out`.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 /// `ringbench train`: trains, or resumes the run in the spec's `out` from its newest good
 /// checkpoint, and writes the checkpoint, metrics and loss curve.
 pub fn run_train(args: &TrainArgs) -> Result<()> {
-    let spec = load_spec(&args.config)?;
+    let mut spec = load_spec(&args.config)?;
+    if let Some(ranks) = args.ranks {
+        spec.ring.ranks = ranks;
+    }
+    if let Some(steps) = args.steps {
+        spec.train.steps = steps;
+    }
+    if let Some(out) = &args.out {
+        spec.train.out = out.clone();
+    }
     if args.replot {
         return train::replot(&spec.train.out);
     }

@@ -43,6 +43,9 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
     comm: Option<Comm>,
     force: bool,
 ) -> Result<()> {
+    // The sitting's memory: everything it allocates from here (models, optimizer state,
+    // activations, the ring's buffers) on every rank thread of this process.
+    crate::alloc::reset();
     let start_from_model = Start::of(&spec.model)?;
     let (config, tokenizer) = (start_from_model.config(), start_from_model.tokenizer());
     let t = &spec.train;
@@ -69,6 +72,9 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
         lm_weight: t.lm_weight,
     };
     prompts.check().context("train")?;
+    if t.steps == 0 {
+        bail!("train.steps = 0 (or --steps 0): train at least 1 step");
+    }
     // Every case is made of these strings: a tokenizer that encodes them encodes every step's
     // prompts (checked here, so that no step fails later).
     tokenizer
@@ -283,6 +289,7 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
             after_step: Some(&after_step),
         },
     };
+    let comm_is_some = comm.is_some();
     let trained = run_training(comm, model, partition, &options, batch_for, run)?;
     let Some(trained) = trained else {
         return Ok(()); // a rank other than 0 of a launcher: rank 0 writes the checkpoint
@@ -293,10 +300,11 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
     start_from_model.save(&t.out, &trained.model.valid())?;
     loss_curve(&t.out.join("loss.svg"), &losses)?;
     let minutes = sitting.elapsed().as_secs_f64() / 60.0;
+    let peak = peak_per_rank(options.ranks, comm_is_some);
     if out_of_time.load(Ordering::Relaxed) && steps_done < t.steps {
         println!(
             "stopped at step {steps_done} of {} after this sitting's max_minutes = {} ({minutes:.1} \
-             min); the model so far is in {}; run the same command to resume",
+             min); the model so far is in {}; run the same command to resume; {peak}",
             t.steps,
             t.max_minutes,
             t.out.display()
@@ -312,12 +320,31 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
     write_whole(&finished_path, &serde_json::to_vec_pretty(&state)?)?;
     println!(
         "trained {steps_done} steps ({} in this sitting, {minutes:.1} min); final loss {:.4}; \
-         checkpoint in {}",
+         checkpoint in {}; {peak}",
         trained.losses.len(),
         losses.last().copied().unwrap_or(f64::NAN),
         t.out.display()
     );
     Ok(())
+}
+
+/// The sitting's peak memory per rank, as its last line says it: the counting allocator's peak
+/// since the sitting began, over the rank threads of this process (one under a launcher).
+fn peak_per_rank(ranks: usize, over_launcher: bool) -> String {
+    if !crate::alloc::active() {
+        return "peak memory per rank not measured (the counting allocator is not installed)"
+            .into();
+    }
+    let threads = if over_launcher || crate::mpi_rank::launcher_rank().is_some() {
+        1
+    } else {
+        ranks
+    };
+    let peak = crate::alloc::stats().peak_above_start as f64 / crate::units::MIB;
+    format!(
+        "peak memory {:.1} MiB per rank ({peak:.1} MiB over this process's {threads} rank(s))",
+        peak / threads as f64
+    )
 }
 
 /// A poisoned lock only means a step's report panicked; its data stays usable.
