@@ -190,3 +190,63 @@ fn a_second_training_into_the_same_directory_is_refused() {
     holds_one_writer(&out, || train(&spec_path), &out.join("metrics.csv"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `--ranks`, `--steps` and `--out` override the spec (the saved spec says so), the last line
+/// reports the peak memory per rank, a step-0 loss on 1 rank equals the spec's 2 ranks' to float
+/// rounding, and `--steps 0` is refused before anything is written.
+#[test]
+fn command_line_overrides_train_another_ring_length_and_place_and_report_memory() {
+    let dir = temp_dir("train-overrides");
+    let spec_path = write_spec(&dir, "s.toml", &tiny_train_spec(&dir.join("spec_out"), 16));
+    let run = |extra: &[&str]| {
+        let output = train(&spec_path).args(extra).output().unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let peak_mib = |stdout: &str| -> f64 {
+        let last = stdout.lines().last().unwrap_or("");
+        let at = last.find("peak memory ").expect(last) + "peak memory ".len();
+        last[at..].split(' ').next().unwrap().parse().unwrap()
+    };
+    let one = dir.join("one");
+    let (ok, stdout, stderr) = run(&[
+        "--ranks",
+        "1",
+        "--steps",
+        "3",
+        "--out",
+        one.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert_eq!(losses(&one).len(), 3, "--steps 3");
+    let saved = std::fs::read_to_string(one.join("train.toml")).unwrap();
+    assert!(
+        saved.contains("ranks = 1") && saved.contains("steps = 3"),
+        "{saved}"
+    );
+    assert!(
+        !dir.join("spec_out").exists(),
+        "--out must replace the spec's out"
+    );
+    let peak_one = peak_mib(&stdout);
+    assert!(peak_one > 0.0, "{stdout}");
+    let two = dir.join("two");
+    let (ok, stdout, stderr) = run(&["--steps", "3", "--out", two.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("over this process's 2 rank(s)"), "{stdout}");
+    let first_loss =
+        |out: &Path| -> f64 { losses(out)[0].split(',').nth(1).unwrap().parse().unwrap() };
+    let (a, b) = (first_loss(&one), first_loss(&two));
+    assert!(
+        (a - b).abs() <= 1e-5 * a.abs(),
+        "step 0 loss: 1 rank {a}, 2 ranks {b}"
+    );
+    let none = dir.join("none");
+    let (ok, _, stderr) = run(&["--steps", "0", "--out", none.to_str().unwrap()]);
+    assert!(!ok && stderr.contains("--steps 0"), "{stderr}");
+    assert!(!none.exists(), "a refused run wrote {}", none.display());
+    std::fs::remove_dir_all(dir).unwrap();
+}
