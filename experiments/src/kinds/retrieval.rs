@@ -164,8 +164,11 @@ impl Experiment for Retrieval {
         if parsed.cases.per_count == 0 {
             return Err(spec.error("cases", "per_count", "evaluate at least 1 case"));
         }
-        if parsed.decode.ranks == 0 || parsed.decode.batch == 0 {
-            return Err(spec.error("decode", "ranks", "ranks and batch must be at least 1"));
+        if parsed.decode.ranks == 0 {
+            return Err(spec.error("decode", "ranks", "decode on at least 1 rank"));
+        }
+        if parsed.decode.batch == 0 {
+            return Err(spec.error("decode", "batch", "decode at least 1 prompt at a time"));
         }
         if parsed.model.is_empty() {
             return Err(spec.error("", "model", "name at least one [[model]] checkpoint"));
