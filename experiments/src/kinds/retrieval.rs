@@ -193,8 +193,11 @@ impl Experiment for Retrieval {
                 ));
             }
         }
-        let partition =
-            spec.strategies("decode", "strategy", &[parsed.decode.strategy.clone()])?[0];
+        let partition = spec.strategies(
+            "decode",
+            "strategy",
+            std::slice::from_ref(&parsed.decode.strategy),
+        )?[0];
         let mut rng = SplitMix64::new(parsed.cases.seed);
         let cases = num_lines
             .iter()
@@ -368,7 +371,7 @@ fn has_near_tie(decoded: &Decoded, i: usize) -> Result<bool> {
 /// Whether any of the `steps` rows of `logits` (`[steps, vocab]` flat) has its best two values
 /// within [`NEAR_TIE`] of the row's largest magnitude, or a NaN.
 fn near_tie(logits: &[f32], steps: usize) -> Result<bool> {
-    if steps == 0 || logits.is_empty() || logits.len() % steps != 0 {
+    if steps == 0 || logits.is_empty() || !logits.len().is_multiple_of(steps) {
         anyhow::bail!(
             "{} kept logits do not split into {steps} reply steps",
             logits.len()
