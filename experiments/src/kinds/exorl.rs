@@ -2,7 +2,7 @@
 //! `kind = "exorl"`): one point per (task, configuration), trained with ring attention over every
 //! seed and rolled out; the collected data's statistics go to `data.csv` beside the table.
 
-use super::experiment::{Card, Check, Column, Experiment, Plan, Point, PointContext};
+use super::experiment::{Card, Column, Experiment, Plan, Point, PointContext};
 use crate::exorl::ExorlSpec;
 use crate::exorl::table::{PreparedTask, config_row, prepare_task};
 use crate::plot::{Axis, Chart, Scale, Series, line_chart};
@@ -41,22 +41,13 @@ const CARD: Card = Card {
         Column::exact("budget_mib"),
         Column::measured("mean_return"),
         Column::measured("std_return"),
-        Column {
-            name: "seed_returns",
-            check: Check::Shown,
-        },
+        Column::shown("seed_returns"),
         Column::measured("data_mean_return"),
         Column::measured("data_best_return"),
         Column::measured("chain_peak_mib_1_rank"),
         Column::measured("chain_peak_mib_per_rank_ring"),
-        Column {
-            name: "fits_1_rank",
-            check: Check::Shown,
-        },
-        Column {
-            name: "fits_ring",
-            check: Check::Shown,
-        },
+        Column::shown("fits_1_rank"),
+        Column::shown("fits_ring"),
         Column::measured("train_s_per_run"),
     ],
 };

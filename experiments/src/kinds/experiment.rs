@@ -41,6 +41,14 @@ impl Column {
         }
     }
 
+    /// A column shown for reading, not compared.
+    pub const fn shown(name: &'static str) -> Column {
+        Column {
+            name,
+            check: Check::Shown,
+        }
+    }
+
     /// A column measured on this machine.
     pub const fn measured(name: &'static str) -> Column {
         Column {

@@ -109,19 +109,13 @@ const CARD: Card = Card {
     sweep_keys: &["num_lines", "[[model]]", "[cases]", "[decode]"],
     key_columns: &["model", "num_lines"],
     columns: &[
-        Column {
-            name: "panel",
-            check: Check::Shown,
-        },
+        Column::shown("panel"),
         Column::exact("trained_lines"),
         Column::exact("cases"),
         // Exact unless a case's reply has a near tie (see `check`).
         Column::exact("correct"),
         Column::exact("accuracy"),
-        Column {
-            name: "near_ties",
-            check: Check::Shown,
-        },
+        Column::shown("near_ties"),
         Column::exact("prompt_tokens"),
         Column::measured("prefill_seconds"),
         Column::measured("decode_seconds"),
