@@ -34,7 +34,15 @@ pub fn as_mpi_rank<T, E: std::fmt::Display>(
         return match body(comm) {
             Ok(output) => Ok(Some((rank, output))),
             Err(e) => {
-                eprintln!("error: MPI rank {rank}: {e}");
+                // One write: `eprintln!` writes each formatted piece separately, and mpirun may
+                // print the abort's banner between two of them, splitting the line.
+                use std::io::Write;
+                let line = format!("error: MPI rank {rank}: {e}\n");
+                let mut stderr = std::io::stderr().lock();
+                let _ = stderr
+                    .write_all(line.as_bytes())
+                    .and_then(|()| stderr.flush());
+                drop(stderr);
                 universe.world().abort(1)
             }
         };
