@@ -13,6 +13,8 @@ pub mod tokenizer;
 mod words;
 
 pub use hf_tokenizer::{HfText, HfTokenizer};
-pub use line_retrieval::{Case, DatasetError, WordSplit, generate, read_jsonl, score_reply};
+pub use line_retrieval::{
+    Case, DatasetError, Quiz, WordSplit, generate, generate_quiz, read_jsonl, score_reply,
+};
 pub use rng::SplitMix64;
 pub use tokenizer::{TextTokenizer, Tokenizer, TokenizerError};

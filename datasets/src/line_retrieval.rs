@@ -114,6 +114,29 @@ pub fn generate(
     num_lines: usize,
     split: WordSplit,
 ) -> Result<Case, DatasetError> {
+    Ok(generate_quiz(rng, num_lines, 1, split)?.first)
+}
+
+/// One record asked about several of its lines in turn: a training prompt with more answers per
+/// token than a [`Case`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quiz {
+    /// The record and its first question, exactly as [`generate`] makes them from the same seed.
+    pub first: Case,
+    /// Each later question (`QUESTION_START name QUESTION_END`) and the value it asks for; no line
+    /// is asked twice, so an answer cannot be copied from an earlier one.
+    pub follow_ups: Vec<(String, u64)>,
+}
+
+/// Generates a record of `num_lines` lines with distinct names and asks for `questions` distinct
+/// lines of it (at least 1, at most `num_lines`). With one question this draws what [`generate`]
+/// draws, so earlier training streams are unchanged.
+pub fn generate_quiz(
+    rng: &mut SplitMix64,
+    num_lines: usize,
+    questions: usize,
+    split: WordSplit,
+) -> Result<Quiz, DatasetError> {
     let (adjectives, nouns) = (split.words(ADJECTIVES), split.words(NOUNS));
     let available = adjectives.len() * nouns.len();
     if num_lines == 0 || num_lines > available {
@@ -136,18 +159,29 @@ pub fn generate(
     let numbers: Vec<u64> = (0..num_lines)
         .map(|_| rng.range_inclusive(MIN_NUMBER, MAX_NUMBER))
         .collect();
-    let target = rng.below(num_lines as u64) as usize;
+    let mut targets: Vec<usize> = Vec::new();
+    while targets.len() < questions.clamp(1, num_lines) {
+        let target = rng.below(num_lines as u64) as usize;
+        if !targets.contains(&target) {
+            targets.push(target);
+        }
+    }
+    let question = |t: usize| format!("{QUESTION_START}{}{QUESTION_END}", names[t]);
     let mut prompt = String::from(HEADER);
     for (name, n) in names.iter().zip(&numbers) {
         prompt += &format!("line {name}: REGISTER_CONTENT is <{n}>\n");
     }
-    prompt += QUESTION_START;
-    prompt += &names[target];
-    prompt += QUESTION_END;
-    Ok(Case {
-        prompt,
-        expected_number: numbers[target],
-        num_lines,
+    prompt += &question(targets[0]);
+    Ok(Quiz {
+        first: Case {
+            prompt,
+            expected_number: numbers[targets[0]],
+            num_lines,
+        },
+        follow_ups: targets[1..]
+            .iter()
+            .map(|&t| (question(t), numbers[t]))
+            .collect(),
     })
 }
 
@@ -253,6 +287,36 @@ mod tests {
                 "no duplicate words"
             );
         }
+    }
+
+    #[test]
+    fn a_quiz_asks_distinct_lines_and_begins_as_the_case_of_its_seed() {
+        let case = generate(&mut SplitMix64::new(5), 6, WordSplit::Train).unwrap();
+        let quiz = generate_quiz(&mut SplitMix64::new(5), 6, 4, WordSplit::Train).unwrap();
+        assert_eq!(quiz.first, case, "one question draws what generate draws");
+        assert_eq!(quiz.follow_ups.len(), 3);
+        let asked = |q: &str| {
+            let name = &q[q.rfind("in line ").unwrap() + 8..q.len() - QUESTION_END.len()];
+            let line = case
+                .prompt
+                .lines()
+                .find(|l| l.starts_with(&format!("line {name}:")))
+                .unwrap();
+            (name.to_string(), line.to_string())
+        };
+        let mut names = vec![asked(&case.prompt).0];
+        for (question, value) in &quiz.follow_ups {
+            assert!(question.starts_with(QUESTION_START) && question.ends_with(QUESTION_END));
+            let (name, line) = asked(question);
+            assert!(line.ends_with(&format!("<{value}>")), "{line} vs {value}");
+            assert!(!names.contains(&name), "{name} asked twice");
+            names.push(name);
+        }
+        // More questions than lines ask every line once; zero asks one.
+        let all = generate_quiz(&mut SplitMix64::new(5), 3, 9, WordSplit::Train).unwrap();
+        assert_eq!(all.follow_ups.len(), 2);
+        let none = generate_quiz(&mut SplitMix64::new(5), 3, 0, WordSplit::Train).unwrap();
+        assert!(none.follow_ups.is_empty());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result, bail};
 use datasets::tokenizer::EOS;
-use datasets::{Case, SplitMix64, TextTokenizer, TokenizerError, WordSplit, generate};
+use datasets::{Quiz, SplitMix64, TextTokenizer, TokenizerError, WordSplit, generate_quiz};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -67,6 +67,10 @@ pub struct ModelSpec {
     pub checkpoint: Checkpoint,
 }
 
+fn one_question() -> usize {
+    1
+}
+
 fn default_ffn_chunk() -> usize {
     256
 }
@@ -115,6 +119,10 @@ pub struct LineTrainSection {
     pub min_lines: usize,
     /// Most lines in a prompt.
     pub num_lines: usize,
+    /// Lines asked about in each training prompt, one question after another (distinct lines; at
+    /// most the prompt's lines). More answers per prompt give more retrieval gradient per token.
+    #[serde(default = "one_question")]
+    pub questions: usize,
     /// Compare parameter checksums across ranks every this many steps (0: never).
     pub checksum_every: usize,
     /// Where the checkpoint, metrics and the copy of this spec go.
@@ -353,13 +361,19 @@ pub struct Prompts {
     pub min_lines: usize,
     /// Most lines in a prompt.
     pub num_lines: usize,
+    /// Lines asked about in each prompt (at least 1; a prompt of fewer lines asks each once).
+    pub questions: usize,
     /// Loss weight of the prompt's own tokens ([`example`]).
     pub lm_weight: f32,
 }
 
 impl Prompts {
-    /// An error naming the line counts unless `1 <= min_lines <= num_lines`.
+    /// An error naming the line counts unless `1 <= min_lines <= num_lines`, or unless
+    /// `questions >= 1`.
     pub fn check(&self) -> Result<()> {
+        if self.questions == 0 {
+            bail!("questions = 0: ask at least 1 question a prompt");
+        }
         if self.min_lines == 0 || self.min_lines > self.num_lines {
             bail!(
                 "min_lines = {} must be in 1..=num_lines = {}",
@@ -382,29 +396,33 @@ impl Prompts {
             .map(|_| {
                 let lines =
                     rng.range_inclusive(self.min_lines as u64, self.num_lines as u64) as usize;
-                let case = generate(&mut rng, lines, WordSplit::Train)
+                let quiz = generate_quiz(&mut rng, lines, self.questions, WordSplit::Train)
                     .expect("line counts checked by Prompts::check");
-                example(tokenizer, &case, self.lm_weight)
+                example(tokenizer, &quiz, self.lm_weight)
             })
             .collect()
     }
 }
 
-/// `[BOS] prompt answer [EOS]` (BOS when the tokenizer has one): the answer and EOS weigh 1, the
-/// prompt's tokens `lm_weight`.
+/// `[BOS] prompt answer [EOS] (question answer [EOS])*` (BOS when the tokenizer has one): each
+/// answer and its EOS weigh 1, every other token `lm_weight`. With one question this is the
+/// evaluation's prompt and its expected reply.
 pub fn example(
     tokenizer: &dyn TextTokenizer,
-    case: &Case,
+    quiz: &Quiz,
     lm_weight: f32,
 ) -> Result<Example, TokenizerError> {
     let mut tokens: Vec<u32> = tokenizer.bos().into_iter().collect();
-    tokens.extend(tokenizer.text_ids(&case.prompt)?);
-    let prompt_len = tokens.len();
-    tokens.extend(tokenizer.text_ids(&case.expected_number.to_string())?);
-    tokens.push(tokenizer.eos());
-    // weights[i] weighs predicting tokens[i + 1].
-    let weights = (0..tokens.len() - 1)
-        .map(|i| if i + 1 >= prompt_len { 1.0 } else { lm_weight })
-        .collect();
+    // weights[i] weighs predicting tokens[i + 1]: the answers' and EOSes' predictions weigh 1.
+    let mut weights = Vec::new();
+    let first = (quiz.first.prompt.as_str(), quiz.first.expected_number);
+    let follow_ups = quiz.follow_ups.iter().map(|(q, v)| (q.as_str(), *v));
+    for (question, value) in std::iter::once(first).chain(follow_ups) {
+        tokens.extend(tokenizer.text_ids(question)?);
+        weights.resize(tokens.len() - 1, lm_weight);
+        tokens.extend(tokenizer.text_ids(&value.to_string())?);
+        tokens.push(tokenizer.eos());
+        weights.resize(tokens.len() - 1, 1.0);
+    }
     Ok(Example { tokens, weights })
 }

@@ -69,6 +69,7 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
         batch: t.batch,
         min_lines: t.min_lines,
         num_lines: t.num_lines,
+        questions: t.questions,
         lm_weight: t.lm_weight,
     };
     prompts.check().context("train")?;
@@ -165,7 +166,7 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
     }
     if start == 0 {
         println!(
-            "training {} parameters{} on {} ranks ({}), {} steps of {} prompts with {}..={} lines",
+            "training {} parameters{} on {} ranks ({}), {} steps of {} prompts with {}..={} lines{}",
             config.num_params(),
             t.init
                 .as_ref()
@@ -177,7 +178,11 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
             t.steps,
             t.batch,
             t.min_lines,
-            t.num_lines
+            t.num_lines,
+            match t.questions {
+                1 => String::new(),
+                q => format!(", {q} questions each"),
+            }
         );
     }
     let batch_for = |step: usize| {

@@ -70,6 +70,9 @@ struct Task {
     name: String,
     min_lines: usize,
     num_lines: usize,
+    /// Lines asked about in each training prompt; default 1.
+    #[serde(default = "one_question")]
+    questions: usize,
     #[serde(default)]
     lm_weight: f32,
     /// Line counts evaluated after training (fresh cases, names never seen in training).
@@ -96,6 +99,10 @@ struct TrainSection {
     /// Pack each step's prompts into one sequence of documents.
     #[serde(default)]
     pack: bool,
+}
+
+fn one_question() -> usize {
+    1
 }
 
 fn one() -> f64 {
@@ -195,7 +202,13 @@ impl Experiment for TrainKind {
         }
         point::prompts(&parsed.task, &parsed.train, 0)
             .check()
-            .map_err(|e| spec.error("task", "min_lines", &e.to_string()))?;
+            .map_err(|e| {
+                let key = match parsed.task.questions {
+                    0 => "questions",
+                    _ => "min_lines",
+                };
+                spec.error("task", key, &e.to_string())
+            })?;
         if let Some(&bad) = parsed.task.eval_lines.iter().find(|&&n| n == 0) {
             return Err(spec.error(
                 "task",

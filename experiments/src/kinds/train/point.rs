@@ -32,6 +32,7 @@ pub(super) fn prompts(task: &Task, train: &TrainSection, seed: u64) -> Prompts {
         batch: train.batch,
         min_lines: task.min_lines,
         num_lines: task.num_lines,
+        questions: task.questions,
         lm_weight: task.lm_weight,
     }
 }
