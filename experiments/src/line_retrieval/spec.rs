@@ -426,3 +426,50 @@ pub fn example(
     }
     Ok(Example { tokens, weights })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datasets::Tokenizer;
+
+    /// The predictions weighing 1 are exactly each asked value's digits and its EOS, in order; every
+    /// other prediction weighs `lm_weight`; one question is the evaluation's prompt and reply.
+    #[test]
+    fn only_the_answers_and_their_eos_weigh_one() {
+        let tokenizer = Tokenizer::line_retrieval();
+        let quiz = generate_quiz(&mut SplitMix64::new(7), 6, 3, WordSplit::Train).unwrap();
+        let ex = example(&tokenizer, &quiz, 0.25).unwrap();
+        assert_eq!(ex.weights.len(), ex.tokens.len() - 1);
+        let mut answers = Vec::new();
+        let mut answer = Vec::new();
+        for (w, &next) in ex.weights.iter().zip(&ex.tokens[1..]) {
+            match *w {
+                1.0 if next == tokenizer.eos() => {
+                    answers.push(tokenizer.ids_text(&answer).unwrap());
+                    answer.clear();
+                }
+                1.0 => answer.push(next),
+                0.25 => assert!(answer.is_empty(), "a prompt token inside an answer"),
+                other => panic!("weight {other}"),
+            }
+        }
+        let want: Vec<String> = std::iter::once(quiz.first.expected_number)
+            .chain(quiz.follow_ups.iter().map(|(_, v)| *v))
+            .map(|v| v.to_string())
+            .collect();
+        assert_eq!(answers, want);
+        assert_eq!(ex.tokens.last(), Some(&tokenizer.eos()));
+
+        let one = generate_quiz(&mut SplitMix64::new(7), 6, 1, WordSplit::Train).unwrap();
+        let ex = example(&tokenizer, &one, 0.25).unwrap();
+        let mut want: Vec<u32> = tokenizer.bos().into_iter().collect();
+        want.extend(tokenizer.text_ids(&one.first.prompt).unwrap());
+        want.extend(
+            tokenizer
+                .text_ids(&one.first.expected_number.to_string())
+                .unwrap(),
+        );
+        want.push(tokenizer.eos());
+        assert_eq!(ex.tokens, want);
+    }
+}
