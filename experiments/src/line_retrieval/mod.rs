@@ -18,6 +18,7 @@ pub use eval::{
     AccuracyRow, EvalArgs, Evaluation, GenArgs, Reply, accuracy, decoding, evaluate, run_eval,
     run_gen,
 };
+pub(crate) use spec::one_question;
 pub use spec::{
     LineTrainSection, ModelSpec, Prompts, RingSpec, Schedule, TrainSpec, example, load_spec,
     trained_lines,

@@ -67,7 +67,8 @@ pub struct ModelSpec {
     pub checkpoint: Checkpoint,
 }
 
-fn one_question() -> usize {
+/// `questions`' default, for every spec that draws [`Prompts`]: one question a record.
+pub(crate) fn one_question() -> usize {
     1
 }
 

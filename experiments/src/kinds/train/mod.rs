@@ -71,7 +71,7 @@ struct Task {
     min_lines: usize,
     num_lines: usize,
     /// Lines asked about in each training prompt; default 1.
-    #[serde(default = "one_question")]
+    #[serde(default = "crate::line_retrieval::one_question")]
     questions: usize,
     #[serde(default)]
     lm_weight: f32,
@@ -99,10 +99,6 @@ struct TrainSection {
     /// Pack each step's prompts into one sequence of documents.
     #[serde(default)]
     pack: bool,
-}
-
-fn one_question() -> usize {
-    1
 }
 
 fn one() -> f64 {
