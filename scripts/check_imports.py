@@ -64,6 +64,13 @@ LAYERS = {
         ["balanced"],
         ["registry"],
     ],
+    "reference": [
+        # The one comparison, the bounds it is held to, seeded inputs.
+        ["compare", "bounds", "inputs"],
+        # The float64 attention, then the bf16 bound on its errors.
+        ["attention"],
+        ["bf16"],
+    ],
     "datasets": [
         ["rng", "words", "packing"],
         ["line_retrieval", "exorl"],

@@ -2,7 +2,7 @@
 
 Usage: python3 scripts/npy_close.py OUT_DIR FIXTURE_DIR TOL
 For each of out, lse, dq, dk, dv: OUT_DIR/NAME.npy against FIXTURE_DIR/expected_NAME.npy, the rule of
-the Rust tests (`tests/src/compare.rs`): max |got - want| / max |want| <= TOL, shapes equal, and any
+the Rust tests (`reference/src/compare.rs`): max |got - want| / max |want| <= TOL, shapes equal, and any
 NaN or infinity on either side a failure (never folded away by max). Exit 0 when all hold, else 1.
 """
 import ast

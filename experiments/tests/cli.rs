@@ -8,7 +8,7 @@ use common::{
 use experiments::npy;
 use std::path::Path;
 
-use ringbench_tests::{deviation, rel_err};
+use reference::compare::{deviation, rel_err};
 
 /// Every output in `out` (out, lse, dq, dk, dv) has the shape of `expected(name)` and lies within
 /// 1e-5 of it, relative to its largest magnitude.

@@ -100,7 +100,7 @@ fn attention_over_four_processes_matches_threads() {
                 npy::read(&a.join(name)).unwrap(),
                 npy::read(&b.join(name)).unwrap(),
             );
-            let d = ringbench_tests::deviation(&x.data, &y.data);
+            let d = reference::compare::deviation(&x.data, &y.data);
             assert!(
                 d.wrong.is_none() && d.abs <= 1e-6,
                 "{strategy} {dtype} ulysses={ulysses} {name}: threads vs MPI: {d}"

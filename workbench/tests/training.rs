@@ -177,7 +177,7 @@ fn step_zero_gradient_agrees_across_rank_counts() {
     assert!(base.iter().any(|&g| g != 0.0));
     // The loss sums at most 128 token losses, in another order on other ranks: √128·u ≈ 7e-7 (the
     // statistical bound of reordered f32 sums; the worst case n·u is 8e-6, never seen). A gradient
-    // entry is attention's f32 chains (`ringbench_tests::F32_ATTENTION`: 1e-5) followed by the
+    // entry is attention's f32 chains (`reference::bounds::F32_ATTENTION`: 1e-5) followed by the
     // model's sums over d_model = 32, at most 1e-5 in all.
     for (ranks, strategy) in [(4, "zigzag"), (8, "striped")] {
         let (l, g) = gradient(&model, ranks, strategy);

@@ -25,7 +25,7 @@ pub struct DecodeKind;
 
 /// How far a decoded position's logits may lie from the recompute's, relative to their scale (the
 /// exactness suite's bound, `tests/tests/decode.rs`).
-const MAX_REL_ERROR: f64 = ringbench_tests::F32_ATTENTION;
+const MAX_REL_ERROR: f64 = reference::bounds::F32_ATTENTION;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -320,7 +320,7 @@ fn logits_error(
     let vocab = all.len() / whole.tokens.len();
     let from = (prompt.tokens.len() - 1) * vocab;
     let got = &cached.logits[0];
-    let deviation = ringbench_tests::deviation(got, &all[from..from + got.len()]);
+    let deviation = reference::compare::deviation(got, &all[from..from + got.len()]);
     if let Some(wrong) = deviation.wrong {
         bail!("decoded logits: {wrong:?} at {}", deviation.at);
     }

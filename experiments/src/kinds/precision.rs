@@ -11,9 +11,8 @@ use crate::plot::{Axis, Chart, Panel, Scale, panels};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
 use anyhow::{Result, anyhow};
-use ringbench_tests::{
-    Inputs, Reference, Variant, deviations, reference_variant, rms_rel_err, worst,
-};
+use reference::compare::{rms_rel_err, worst};
+use reference::{Inputs, Reference, Variant, deviations, reference_variant};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -326,7 +325,7 @@ impl PrecisionPlan {
                     "float64 reference of the {dtype} inputs, S = {s}{}",
                     if causal { ", causal" } else { "" }
                 ));
-                let mut rng = ringbench_tests::Rng::new(0xB16 ^ s as u64);
+                let mut rng = reference::inputs::Rng::new(0xB16 ^ s as u64);
                 let mut x = Inputs32 {
                     q: rng.vec(s * h * d, 1.0),
                     k: rng.vec(s * hk * d, 1.0),

@@ -1,4 +1,4 @@
-//! A ring run checked against the independent float64 reference (`tests/src/lib.rs`): what the
+//! A ring run checked against the independent float64 reference (`reference/src/attention.rs`): what the
 //! `attn` kind reports as `max_rel_error` for every point.
 
 use crate::backend::{BackendName, run_attention_on};
@@ -100,7 +100,7 @@ fn against_reference(
         .map_err(|e| anyhow!("the float64 check: {e}"))?;
     let (b, h, hk, d) = (1, shape.heads, shape.kv_heads, shape.head_dim);
     let doc_lens = (variant.doc_lens)(s);
-    let mut rng = ringbench_tests::Rng::new(0x5EED ^ s as u64);
+    let mut rng = reference::inputs::Rng::new(0x5EED ^ s as u64);
     let q = rng.vec(b * s * h * d, 1.0);
     let k = rng.vec(b * s * hk * d, 1.0);
     let v = rng.vec(b * s * hk * d, 1.0);
@@ -140,7 +140,7 @@ fn against_reference(
         return Err(anyhow!("the check asked for gradients"));
     }
     let scale = config.scale.map_or(1.0 / (d as f64).sqrt(), f64::from);
-    let reference = ringbench_tests::Variant {
+    let reference = reference::Variant {
         window,
         softcap: variant.softcap.map(f64::from),
         sinks,
@@ -152,7 +152,7 @@ fn against_reference(
         for values in &mut x {
             dtype.round(values);
         }
-        let inputs = ringbench_tests::Inputs {
+        let inputs = reference::Inputs {
             q: &x[0],
             k: &x[1],
             v: &x[2],
@@ -160,9 +160,9 @@ fn against_reference(
             dims: [b, s, h, d],
             kv_heads: hk,
         };
-        let want = ringbench_tests::reference_variant(inputs, causal, scale, &doc_lens, &reference);
-        ringbench_tests::worst(
-            ringbench_tests::deviations(&result, &want)
+        let want = reference::reference_variant(inputs, causal, scale, &doc_lens, &reference);
+        reference::compare::worst(
+            reference::deviations(&result, &want)
                 .into_iter()
                 .map(|(_, d)| d.rel),
         )

@@ -93,7 +93,7 @@ fn a_causal_tile_computes_only_the_sub_tiles_its_rows_see() {
 
 /// Wide heads, where a unit owns 2 rows of 17 vectors (d = 68) and the cube's rows are what the
 /// device's shared memory holds: a causal tile of 80 × 80 within the float64 reference, at a
-/// tolerance derived like `F32_ATTENTION` (`ringbench_tests`): a score sums d = 68 products,
+/// tolerance derived like `F32_ATTENTION` (`reference::bounds`): a score sums d = 68 products,
 /// p·V 80 terms, the merge one partial a sub-tile: (68 + 80 + 8)·u ≈ 9.3e-6 of the magnitudes.
 /// (d = 128 took 90 s here, llvmpipe compiling the kernel; d = 68 takes the same path.)
 #[test]

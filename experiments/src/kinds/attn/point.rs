@@ -327,8 +327,9 @@ impl Plan for AttnPlan {
                 .sum::<u64>() as f64
                 / n
         });
-        row.busy_max_over_mean =
-            Some(ringbench_tests::worst(busy.iter().copied()) / busy_mean.max(f64::MIN_POSITIVE));
+        row.busy_max_over_mean = Some(
+            reference::compare::worst(busy.iter().copied()) / busy_mean.max(f64::MIN_POSITIVE),
+        );
         row.ring_over_single = single.map(|t| fwd_bwd / t);
         row.kernel_impl = Some(result.kernel_impl);
         row.host_device_bytes_per_call = Some(result.host_device_bytes.iter().sum());

@@ -157,7 +157,7 @@ impl Plan for TrainPlan {
         self.baselines
             .insert((run.seed, run.dtype), baseline.clone());
         // A NaN loss is an infinite difference (`worst`), not none.
-        let max_rel_loss_diff = ringbench_tests::worst(
+        let max_rel_loss_diff = reference::compare::worst(
             losses
                 .iter()
                 .zip(&baseline)

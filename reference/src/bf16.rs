@@ -10,7 +10,9 @@
 //! the result is rounded (u): 4u. lse never meets a bf16 rounding beyond the inputs': f32's bound.
 //! Each adds f32's own arithmetic ([`F32_ATTENTION`], relative to the same scale).
 
-use crate::{F32_ATTENTION, Reference, deviation, deviation_at_scale};
+use crate::attention::Reference;
+use crate::bounds::F32_ATTENTION;
+use crate::compare::{deviation, deviation_at_scale};
 use workbench::dtype::Dtype;
 use workbench::ring::jobs::AttentionResult;
 
