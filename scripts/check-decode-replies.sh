@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # eval-lines with the KV cache and without it (the whole sequence recomputed per token), on 1 and 4
-# ranks, every strategy: the replies must be the same, case for case. Prints one line a run (its
+# ranks, every registered strategy (`ringbench run --strategies`): the replies must be the same, case
+# for case. Prints one line a run (its
 # seconds and its replies' MD5) and exits 1 if any run's replies differ from the first's.
 #   bash scripts/check-decode-replies.sh CHECKPOINT CASES.jsonl [PER_LINE_COUNT]
 # PER_LINE_COUNT (default 10): the first that many cases of each line count are decoded.
@@ -24,8 +25,9 @@ PY
 echo "$(wc -l < "$work/cases.jsonl") cases ($per per line count) of $cases, checkpoint $checkpoint"
 first=""
 status=0
+[ -n "$("$bin" run --strategies)" ] || { echo "ringbench run --strategies listed none" >&2; exit 1; }
 for ranks in 1 4; do
-  for strategy in contiguous striped zigzag doc-zigzag; do
+  for strategy in $("$bin" run --strategies); do
     for mode in cache no-cache; do
       flag=()
       [ "$mode" = no-cache ] && flag=(--no-cache)

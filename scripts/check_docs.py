@@ -126,10 +126,17 @@ def quick_path(path):
 def results_state():
     """What git sees under results/ (modified files, untracked files and folders), to catch a block
     writing there. Untracked folders are listed whole, so a long job writing inside a folder that was
-    already untracked before the block ran does not count against the block."""
-    run = subprocess.run(["git", "status", "--porcelain", "--untracked-files=normal", "--", "results"],
-                         cwd=ROOT, capture_output=True, text=True)
-    return set(run.stdout.splitlines()) if run.returncode == 0 else set()
+    already untracked before the block ran does not count against the block. Without git's answer
+    the check could not see a write, so it fails instead of passing on nothing."""
+    try:
+        run = subprocess.run(["git", "status", "--porcelain", "--untracked-files=normal", "--", "results"],
+                             cwd=ROOT, capture_output=True, text=True)
+    except OSError as e:
+        sys.exit(f"check_docs: git status of results/ failed ({e}): cannot check what a quick path writes")
+    if run.returncode != 0:
+        sys.exit(f"check_docs: git status of results/ failed (exit {run.returncode}: "
+                 f"{run.stderr.strip()}): cannot check what a quick path writes")
+    return set(run.stdout.splitlines())
 
 
 def run_block(guide, script, timeout):

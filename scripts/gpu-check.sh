@@ -182,6 +182,14 @@ print(f"{len(rows)} bench rows in {out}/bench_attn.csv and bench_attn.md")
 PY
 }
 
+# Whether the test log $1 reports at least one passed test (a filter that matches nothing passes
+# with 0 tests run, which compares nothing); says so, naming the stage $2, when it does not.
+ran_some() {
+  grep -q "test result: ok. [1-9]" "$1" && return 0
+  echo "FAILED: no $2 test ran ($1)"
+  return 1
+}
+
 # The stages, shared by `run` (cuda, release binaries from the build) and `dry-run` (wgpu, the test
 # command's debug build, tiny sizes). Globals: mode, backend, out, bin, exactness_bin, lib_bin, gpus.
 stages() {
@@ -192,7 +200,7 @@ stages() {
   [ "$mode" = dry-run ] && filter=(wide_heads)  # CI's test command runs the rest of tests/tests/wgpu.rs
   timeout "$t_exact" "$exactness_bin" --test-threads 1 "${filter[@]}" 2>&1 | tee "$out/exactness.log" | tail -5
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  grep -q "test result: ok. [1-9]" "$out/exactness.log" || { echo "FAILED: no exactness test ran"; status=1; }
+  ran_some "$out/exactness.log" "exactness" || status=1
   echo "== bench attn on $backend (fused CubeCL and generic kernels, zig-zag)"
   local seq
   for seq in "${bench_seqs[@]}"; do
@@ -207,10 +215,12 @@ stages() {
   echo "== NCCL's rendezvous and deadlines (no GPU needed: id file, never-written id, a join that never ends)"
   timeout 30 "$lib_bin" transport::nccl::rendezvous 2>&1 | tee "$out/nccl_rendezvous.log" | tail -2
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  ran_some "$out/nccl_rendezvous.log" "NCCL rendezvous" || status=1
   if [ "$mode" = run ] && [ "$have_nccl" = yes ]; then
     echo "== NCCL on one GPU: exchange with itself (staged and in place), all-reduces, barrier; a peer that never joins"
     timeout 30 "$lib_bin" --ignored --test-threads 1 transport::nccl::tests 2>&1 | tee "$out/nccl_one_rank.log" | tail -4
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    ran_some "$out/nccl_one_rank.log" "NCCL one-GPU" || status=1
   fi
   local fixture=experiments/tests/fixtures/attn_gqa
   local launch=() nccl_args=() train_args=()

@@ -84,6 +84,22 @@ pub struct TableComparison {
     pub broken: Vec<Moved>,
     /// Columns this run has that are neither keys nor declared by the kind: not compared.
     pub undeclared: Vec<String>,
+    /// Keys held by more than one row, in the reference or in this run (`reference: key` or
+    /// `this run: key`): a failed check, since rows are paired by key.
+    pub duplicates: Vec<String>,
+}
+
+/// The keys (as `id` gives them) that more than one row of `table` has, each once, in order.
+pub fn duplicate_keys(table: &Table, id: impl Fn(&Record) -> String) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut twice = Vec::new();
+    for row in &table.rows {
+        let key = id(row);
+        if !seen.insert(key.clone()) && !twice.contains(&key) {
+            twice.push(key);
+        }
+    }
+    twice
 }
 
 fn number(cell: &str) -> Option<f64> {
@@ -92,36 +108,10 @@ fn number(cell: &str) -> Option<f64> {
 
 /// Whether `run` holds against `reference` under a deterministic check; `Err(how, severity)` if not.
 fn holds(check: Check, reference: &str, run: &str) -> Result<(), (String, f64)> {
-    let differ = |a: f64, b: f64| {
-        let d = (a - b).abs() / a.abs().max(b.abs()).max(f64::MIN_POSITIVE);
-        if d.is_nan() { f64::INFINITY } else { d }
-    };
     match check {
-        Check::Exact => {
-            if reference == run {
-                return Ok(());
-            }
-            match (number(reference), number(run)) {
-                (Some(a), Some(b)) if differ(a, b) <= EXACT => Ok(()),
-                (Some(a), Some(b)) => Err((
-                    format!("differs by {:.2e} relative", differ(a, b)),
-                    differ(a, b),
-                )),
-                _ => Err(("differs".into(), f64::INFINITY)),
-            }
-        }
-        Check::Within(tolerance) => match (number(reference), number(run)) {
-            (Some(a), Some(b)) if differ(a, b) <= tolerance => Ok(()),
-            (Some(a), Some(b)) => Err((
-                format!(
-                    "differs by {:.2e} relative, over {tolerance:e}",
-                    differ(a, b)
-                ),
-                differ(a, b),
-            )),
-            _ if reference == run => Ok(()),
-            _ => Err(("differs".into(), f64::INFINITY)),
-        },
+        Check::Exact => agree(reference, run, EXACT, Distance::Relative),
+        Check::Within(tolerance) => agree(reference, run, tolerance, Distance::Relative),
+        Check::Absolute(allowance) => agree(reference, run, allowance, Distance::Absolute),
         Check::AtMost(bound) => match number(run) {
             Some(b) if b.is_finite() && b <= bound => Ok(()),
             Some(b) => Err((format!("above its bound {bound:e}"), b / bound)),
@@ -130,6 +120,59 @@ fn holds(check: Check, reference: &str, run: &str) -> Result<(), (String, f64)> 
             None => Err(("not a number".into(), f64::INFINITY)),
         },
         Check::Measured | Check::Shown => Ok(()),
+    }
+}
+
+/// How far apart two numbers are.
+#[derive(Clone, Copy, PartialEq)]
+enum Distance {
+    /// |a − b| relative to the larger magnitude.
+    Relative,
+    /// |a − b|.
+    Absolute,
+}
+
+impl Distance {
+    fn of(self, a: f64, b: f64) -> f64 {
+        let d = match self {
+            Distance::Relative => (a - b).abs() / a.abs().max(b.abs()).max(f64::MIN_POSITIVE),
+            Distance::Absolute => (a - b).abs(),
+        };
+        if d.is_nan() { f64::INFINITY } else { d }
+    }
+}
+
+/// The one rule of [`Check::Exact`], [`Check::Within`] and [`Check::Absolute`]: two numbers agree
+/// when neither is NaN and they are equal (infinities too) or at most `tolerance` apart; two cells
+/// that are not numbers (names, the empty cells of a skipped point) agree when their text is equal;
+/// a number never agrees with a non-number.
+fn agree(
+    reference: &str,
+    run: &str,
+    tolerance: f64,
+    distance: Distance,
+) -> Result<(), (String, f64)> {
+    match (number(reference), number(run)) {
+        (Some(a), Some(b)) if a.is_nan() || b.is_nan() => {
+            Err(("NaN is not a value".into(), f64::INFINITY))
+        }
+        (Some(a), Some(b)) if a == b => Ok(()),
+        (Some(a), Some(b)) => {
+            let d = distance.of(a, b);
+            match distance {
+                _ if d <= tolerance => Ok(()),
+                Distance::Absolute => Err((format!("differs by {d}, over {tolerance}"), d)),
+                Distance::Relative if tolerance == EXACT => {
+                    Err((format!("differs by {d:.2e} relative"), d))
+                }
+                Distance::Relative => Err((
+                    format!("differs by {d:.2e} relative, over {tolerance:e}"),
+                    d,
+                )),
+            }
+        }
+        (None, None) if reference == run => Ok(()),
+        _ => Err(("differs".into(), f64::INFINITY)),
     }
 }
 
@@ -164,10 +207,17 @@ pub fn compare(
         .into_iter()
         .filter(|c| !keys.contains(&c.as_str()) && c != SPEC_HASH && c != VERSION && !declared(c))
         .collect();
+    let id = |r: &Record| r.id(keys);
+    for (table, whose) in [(reference, "reference"), (ours, "this run")] {
+        result.duplicates.extend(
+            duplicate_keys(table, id)
+                .into_iter()
+                .map(|key| format!("{whose}: {key}")),
+        );
+    }
     if !result.has_reference {
         return result;
     }
-    let id = |r: &Record| r.id(keys);
     // As shown: the key cells that have a value (an axis the sweep lacks is empty everywhere).
     let shown_id = |r: &Record| {
         keys.iter()
@@ -218,7 +268,7 @@ pub fn compare(
                 continue;
             };
             let b = row.get(column.name).unwrap_or("");
-            match kind.check(row, column) {
+            match kind.check(theirs, column) {
                 Check::Shown => {}
                 Check::Measured => {
                     let x = match number(a) {
@@ -314,7 +364,9 @@ impl TableComparison {
     /// Whether the table held: the reference's rows and no others, every deterministic cell equal
     /// (or under its bound), every measured cell a finite number where the reference has one.
     pub fn held(&self) -> bool {
-        self.moved.is_empty()
+        self.has_reference
+            && self.duplicates.is_empty()
+            && self.moved.is_empty()
             && self.broken.is_empty()
             && self.only_here.is_empty()
             && self.only_there.is_empty()
@@ -340,7 +392,20 @@ impl TableComparison {
                 })
                 .collect::<Vec<_>>()
         };
-        let mut lines = rows(&self.only_there, "in the reference, missing from this run");
+        let mut lines = if self.has_reference {
+            Vec::new()
+        } else {
+            vec![format!("{name}: no committed reference")]
+        };
+        lines.extend(
+            self.duplicates
+                .iter()
+                .map(|d| format!("{name}: duplicate key, more than one row has it in the {d}")),
+        );
+        lines.extend(rows(
+            &self.only_there,
+            "in the reference, missing from this run",
+        ));
         lines.extend(rows(&self.only_here, "not in the reference"));
         lines.extend(cells(&self.broken));
         lines.extend(cells(&self.moved));
@@ -350,10 +415,19 @@ impl TableComparison {
     /// One line: held or what moved, with the worst.
     pub fn summary(&self) -> String {
         if !self.has_reference {
-            return format!("- **{}**: no committed reference", self.name);
+            return format!("- **{}**: FAILED: no committed reference", self.name);
         }
         let mut line = format!("- **{}**: ", self.name);
-        if self.held() {
+        if !self.duplicates.is_empty() {
+            line += &format!(
+                "FAILED: {} duplicate key(s) ({}); {} rows compared, {} deterministic cells, {} moved",
+                self.duplicates.len(),
+                self.duplicates.join("; "),
+                self.rows,
+                self.deterministic,
+                self.moved.len()
+            );
+        } else if self.held() {
             line += &format!(
                 "held: {} rows, {} deterministic cells equal",
                 self.rows, self.deterministic
@@ -432,7 +506,8 @@ impl TableComparison {
     /// The cells that moved (deterministic) or strayed (measured), worst first, at most a few of
     /// each; empty when nothing did.
     pub fn details(&self) -> String {
-        if self.moved.is_empty()
+        if self.duplicates.is_empty()
+            && self.moved.is_empty()
             && self.strayed.is_empty()
             && self.broken.is_empty()
             && self.only_here.is_empty()
@@ -442,6 +517,7 @@ impl TableComparison {
         }
         let mut md = format!("### {}\n\n", self.name);
         for (what, ids) in [
+            ("Keys more than one row has", &self.duplicates),
             ("Reference rows missing from this run", &self.only_there),
             ("Rows of this run the reference lacks", &self.only_here),
         ] {
@@ -521,6 +597,62 @@ mod tests {
         assert!(holds(Check::AtMost(1e-5), "2e-7", "inf").is_err());
         assert!(holds(Check::AtMost(1e-5), "", "").is_ok());
         assert!(holds(Check::Exact, "1", "NaN").is_err());
+    }
+
+    /// Exact and Within follow one rule: NaN never agrees (not even with NaN), equal numbers and
+    /// equal infinities do, a number never agrees with text, equal text does.
+    #[test]
+    fn exact_and_within_hold_or_fail_alike() {
+        for check in [Check::Exact, Check::Within(1e-4), Check::Absolute(2.0)] {
+            assert!(holds(check, "NaN", "NaN").is_err(), "{check:?}");
+            assert!(holds(check, "NaN", "1").is_err(), "{check:?}");
+            assert!(holds(check, "inf", "inf").is_ok(), "{check:?}");
+            assert!(holds(check, "inf", "-inf").is_err(), "{check:?}");
+            assert!(holds(check, "ok", "ok").is_ok(), "{check:?}");
+            assert!(holds(check, "", "").is_ok(), "{check:?}");
+            assert!(holds(check, "1", "").is_err(), "{check:?}");
+            assert!(holds(check, "zigzag", "striped").is_err(), "{check:?}");
+        }
+        // An absolute allowance is a count, not a share.
+        assert!(holds(Check::Absolute(2.0), "40", "42").is_ok());
+        assert!(holds(Check::Absolute(2.0), "40", "43").is_err());
+        assert!(holds(Check::Absolute(0.02), "0.4", "0.42").is_ok());
+        assert!(holds(Check::Absolute(0.02), "0.4", "0.43").is_err());
+    }
+
+    /// A key that two rows share, in the reference or in the run, fails the comparison by name.
+    #[test]
+    fn a_duplicate_key_on_either_side_fails() {
+        let kind = crate::kinds::by_name("retrieval").unwrap();
+        let row = |model: &str, correct: &str| {
+            Record::new([
+                ("model", model),
+                ("num_lines", "6"),
+                ("correct", correct),
+                ("near_ties", "0"),
+            ])
+        };
+        let once = Table::of(vec![row("a", "9"), row("b", "9")]);
+        let twice = Table::of(vec![row("a", "9"), row("b", "9"), row("a", "1")]);
+        assert!(compare(kind, "t", &once, &once).held());
+        for (reference, run, whose) in [(&twice, &once, "reference"), (&once, &twice, "this run")] {
+            let found = compare(kind, "t", reference, run);
+            assert!(!found.held());
+            assert_eq!(found.duplicates, [format!("{whose}: model=a,num_lines=6")]);
+            let failures = found.failures().join("\n");
+            assert!(failures.contains("duplicate key"), "{failures}");
+            assert!(found.summary().contains("FAILED"), "{}", found.summary());
+        }
+    }
+
+    /// A table without a reference compares nothing and so does not hold.
+    #[test]
+    fn no_reference_does_not_hold() {
+        let kind = crate::kinds::by_name("retrieval").unwrap();
+        let run = Table::of(vec![Record::new([("model", "a"), ("num_lines", "6")])]);
+        let found = compare(kind, "t", &Table::default(), &run);
+        assert!(!found.held());
+        assert_eq!(found.failures(), ["t: no committed reference"]);
     }
 
     #[test]

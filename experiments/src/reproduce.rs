@@ -2,7 +2,7 @@
 //! with the committed reference in `results/` (`comparison.md`: one line per table, then what moved);
 //! `--check` fails when a deterministic column moved, a row was lost or gained, or a measured cell is not a number.
 
-use crate::comparison::{TableComparison, compare};
+use crate::comparison::{TableComparison, compare, duplicate_keys};
 use crate::kinds;
 use crate::results::{Table, write_whole};
 use crate::runner::{self, RunOptions};
@@ -105,12 +105,44 @@ pub fn run(args: &ReproduceArgs) -> Result<()> {
         );
     }
     let names = chosen(args.size, args.tables.as_deref())?;
-    // The reference is read before anything is written (with --into it may be the same directory).
+    if !args.reference.is_dir() {
+        bail!(
+            "--reference {}: no such directory (the committed tables are in results/)",
+            args.reference.display()
+        );
+    }
+    // The reference is read before anything is written (with --into it may be the same directory),
+    // and with --check a table it cannot hold against is refused before any table runs.
     let mut sections = Vec::new();
+    let mut unreferenced = Vec::new();
     for name in names {
         let spec = PathBuf::from(format!("experiments/{name}.toml"));
-        let reference = Table::read(&args.reference.join(name).join("results.csv"))?;
+        let csv = args.reference.join(name).join("results.csv");
+        let reference = Table::read(&csv)?;
+        if reference.rows.is_empty() {
+            unreferenced.push(csv.display().to_string());
+        }
+        if args.check {
+            let kind = kinds::by_name(&SpecText::load(&spec)?.kind).map_err(anyhow::Error::msg)?;
+            let twice = duplicate_keys(&reference, |r| r.id(kind.card().key_columns));
+            if let Some(key) = twice.first() {
+                bail!(
+                    "reproduce --check: {} has {} duplicate key(s), first {key}: rows are paired by key",
+                    csv.display(),
+                    twice.len()
+                );
+            }
+        }
         sections.push((name, spec, reference));
+    }
+    if args.check && !unreferenced.is_empty() {
+        bail!(
+            "reproduce --check: no committed reference to check against: {} missing or empty (a new \
+             table's reference is written first, with `ringbench run experiments/NAME.toml --results \
+             {}`)",
+            unreferenced.join(", "),
+            args.reference.display()
+        );
     }
     let start = Instant::now();
     let mut comparisons = Vec::new();
@@ -135,7 +167,7 @@ pub fn run(args: &ReproduceArgs) -> Result<()> {
             summary.kept,
             table_start.elapsed().as_secs_f64(),
             match (found.has_reference, found.held()) {
-                (false, _) => "no committed reference",
+                (false, _) => "FAILED: no committed reference",
                 (true, true) => "held",
                 (true, false) if found.moved.is_empty() => "FAILED",
                 (true, false) => "MOVED",
@@ -183,8 +215,9 @@ pub fn run(args: &ReproduceArgs) -> Result<()> {
             eprintln!("... and {} more", failures.len() - 20);
         }
         bail!(
-            "reproduce --check: {} check(s) failed against {}: rows lost or unknown, deterministic \
-             cells that differ, measured cells that are not numbers (listed above and in {})",
+            "reproduce --check: {} check(s) failed against {}: duplicate keys, rows lost or unknown, \
+             deterministic cells that differ, measured cells that are not numbers (listed above and \
+             in {})",
             failures.len(),
             args.reference.display(),
             out.join("comparison.md").display()

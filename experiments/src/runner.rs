@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// Experiment spec, e.g. experiments/balance.toml.
-    #[arg(required_unless_present = "kinds")]
+    #[arg(required_unless_present_any = ["kinds", "strategies"])]
     pub spec: Option<PathBuf>,
     /// Recompute every point, discarding the rows of an earlier run.
     #[arg(long)]
@@ -29,6 +29,9 @@ pub struct RunArgs {
     /// List the experiment kinds and their sweep keys, and exit.
     #[arg(long)]
     pub kinds: bool,
+    /// List the registered partition strategies, one name a line, and exit.
+    #[arg(long)]
+    pub strategies: bool,
 }
 
 /// How a run goes.
@@ -55,6 +58,12 @@ pub struct RunSummary {
 pub fn run_command(args: &RunArgs) -> Result<()> {
     if args.kinds {
         print!("{}", kinds::listing());
+        return Ok(());
+    }
+    if args.strategies {
+        for name in strategies::names() {
+            println!("{name}");
+        }
         return Ok(());
     }
     let spec = args.spec.as_ref().ok_or_else(|| anyhow!("no spec given"))?;

@@ -732,6 +732,178 @@ fn reproduce_check_holds_against_the_committed_tables_and_names_an_altered_value
     std::fs::remove_dir_all(root).unwrap();
 }
 
+/// `reproduce quick --check` of `tables` against `reference`: its status, stdout and stderr.
+fn reproduce_only(out: &Path, reference: &Path, tables: &str) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringbench"))
+        .current_dir(workspace())
+        .args(["reproduce", "quick", "--check", "--tables", tables])
+        .arg("--out")
+        .arg(out)
+        .arg("--reference")
+        .arg(reference)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `--check` compares something or fails: a reference directory that does not exist, a table whose
+/// reference is missing and a reference with a duplicate key are each refused with one line before
+/// any table runs.
+#[test]
+fn reproduce_check_refuses_what_it_cannot_compare_before_any_table_runs() {
+    let root = temp("refused");
+    let tables = "overlap,hybrid";
+    let refused = |reference: &Path, run: &str, says: &[&str]| {
+        let (code, stdout, stderr) = reproduce_only(&root.join(run), reference, tables);
+        assert_eq!(code, Some(1), "{stdout}{stderr}");
+        assert!(stdout.is_empty(), "a table ran: {stdout}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        for word in says {
+            assert!(stderr.contains(word), "{word}: {stderr}");
+        }
+        assert!(!root.join(run).join("comparison.md").exists());
+    };
+    refused(
+        &root.join("typo"),
+        "run1",
+        &["--reference", "typo", "no such directory"],
+    );
+    // A copy of the committed tables without hybrid's.
+    let reference = root.join("reference");
+    std::fs::create_dir_all(reference.join("overlap")).unwrap();
+    let committed = |t: &str| workspace().join("results").join(t).join("results.csv");
+    std::fs::copy(committed("overlap"), reference.join("overlap/results.csv")).unwrap();
+    refused(
+        &reference,
+        "run2",
+        &["no committed reference", "hybrid/results.csv", "--results"],
+    );
+    // An empty one is no reference either.
+    std::fs::create_dir_all(reference.join("hybrid")).unwrap();
+    let header = std::fs::read_to_string(committed("hybrid")).unwrap();
+    let header = header.lines().next().unwrap().to_owned();
+    std::fs::write(reference.join("hybrid/results.csv"), format!("{header}\n")).unwrap();
+    refused(
+        &reference,
+        "run3",
+        &["no committed reference", "hybrid/results.csv"],
+    );
+    // hybrid's reference whole, overlap's with its first row twice.
+    std::fs::copy(committed("hybrid"), reference.join("hybrid/results.csv")).unwrap();
+    let text = std::fs::read_to_string(committed("overlap")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let doubled = [&lines[..], &lines[1..2]].concat().join("\n") + "\n";
+    std::fs::write(reference.join("overlap/results.csv"), doubled).unwrap();
+    refused(
+        &reference,
+        "run4",
+        &["overlap/results.csv", "1 duplicate key"],
+    );
+    // Whole again: it holds.
+    std::fs::copy(committed("overlap"), reference.join("overlap/results.csv")).unwrap();
+    let (code, stdout, stderr) = reproduce_only(&root.join("run5"), &reference, tables);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert_eq!(stdout.matches(": held").count(), 2, "{stdout}");
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+/// The committed checkpoint `name` of results/line_retrieval/ copied into `dir`, its weights all
+/// zero when `zeroed` (flat logits: every reply step a tie).
+fn retrieval_checkpoint(name: &str, dir: &Path, zeroed: bool) {
+    use burn::module::Module;
+    use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
+    let from = workspace()
+        .join("results/line_retrieval")
+        .join(name)
+        .join("checkpoint");
+    std::fs::create_dir_all(dir).unwrap();
+    for file in ["config.json", "tokenizer.json", "train.toml", "model.mpk"] {
+        std::fs::copy(from.join(file), dir.join(file)).unwrap();
+    }
+    if zeroed {
+        let (model, _, _) = experiments::line_retrieval::load_checkpoint::<burn::backend::Flex>(
+            &from,
+            &Default::default(),
+        )
+        .unwrap();
+        let zeros = vec![0.0; workbench::train::replicas::flat_params(&model).len()];
+        let model = workbench::train::replicas::with_flat_params(model, &zeros);
+        model
+            .save_file(
+                dir.join("model"),
+                &NamedMpkFileRecorder::<FullPrecisionSettings>::new(),
+            )
+            .unwrap();
+    }
+}
+
+/// The retrieval check's allowance comes from the reference's near ties, never from the run's: a
+/// checkpoint with zeroed weights (every step a tie, nothing right) fails the committed Figure 3
+/// row that the real checkpoint holds.
+#[test]
+fn a_zeroed_checkpoint_fails_the_committed_retrieval_table() {
+    let root = temp("zeroed");
+    let committed =
+        experiments::results::Table::read(&workspace().join("results/retrieval_quick/results.csv"))
+            .unwrap();
+    let kind = experiments::kinds::by_name("retrieval").unwrap();
+    let mut runs = Vec::new();
+    for zeroed in [false, true] {
+        let checkpoint = root.join(format!("checkpoint-{zeroed}"));
+        retrieval_checkpoint("long", &checkpoint, zeroed);
+        // retrieval_quick's first row alone: the 50-line model at 20 lines.
+        let spec_text =
+            std::fs::read_to_string(workspace().join("experiments/retrieval_quick.toml")).unwrap();
+        let head = &spec_text[..spec_text.find("[[model]]").unwrap()];
+        let spec = root.join(format!("retrieval-{zeroed}.toml"));
+        std::fs::write(
+            &spec,
+            head.replace("num_lines = [20, 100]", "num_lines = [20]")
+                + &format!(
+                    "[[model]]\nname = \"50-line\"\ncheckpoint = \"{}\"\n",
+                    checkpoint.display()
+                ),
+        )
+        .unwrap();
+        let summary = experiments::runner::run_with(
+            &spec,
+            &root.join(format!("out-{zeroed}")),
+            &experiments::runner::RunOptions {
+                force: false,
+                quiet: true,
+            },
+        )
+        .unwrap();
+        let ours = experiments::results::Table::read(&summary.dir.join("results.csv")).unwrap();
+        assert_eq!(ours.rows.len(), 1);
+        let key = experiments::results::Record::new([("model", "50-line"), ("num_lines", "20")]);
+        let reference =
+            experiments::results::Table::of(vec![committed.find(&key).unwrap().clone()]);
+        runs.push((
+            ours.rows[0].clone(),
+            experiments::comparison::compare(kind, "retrieval_quick", &reference, &ours),
+        ));
+    }
+    let (real, held) = &runs[0];
+    assert!(held.held(), "{}", held.failures().join("\n"));
+    assert_eq!(real.num("correct"), 8.0);
+    let (zero, failed) = &runs[1];
+    // Every case of the zeroed model ties and none is right: a share of its own ties would allow
+    // anything.
+    assert_eq!((zero.num("near_ties"), zero.num("correct")), (8.0, 0.0));
+    assert!(!failed.held());
+    let moved: Vec<&str> = failed.moved.iter().map(|m| m.column.as_str()).collect();
+    assert!(
+        moved.contains(&"correct") && moved.contains(&"accuracy"),
+        "{moved:?}"
+    );
+    std::fs::remove_dir_all(root).unwrap();
+}
+
 /// A spec of cheap simulated points, enough of them that a run writes results.csv many times.
 const MANY_POINTS: &str = "kind = \"balance\"\n[sweep]\nstrategies = [\"contiguous\", \"striped\", \"zigzag\"]\nranks = [2, 3, 4, 5, 6, 7, 8]\nblock_sizes = [64, 128, 256, 512]\nprofiles = [\"tpu-v4\", \"a100-nvlink\"]\n";
 

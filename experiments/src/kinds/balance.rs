@@ -173,8 +173,9 @@ impl Experiment for Balance {
         &CARD
     }
 
-    fn check(&self, row: &Record, column: &Column) -> Check {
-        if row.get("tile_costs") == Some("measured") && FROM_TILE_COSTS.contains(&column.name) {
+    fn check(&self, reference: &Record, column: &Column) -> Check {
+        if reference.get("tile_costs") == Some("measured") && FROM_TILE_COSTS.contains(&column.name)
+        {
             Check::Measured
         } else {
             column.check

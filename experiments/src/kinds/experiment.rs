@@ -68,6 +68,9 @@ pub enum Check {
     /// Deterministic up to float32 rounding whose order differs between CPUs' kernels (losses):
     /// within this relative tolerance.
     Within(f64),
+    /// A count that may move by at most this much (absolutely): a tally of picks some of which the
+    /// reference row records as near ties, each free to go the other way on another CPU.
+    Absolute(f64),
     /// An error with a bound: this run's value must be finite and at most it.
     AtMost(f64),
     /// A measurement on this machine (seconds, rates, allocator bytes): compared as a ratio to the
@@ -94,9 +97,11 @@ pub trait Experiment: Sync {
     /// Draws the table into `dir` (one or more SVG files).
     fn figure(&self, table: &Table, dir: &Path) -> Result<()>;
 
-    /// How `column` of `row` compares with a reference: its card's check, unless the row says
-    /// otherwise (a simulation fed with measured tile costs is a measurement).
-    fn check(&self, _row: &Record, column: &Column) -> Check {
+    /// How `column` compares with a reference, decided by the reference's row (`reference`): its
+    /// card's check, unless that row says otherwise (a simulation fed with measured tile costs is a
+    /// measurement; an allowance the reference recorded). Never by the run's own row, which could
+    /// grant itself any allowance.
+    fn check(&self, _reference: &Record, column: &Column) -> Check {
         column.check
     }
 }

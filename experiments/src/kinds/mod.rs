@@ -64,6 +64,7 @@ pub fn listing() -> String {
                     Check::Exact => "exact".to_owned(),
                     Check::Within(t) => format!("within {t:e} relative"),
                     Check::AtMost(b) => format!("at most {b:e}"),
+                    Check::Absolute(a) => format!("within {a} absolutely"),
                     Check::Measured => "measured (ratio)".to_owned(),
                     Check::Shown => "shown".to_owned(),
                 };

@@ -229,8 +229,8 @@ impl Experiment for Attn {
     /// A row with bf16 operands or merge has bf16's rounding error, not f32's: its bound is stated
     /// against the terms' magnitudes (`tests/tests/precision.rs`), not this column's scale, so here
     /// it is read as a ratio, like a measurement.
-    fn check(&self, row: &Record, column: &Column) -> Check {
-        let bf16 = |c: &str| row.get(c) == Some("bf16");
+    fn check(&self, reference: &Record, column: &Column) -> Check {
+        let bf16 = |c: &str| reference.get(c) == Some("bf16");
         match column.name {
             "max_rel_error" if bf16("dtype") || bf16("merge") => Check::Measured,
             _ => column.check,

@@ -175,10 +175,10 @@ impl Experiment for TrainKind {
 
     /// A bf16 run rounds P and dS, whose rounding depends on how the ring tiles the scores (another
     /// N, another CPU's sums): its losses are read as ratios, like measurements.
-    fn check(&self, row: &Record, column: &Column) -> Check {
+    fn check(&self, reference: &Record, column: &Column) -> Check {
         match column.name {
             "first_loss" | "final_loss" | "max_rel_loss_diff"
-                if row.get("dtype") == Some("bf16") =>
+                if reference.get("dtype") == Some("bf16") =>
             {
                 Check::Measured
             }
@@ -199,9 +199,12 @@ impl Experiment for TrainKind {
         point::prompts(&parsed.task, &parsed.train, 0)
             .check()
             .map_err(|e| {
-                let key = match parsed.task.questions {
-                    0 => "questions",
-                    _ => "min_lines",
+                let key = if parsed.task.questions == 0 {
+                    "questions"
+                } else if parsed.task.num_lines > datasets::name_pool(datasets::WordSplit::Train) {
+                    "num_lines"
+                } else {
+                    "min_lines"
                 };
                 spec.error("task", key, &e.to_string())
             })?;
@@ -210,6 +213,16 @@ impl Experiment for TrainKind {
                 "task",
                 "eval_lines",
                 &format!("line counts must be at least 1, got {bad}"),
+            ));
+        }
+        let pool = datasets::name_pool(datasets::WordSplit::Eval);
+        if let Some(&bad) = parsed.task.eval_lines.iter().find(|&&n| n > pool) {
+            return Err(spec.error(
+                "task",
+                "eval_lines",
+                &format!(
+                    "{bad} lines is more than the {pool} distinct line names the evaluation words give"
+                ),
             ));
         }
         if parsed.train.batch == 0 {
