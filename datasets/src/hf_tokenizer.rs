@@ -41,6 +41,61 @@ impl HfTokenizer {
             .map_err(|e| self.failed(e))
     }
 
+    /// The special tokens the tokenizer's post-processor puts before a text (a BOS, or nothing):
+    /// what transformers' `tokenizer(text)` adds in front, read off the tokenizer itself rather
+    /// than config.json's `bos_token_id` (a Qwen2 config names one its tokenizer never adds).
+    pub fn prefix(&self) -> Result<Vec<u32>, TokenizerError> {
+        let probe = "a";
+        let (plain, with) = (self.encode(probe, false)?, self.encode(probe, true)?);
+        (0..=with.len().saturating_sub(plain.len()))
+            .find(|&i| with[i..].starts_with(&plain))
+            .map(|i| with[..i].to_vec())
+            .ok_or_else(|| TokenizerError::File {
+                path: self.path.clone(),
+                message: format!(
+                    "its post-processor turns the ids {plain:?} of {probe:?} into {with:?}: what it \
+                     adds cannot be told apart"
+                ),
+            })
+    }
+
+    /// The id of the special token that `tokenizer_config.json` (else `special_tokens_map.json`)
+    /// beside `tokenizer.json` names as `key` (`eos_token`, `bos_token`; a string or an object with
+    /// its `content`), as transformers' `tokenizer.eos_token_id` reads it; `None` when neither
+    /// names one. A named token the vocabulary lacks is an error naming it.
+    pub fn named_token(&self, key: &str) -> Result<Option<u32>, TokenizerError> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        for file in ["tokenizer_config.json", "special_tokens_map.json"] {
+            let path = dir.join(file);
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| TokenizerError::File {
+                    path: path.clone(),
+                    message: format!("not JSON: {e}"),
+                })?;
+            let token = match json.get(key) {
+                Some(serde_json::Value::String(t)) => t.as_str(),
+                Some(serde_json::Value::Object(o)) => match o.get("content") {
+                    Some(serde_json::Value::String(t)) => t.as_str(),
+                    _ => continue,
+                },
+                _ => continue,
+            };
+            return match self.inner.token_to_id(token) {
+                Some(id) => Ok(Some(id)),
+                None => Err(TokenizerError::File {
+                    path,
+                    message: format!(
+                        "{key} = {token:?} is not in the vocabulary of tokenizer.json"
+                    ),
+                }),
+            };
+        }
+        Ok(None)
+    }
+
     /// Text of `ids` (special tokens kept, as transformers' `decode` does by default).
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
         let vocab = self.vocab_size();
@@ -73,13 +128,13 @@ impl HfTokenizer {
     }
 }
 
-/// A Hugging Face tokenizer with the model's beginning and end tokens (its config's `bos_token_id`
-/// and `eos_token_id`): what a task that writes prompts and reads replies needs.
+/// A Hugging Face tokenizer with the model's beginning and end tokens (the BOS its post-processor
+/// adds, the EOS a reply ends with): what a task that writes prompts and reads replies needs.
 #[derive(Debug)]
 pub struct HfText {
     /// The tokenizer.
     pub tokenizer: HfTokenizer,
-    /// The token a sequence begins with, if the model has one.
+    /// The token the tokenizer begins a text with, if it adds one ([`HfTokenizer::prefix`]).
     pub bos: Option<u32>,
     /// The token that ends a reply.
     pub eos: u32,

@@ -14,7 +14,8 @@ mod words;
 
 pub use hf_tokenizer::{HfText, HfTokenizer};
 pub use line_retrieval::{
-    Case, DatasetError, Quiz, WordSplit, generate, generate_quiz, read_jsonl, score_reply,
+    Case, DatasetError, Quiz, WordSplit, generate, generate_quiz, name_pool, read_jsonl,
+    score_reply,
 };
 pub use rng::SplitMix64;
 pub use tokenizer::{TextTokenizer, Tokenizer, TokenizerError};

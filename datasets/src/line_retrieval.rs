@@ -97,6 +97,11 @@ impl WordSplit {
     }
 }
 
+/// How many distinct line names `split` offers: the most lines one record of it can hold.
+pub fn name_pool(split: WordSplit) -> usize {
+    split.words(ADJECTIVES).len() * split.words(NOUNS).len()
+}
+
 /// One test case, as in LongChat's JSONL files.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Case {
@@ -138,7 +143,7 @@ pub fn generate_quiz(
     split: WordSplit,
 ) -> Result<Quiz, DatasetError> {
     let (adjectives, nouns) = (split.words(ADJECTIVES), split.words(NOUNS));
-    let available = adjectives.len() * nouns.len();
+    let available = name_pool(split);
     if num_lines == 0 || num_lines > available {
         return Err(DatasetError::TooManyLines {
             num_lines,

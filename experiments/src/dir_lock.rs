@@ -1,61 +1,76 @@
-//! One writer per results directory: a lock file holding the writing process's id, taken before a
-//! run reads its table and removed when the run ends (a run that was killed leaves one whose process
-//! is gone, which the next run takes over).
+//! One writer per results directory: an advisory lock (`flock`) on a lock file holding the writing
+//! process's id, taken before a run reads its table and released when the run ends. The kernel
+//! releases the lock of a process that dies, so a killed run's lock is free for the next run, and
+//! two runs taking over one stale lock at once cannot both win.
 
 use anyhow::{Context, Result, bail};
-use std::io::Write;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
 /// The lock file's name inside a results directory.
 pub const LOCK_FILE: &str = ".ringbench.lock";
 
-/// A held lock; dropping it removes the file.
+/// Tries at taking a lock whose file another holder removed between our open and our lock.
+const TRIES: usize = 100;
+
+/// A held lock; dropping it removes the file, then releases the lock.
 #[derive(Debug)]
 pub struct DirLock {
     path: PathBuf,
+    /// The locked file: the lock lasts as long as it is open.
+    _file: File,
 }
 
 impl DirLock {
     /// Takes `dir`'s lock, or says which process holds it.
     pub fn take(dir: &Path) -> Result<DirLock> {
         let path = dir.join(LOCK_FILE);
-        // Two tries: the second follows the removal of a lock whose process is gone.
-        for _ in 0..2 {
-            match std::fs::OpenOptions::new()
+        for _ in 0..TRIES {
+            let mut file = OpenOptions::new()
+                .read(true)
                 .write(true)
-                .create_new(true)
+                .create(true)
+                .truncate(false)
                 .open(&path)
-            {
-                Ok(mut file) => {
-                    write!(file, "{}", std::process::id())
-                        .with_context(|| format!("writing {}", path.display()))?;
-                    return Ok(DirLock { path });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => match holder(&path) {
-                    Some(pid) if alive(pid) => bail!(
-                        "{} is being written by another ringbench run (pid {pid}); wait for it to \
+                .with_context(|| format!("opening {}", path.display()))?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(TryLockError::WouldBlock) => {
+                    let pid =
+                        holder(&mut file).map_or("pid unknown".to_owned(), |p| format!("pid {p}"));
+                    bail!(
+                        "{} is being written by another ringbench run ({pid}); wait for it to \
                          finish or stop it (lock file {})",
                         dir.display(),
                         path.display()
-                    ),
-                    // The process that wrote it is gone (killed, or crashed): its lock is stale.
-                    stale => match std::fs::remove_file(&path) {
-                        Ok(()) => eprintln!(
-                            "{}: taking over the lock of {}, which is no longer running",
-                            dir.display(),
-                            stale.map_or("a process".to_owned(), |pid| format!("pid {pid}"))
-                        ),
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                        Err(e) => {
-                            return Err(e).with_context(|| format!("removing {}", path.display()));
-                        }
-                    },
-                },
-                Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+                    );
+                }
+                Err(TryLockError::Error(e)) => {
+                    return Err(e).with_context(|| format!("locking {}", path.display()));
+                }
             }
+            // A holder that was releasing removed the file after we opened it: our lock is on a
+            // file nobody else will open. Open the path again.
+            if !same_file(&file, &path) {
+                continue;
+            }
+            // Ours. A pid left in it is a run that ended without removing it (killed, or crashed).
+            if let Some(stale) = holder(&mut file) {
+                eprintln!(
+                    "{}: taking over the lock of pid {stale}, which is no longer running",
+                    dir.display()
+                );
+            }
+            file.set_len(0)
+                .and_then(|()| file.rewind())
+                .and_then(|()| write!(file, "{}", std::process::id()))
+                .and_then(|()| file.flush())
+                .with_context(|| format!("writing {}", path.display()))?;
+            return Ok(DirLock { path, _file: file });
         }
         bail!(
-            "{}: could not take the lock file {} (another run took it first)",
+            "{}: could not take the lock file {} in {TRIES} tries (other runs kept replacing it)",
             dir.display(),
             path.display()
         )
@@ -64,39 +79,52 @@ impl DirLock {
 
 impl Drop for DirLock {
     fn drop(&mut self) {
+        // Removed while still locked: a run that opened it meanwhile finds it gone once it gets
+        // the lock, and opens the path again.
         let _ = std::fs::remove_file(&self.path);
     }
 }
 
-/// The process id in a lock file. A file just created may not hold it yet: read again shortly.
-fn holder(path: &Path) -> Option<u32> {
-    for _ in 0..20 {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && let Ok(pid) = text.trim().parse()
-        {
-            return Some(pid);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(25));
-    }
-    None
+/// The process id written in a lock file, if any.
+fn holder(file: &mut File) -> Option<u32> {
+    let mut text = String::new();
+    file.rewind().ok()?;
+    file.read_to_string(&mut text).ok()?;
+    text.trim().parse().ok()
 }
 
-/// Whether process `pid` is running. Where `/proc` cannot tell (not Linux), every holder is taken
-/// to be alive: the message names the lock file to remove by hand.
-fn alive(pid: u32) -> bool {
-    pid == std::process::id()
-        || !Path::new("/proc/self").exists()
-        || Path::new("/proc").join(pid.to_string()).exists()
+/// Whether `path` still names the open `file` (not removed, nor replaced by another file).
+#[cfg(unix)]
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Whether `path` still names the open `file`: where there are no inode numbers, whether it exists.
+#[cfg(not(unix))]
+fn same_file(_file: &File, path: &Path) -> bool {
+    path.exists()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Barrier, Mutex};
+
+    fn temp(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("ringbench-lock-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
 
     #[test]
     fn a_second_lock_is_refused_and_a_dead_holders_lock_is_taken_over() {
-        let dir = std::env::temp_dir().join(format!("ringbench-lock-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = temp("second");
         let first = DirLock::take(&dir).unwrap();
         let refused = DirLock::take(&dir).unwrap_err().to_string();
         assert!(
@@ -105,15 +133,43 @@ mod tests {
         );
         drop(first);
         assert!(!dir.join(LOCK_FILE).exists());
-        // A lock left by a process that no longer runs (pid 0 is never a user process).
+        // A lock file left by a process that no longer runs (nobody holds its lock).
         std::fs::write(dir.join(LOCK_FILE), "0").unwrap();
-        if Path::new("/proc/self").exists() {
-            let taken = DirLock::take(&dir).unwrap();
-            assert_eq!(
-                std::fs::read_to_string(dir.join(LOCK_FILE)).unwrap(),
-                std::process::id().to_string()
-            );
-            drop(taken);
+        let taken = DirLock::take(&dir).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.join(LOCK_FILE)).unwrap(),
+            std::process::id().to_string()
+        );
+        drop(taken);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Several takers race for one stale lock, round after round: exactly one wins each round, and
+    /// while it holds the lock every other is refused.
+    #[test]
+    fn takers_racing_for_a_stale_lock_have_one_winner() {
+        const TAKERS: usize = 8;
+        let dir = temp("race");
+        for round in 0..20 {
+            std::fs::write(dir.join(LOCK_FILE), "0").unwrap();
+            let (start, tried) = (Barrier::new(TAKERS), Barrier::new(TAKERS));
+            let won = Mutex::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..TAKERS {
+                    s.spawn(|| {
+                        start.wait();
+                        let lock = DirLock::take(&dir);
+                        if lock.is_ok() {
+                            *won.lock().unwrap() += 1;
+                        }
+                        // Hold it until every taker has tried.
+                        tried.wait();
+                        drop(lock);
+                    });
+                }
+            });
+            assert_eq!(*won.lock().unwrap(), 1, "round {round}");
+            assert!(!dir.join(LOCK_FILE).exists(), "round {round}");
         }
         std::fs::remove_dir_all(dir).unwrap();
     }

@@ -9,7 +9,7 @@ mod common;
 use common::{ringbench, temp_dir};
 use datasets::HfTokenizer;
 use experiments::npy;
-use ringbench_tests::deviation;
+use reference::compare::deviation;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use workbench::hf::{HfConfig, export_model, load_model};
@@ -19,9 +19,10 @@ use workbench::train::{Decoding, Prompt, full_logits};
 
 type B = burn::backend::Flex;
 
-/// Every fixture case: each architecture (LLaMA, Mistral's window, Qwen2's biases) and RoPE scaling
-/// (none, linear, dynamic, llama3, YaRN twice), sharded, tied, bf16 and f16 among them.
-const CASES: [&str; 8] = [
+/// Every fixture case: each architecture (LLaMA, Mistral's window and its default window, Qwen2's
+/// biases) and RoPE scaling (none, linear, dynamic, llama3, YaRN twice), sharded, tied, bf16 and f16
+/// among them.
+const CASES: [&str; 9] = [
     "llama_gqa",
     "llama_linear_tied",
     "llama_dynamic",
@@ -29,6 +30,7 @@ const CASES: [&str; 8] = [
     "yarn",
     "yarn_ramp",
     "mistral_window",
+    "mistral_nowindow",
     "qwen2_bias",
 ];
 
@@ -60,16 +62,9 @@ fn decoding<'a>(strategy: &str, ranks: usize, stop: &'a [u32], max_new: usize) -
 
 #[test]
 fn logits_match_transformers_on_every_case_rank_count_and_strategy() {
-    // The whole product (8 cases × 3 rank counts × every strategy): each run is 2 rows of 24 tokens.
-    let strategies = strategies::names();
-    let ranks = [1, 2, 4];
-    let rows: Vec<Vec<usize>> = (0..CASES.len())
-        .flat_map(|c| (0..ranks.len()).map(move |r| (c, r)))
-        .flat_map(|(c, r)| (0..strategies.len()).map(move |s| vec![c, r, s]))
-        .collect();
-    let mut ran = 0;
-    for row in &rows {
-        let (case, n, strategy) = (CASES[row[0]], ranks[row[1]], strategies[row[2]]);
+    // The whole product (every case × 3 rank counts × every registered strategy), not a covering
+    // design: each run is 2 rows of 24 tokens.
+    for case in CASES {
         let dir = case_dir(case);
         let (model, config) = load_model::<B>(&dir, &Default::default()).unwrap();
         let tokens = npy::read_ids(&dir.join("tokens.npy")).unwrap();
@@ -80,19 +75,23 @@ fn logits_match_transformers_on_every_case_rank_count_and_strategy() {
             vec![tokens.len(), tokens[0].len(), vocab],
             "{case}"
         );
-        let mut got = Vec::new();
-        for t in &tokens {
-            let d = decoding(strategy, n, &[], 0);
-            got.extend(full_logits(&model, &Prompt::from(t.clone()), &d).unwrap());
+        for n in [1, 2, 4] {
+            for strategy in strategies::names() {
+                let mut got = Vec::new();
+                for t in &tokens {
+                    let d = decoding(strategy, n, &[], 0);
+                    got.extend(full_logits(&model, &Prompt::from(t.clone()), &d).unwrap());
+                }
+                // `deviation` fails on a length that differs from the fixture's, so every
+                // position of every row was compared.
+                let d = deviation(&got, &want.data);
+                assert!(
+                    d.within(LOGITS_BOUND),
+                    "{case} on {n} {strategy} ranks: {d}"
+                );
+            }
         }
-        let d = deviation(&got, &want.data);
-        assert!(
-            d.within(LOGITS_BOUND),
-            "{case} on {n} {strategy} ranks: {d}"
-        );
-        ran += 1;
     }
-    assert_eq!(ran, CASES.len() * ranks.len() * strategies.len());
 }
 
 #[test]
@@ -122,6 +121,150 @@ fn generation_reproduces_transformers_greedy_tokens_with_and_without_the_cache()
     let config = HfConfig::read(&case_dir("llama_gqa").join("config.json")).unwrap();
     assert_eq!(gqa[0].len(), 4);
     assert_eq!(config.eos, vec![gqa[0][3]]);
+}
+
+/// What transformers' `tokenizer(text)` gives (`encoded.json` of a tokenizer case).
+#[derive(serde::Deserialize)]
+struct Encoded {
+    texts: Vec<String>,
+    ids: Vec<Vec<u32>>,
+    ids_no_special: Vec<Vec<u32>>,
+    eos_token_id: Option<u32>,
+}
+
+fn encoded(case: &str) -> Encoded {
+    serde_json::from_str(&std::fs::read_to_string(case_dir(case).join("encoded.json")).unwrap())
+        .unwrap()
+}
+
+/// A prompt begins with the BOS the tokenizer's post-processor adds, as transformers'
+/// `tokenizer(text)` does, whatever config.json's `bos_token_id` says: a Qwen2 config names one its
+/// tokenizer never adds (`bos_none`), a Llama 3 tokenizer adds one (`bos_added`), and
+/// tokenizer_config.json's `add_bos_token` is ignored beside a tokenizer.json (`bos_flag`). The same
+/// ids in training and eval-lines (the BOS, then the text's ids) and in `hf generate --prompt`.
+#[test]
+fn a_prompts_bos_is_what_the_tokenizer_adds() {
+    use datasets::TextTokenizer;
+    for (case, adds) in [
+        ("bos_none", false),
+        ("bos_added", true),
+        ("bos_flag", false),
+    ] {
+        let dir = case_dir(case);
+        let config = HfConfig::read(&dir.join("config.json")).unwrap();
+        let text = experiments::line_retrieval::start::hf_text(&dir, &config).unwrap();
+        let want = encoded(case);
+        assert_eq!(text.bos().is_some(), adds, "{case}");
+        if case == "bos_none" {
+            assert!(
+                config.bos.is_some(),
+                "the config names a BOS it does not add"
+            );
+        }
+        for ((t, ids), plain) in want.texts.iter().zip(&want.ids).zip(&want.ids_no_special) {
+            assert_eq!(&text.text_ids(t).unwrap(), plain, "{case}: {t:?}");
+            let prompt: Vec<u32> = text
+                .bos()
+                .into_iter()
+                .chain(text.text_ids(t).unwrap())
+                .collect();
+            assert_eq!(&prompt, ids, "{case}: {t:?}");
+            assert_eq!(
+                &text.tokenizer.encode(t, true).unwrap(),
+                ids,
+                "{case}: {t:?}"
+            );
+        }
+        assert_eq!(want.texts.len(), want.ids.len());
+    }
+}
+
+/// A config with `eos_token_id: null` takes the tokenizer's `eos_token`, as
+/// `tokenizer.eos_token_id` does; neither naming one is refused by name.
+#[test]
+fn a_config_without_eos_takes_the_tokenizers() {
+    let dir = case_dir("eos_from_tokenizer");
+    let config = HfConfig::read(&dir.join("config.json")).unwrap();
+    assert!(config.eos.is_empty());
+    let text = experiments::line_retrieval::start::hf_text(&dir, &config).unwrap();
+    assert_eq!(Some(text.eos), encoded("eos_from_tokenizer").eos_token_id);
+    // The same directory whose tokenizer names no eos_token either.
+    let bare = temp_dir("hf-no-eos");
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(dir.join(file), bare.join(file)).unwrap();
+    }
+    std::fs::write(
+        bare.join("tokenizer_config.json"),
+        "{\"backend\": \"tokenizers\"}",
+    )
+    .unwrap();
+    let err = experiments::line_retrieval::start::hf_text(&bare, &config)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("eos_token_id") && err.contains("eos_token") && err.contains("neither"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(bare).unwrap();
+}
+
+/// Dynamic NTK scaling reads the whole batch's length, as transformers does: a left-padded batch
+/// of 7 and 13 tokens decoded past max_position_embeddings = 16 gives transformers' tokens with the
+/// cache and without it (which differ from each other), and a row decoded alone gives what it gives
+/// alone (which differs from the batch).
+#[test]
+fn dynamic_scaling_follows_the_batch_with_and_without_the_cache() {
+    #[derive(serde::Deserialize)]
+    struct Prompts {
+        prompts: Vec<Vec<u32>>,
+    }
+    let dir = case_dir("dynamic_batch");
+    let (model, _) = load_model::<B>(&dir, &Default::default()).unwrap();
+    let prompts: Prompts =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
+    let want = |file: &str| npy::read_ids(&dir.join(file)).unwrap();
+    let (cached, recomputed, alone) = (
+        want("greedy_cache.npy"),
+        want("greedy_nocache.npy"),
+        want("greedy_alone.npy"),
+    );
+    assert_ne!(cached, recomputed, "the fixture tells the paths apart");
+    assert_ne!(
+        cached[0], alone[0],
+        "the fixture tells a batch from a row alone"
+    );
+    for (ranks, strategy) in [(1, "zigzag"), (2, "striped"), (4, "contiguous")] {
+        let mut d = decoding(strategy, ranks, &[], 8);
+        let got = workbench::train::greedy(&model, &prompts.prompts, &d).unwrap();
+        assert_eq!(got, cached, "cache, {ranks} {strategy} ranks");
+        for (row, prompt) in prompts.prompts.iter().enumerate() {
+            let got = workbench::train::greedy(&model, std::slice::from_ref(prompt), &d).unwrap();
+            assert_eq!(
+                got[0], alone[row],
+                "row {row} alone, {ranks} {strategy} ranks"
+            );
+        }
+        d.cache = None;
+        let got = workbench::train::greedy(&model, &prompts.prompts, &d).unwrap();
+        assert_eq!(got, recomputed, "no cache, {ranks} {strategy} ranks");
+    }
+}
+
+/// A Mistral config without `sliding_window` gets `MistralConfig`'s default window, as transformers
+/// loads it (its logits and tokens are checked with the other cases).
+#[test]
+fn a_mistral_config_without_a_window_gets_transformers_default() {
+    #[derive(serde::Deserialize)]
+    struct Loaded {
+        sliding_window: usize,
+    }
+    let dir = case_dir("mistral_nowindow");
+    let loaded: Loaded =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("loaded.json")).unwrap()).unwrap();
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    assert!(!text.contains("sliding_window"));
+    let config = HfConfig::read(&dir.join("config.json")).unwrap();
+    assert_eq!(config.model.window, Some(loaded.sliding_window));
 }
 
 #[test]

@@ -3,7 +3,9 @@
 
 use anyhow::{Context, Result, bail};
 use datasets::tokenizer::EOS;
-use datasets::{Quiz, SplitMix64, TextTokenizer, TokenizerError, WordSplit, generate_quiz};
+use datasets::{
+    Quiz, SplitMix64, TextTokenizer, TokenizerError, WordSplit, generate_quiz, name_pool,
+};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -51,10 +53,12 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_theta: Option<f64>,
     /// RoPE's context-extension scaling, `[model.rope_scaling]` with `rope_type` = `linear`,
-    /// `dynamic`, `llama3` or `yarn` and its parameters. A model trained without it (`train.init`,
-    /// or `hf`) continues with it: a context extension changes the rotation, not the weights.
+    /// `dynamic`, `llama3` or `yarn` and its parameters, read as config.json's `rope_scaling` is
+    /// (the keys it omits get transformers' defaults; [`ModelSpec::scaling`]). A model trained
+    /// without it (`train.init`, or `hf`) continues with it: a context extension changes the
+    /// rotation, not the weights.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rope_scaling: Option<RopeScaling>,
+    pub rope_scaling: Option<serde_json::Map<String, serde_json::Value>>,
     /// Tokens per feed-forward chunk.
     #[serde(default = "default_ffn_chunk")]
     pub ffn_chunk: usize,
@@ -279,9 +283,24 @@ impl ModelSpec {
                 self.rope_theta
                     .ok_or_else(|| anyhow::anyhow!("model.rope_theta is required (or model.hf)"))?,
             )
-            .with_rope_scaling(self.rope_scaling.unwrap_or_default())
+            .with_rope_scaling(self.scaling(None)?.unwrap_or_default())
             .with_ffn_chunk(self.ffn_chunk)
             .with_checkpoint(self.checkpoint))
+    }
+
+    /// The scaling `[model.rope_scaling]` gives, if any, read as config.json's `rope_scaling` with
+    /// the same defaults; `max_positions` is the model's `max_position_embeddings` where it has one
+    /// (dynamic scaling's trained length, YaRN's original length), which a `max_position_embeddings`
+    /// in the table overrides.
+    pub fn scaling(&self, max_positions: Option<usize>) -> Result<Option<RopeScaling>> {
+        let Some(table) = &self.rope_scaling else {
+            return Ok(None);
+        };
+        Ok(Some(workbench::hf::rope_scaling_of(
+            Path::new("[model.rope_scaling]"),
+            table,
+            max_positions,
+        )?))
     }
 
     /// With `hf`: its directory's config, with this spec's chunking and checkpointing; a size given
@@ -321,7 +340,7 @@ impl ModelSpec {
                 m.ffn_hidden()
             );
         }
-        let scaling = self.rope_scaling.unwrap_or(m.rope_scaling);
+        let scaling = self.scaling(hf.max_positions)?.unwrap_or(m.rope_scaling);
         hf.model = hf
             .model
             .clone()
@@ -369,11 +388,19 @@ pub struct Prompts {
 }
 
 impl Prompts {
-    /// An error naming the line counts unless `1 <= min_lines <= num_lines`, or unless
-    /// `questions >= 1`.
+    /// An error naming the line counts unless `1 <= min_lines <= num_lines <=` the training words'
+    /// pool of distinct line names, or unless `questions >= 1`.
     pub fn check(&self) -> Result<()> {
         if self.questions == 0 {
             bail!("questions = 0: ask at least 1 question a prompt");
+        }
+        let pool = name_pool(WordSplit::Train);
+        if self.num_lines > pool {
+            bail!(
+                "num_lines = {} is more than the {pool} distinct line names the training words give \
+                 (a record's lines have distinct names)",
+                self.num_lines
+            );
         }
         if self.min_lines == 0 || self.min_lines > self.num_lines {
             bail!(
@@ -432,6 +459,81 @@ pub fn example(
 mod tests {
     use super::*;
     use datasets::Tokenizer;
+
+    /// `[model.rope_scaling]` gets config.json's defaults for the keys it omits (YaRN's betas,
+    /// attention factor and truncation), and its errors name the key.
+    #[test]
+    fn a_rope_scaling_table_gets_config_jsons_defaults() {
+        let spec = |scaling: &str| -> ModelSpec {
+            toml::from_str(&format!(
+                "d_model = 16\nlayers = 1\nheads = 2\nkv_heads = 1\nffn_multiple_of = 8\n\
+                 rope_theta = 10000.0\n[rope_scaling]\n{scaling}"
+            ))
+            .unwrap()
+        };
+        let yarn =
+            spec("rope_type = \"yarn\"\nfactor = 4.0\noriginal_max_position_embeddings = 64\n");
+        assert_eq!(
+            yarn.scaling(None).unwrap(),
+            Some(RopeScaling::Yarn {
+                factor: 4.0,
+                original_max_position_embeddings: 64,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attention_factor: RopeScaling::yarn_mscale(4.0, 1.0),
+                truncate: true,
+            })
+        );
+        assert_eq!(
+            yarn.config(40).unwrap().rope_scaling,
+            yarn.scaling(None).unwrap().unwrap()
+        );
+        // YaRN's original length defaults to the model's.
+        let short = spec("rope_type = \"yarn\"\nfactor = 2.0\n");
+        assert!(matches!(
+            short.scaling(Some(128)).unwrap(),
+            Some(RopeScaling::Yarn {
+                original_max_position_embeddings: 128,
+                ..
+            })
+        ));
+        // Dynamic scaling's trained length, given in the table for the project's own model.
+        let dynamic =
+            spec("rope_type = \"dynamic\"\nfactor = 2.0\nmax_position_embeddings = 512\n");
+        assert_eq!(
+            dynamic.scaling(None).unwrap(),
+            Some(RopeScaling::Dynamic {
+                factor: 2.0,
+                max_position_embeddings: 512
+            })
+        );
+        let err = format!(
+            "{:#}",
+            spec("rope_type = \"linear\"\n").scaling(None).unwrap_err()
+        );
+        assert!(err.contains("factor") && err.contains("required"), "{err}");
+    }
+
+    /// A record of more lines than the training words have distinct names is refused by the spec
+    /// check, naming the limit (drawing it would fail inside the rank threads).
+    #[test]
+    fn more_lines_than_the_name_pool_is_refused_naming_the_limit() {
+        let pool = name_pool(WordSplit::Train);
+        let prompts = |num_lines| Prompts {
+            seed: 0,
+            batch: 1,
+            min_lines: 1,
+            num_lines,
+            questions: 1,
+            lm_weight: 1.0,
+        };
+        assert!(prompts(pool).check().is_ok());
+        let err = prompts(pool + 1).check().unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("num_lines = {}", pool + 1)) && err.contains(&pool.to_string()),
+            "{err}"
+        );
+    }
 
     /// The predictions weighing 1 are exactly each asked value's digits and its EOS, in order; every
     /// other prediction weighs `lm_weight`; one question is the evaluation's prompt and reply.

@@ -43,14 +43,30 @@ const TOKENIZER_FILES: [&str; 3] = [
     "special_tokens_map.json",
 ];
 
-/// The Hugging Face tokenizer of `dir` with `config`'s BOS and EOS (its first EOS ends a reply).
+/// The Hugging Face tokenizer of `dir` with its BOS and EOS, as a transformers user gets them:
+/// the BOS its post-processor adds (none when it adds none, whatever config.json's `bos_token_id`
+/// says), and config.json's first `eos_token_id`, else the tokenizer's `eos_token` (a reply ends
+/// with it).
 pub fn hf_text(dir: &Path, config: &HfConfig) -> Result<HfText> {
     let tokenizer = HfTokenizer::load(&dir.join("tokenizer.json"))?;
-    let Some(&eos) = config.eos.first() else {
-        bail!(
-            "{}/config.json has no eos_token_id: a line-retrieval reply ends with it",
-            dir.display()
-        );
+    let eos = match config.eos.first() {
+        Some(&eos) => eos,
+        None => tokenizer.named_token("eos_token")?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: neither config.json's eos_token_id nor the tokenizer's eos_token names an end \
+                 token: a line-retrieval reply ends with it",
+                dir.display()
+            )
+        })?,
+    };
+    let bos = match tokenizer.prefix()?.as_slice() {
+        [] => None,
+        [bos] => Some(*bos),
+        more => bail!(
+            "{}: the tokenizer puts {} tokens ({more:?}) before a text; one BOS at most is supported",
+            dir.display(),
+            more.len()
+        ),
     };
     if tokenizer.vocab_size() > config.model.vocab {
         bail!(
@@ -62,7 +78,7 @@ pub fn hf_text(dir: &Path, config: &HfConfig) -> Result<HfText> {
     }
     Ok(HfText {
         tokenizer,
-        bos: config.bos,
+        bos,
         eos,
     })
 }

@@ -191,6 +191,11 @@ impl HfConfig {
             return Err(keys.refuse("partial_rotary_factor", "RoPE rotates whole heads here"));
         }
         let window = match architecture {
+            // transformers' `MistralConfig` gives an absent key its default window; an explicit
+            // null is full attention.
+            Architecture::Mistral if !keys.map.contains_key("sliding_window") => {
+                Some(MISTRAL_DEFAULT_WINDOW)
+            }
             Architecture::Mistral => keys.count("sliding_window")?,
             Architecture::Qwen2 if keys.flag("use_sliding_window")? == Some(true) => {
                 return Err(keys.refuse(
@@ -420,6 +425,37 @@ fn rope(keys: &Keys, max_positions: Option<usize>) -> Result<(f64, RopeScaling),
         return Err(inner.refuse("rope_type", fault));
     }
     Ok((theta, scaling))
+}
+
+/// The window transformers' `MistralConfig` gives a config.json without a `sliding_window` key
+/// (`configuration_mistral.py`: `sliding_window=4096`).
+pub const MISTRAL_DEFAULT_WINDOW: usize = 4096;
+
+/// A RoPE scaling written as config.json's `rope_scaling` object (a spec's `[model.rope_scaling]`
+/// table, say), read with the same defaults transformers gives the keys it omits (YaRN's
+/// `beta_fast`, `beta_slow`, `attention_factor`, `truncate`; an `original_max_position_embeddings`
+/// of the model's length). `max_positions` is the model's `max_position_embeddings` where it has
+/// one; a `max_position_embeddings` inside the object takes its place (the project's own model has
+/// no config.json to name it). Errors name `source` and the key.
+pub fn rope_scaling_of(
+    source: &Path,
+    object: &Map<String, Value>,
+    max_positions: Option<usize>,
+) -> Result<RopeScaling, HfError> {
+    let inner = Keys {
+        path: source,
+        map: object,
+        scope: "rope_scaling",
+    };
+    let max_positions = inner.count("max_position_embeddings")?.or(max_positions);
+    let mut wrapper = Map::new();
+    wrapper.insert("rope_scaling".into(), Value::Object(object.clone()));
+    let keys = Keys {
+        path: source,
+        map: &wrapper,
+        scope: "",
+    };
+    Ok(rope(&keys, max_positions)?.1)
 }
 
 /// `max_position_embeddings` to write: what the scaling's arithmetic reads (dynamic's trained

@@ -15,7 +15,7 @@ mod export;
 mod load;
 mod names;
 
-pub use config::{Architecture, HfConfig};
+pub use config::{Architecture, HfConfig, rope_scaling_of};
 pub use error::HfError;
 pub use export::export_model;
 pub use load::{INDEX_FILE, WEIGHTS_FILE, load_model};

@@ -136,6 +136,7 @@ impl<B: LayerBackend> AgenticTransformer<B> {
             positions,
             self.trunk,
             ctx,
+            ctx.sequence().len,
         )?;
         Ok(self.action_head.forward(self.norm.forward(x)).tanh())
     }

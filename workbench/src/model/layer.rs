@@ -420,19 +420,29 @@ impl<B: LayerBackend> DecoderLayer<B> {
         trunk: Trunk,
         ctx: &Arc<RingContext>,
     ) -> Result<Tensor<B, 3>, RingError> {
-        run_layers(std::slice::from_ref(self), x, positions, trunk, ctx)
+        let rope_len = ctx.sequence().len;
+        run_layers(
+            std::slice::from_ref(self),
+            x,
+            positions,
+            trunk,
+            ctx,
+            rope_len,
+        )
     }
 }
 
-/// Runs the decoder layers over this rank's hidden states `x: [b, t, d]` at global `positions`.
+/// Runs the decoder layers over this rank's hidden states `x: [b, t, d]` at global `positions`, in
+/// a batch whose longest sequence is `rope_len` (what dynamic NTK scaling reads).
 pub(crate) fn run_layers<B: LayerBackend>(
     layers: &[DecoderLayer<B>],
     mut x: Tensor<B, 3>,
     positions: &[usize],
     trunk: Trunk,
     ctx: &Arc<RingContext>,
+    rope_len: usize,
 ) -> Result<Tensor<B, 3>, RingError> {
-    let rope = rope_of(positions, trunk, ctx, &x.device());
+    let rope = rope_of(positions, trunk, rope_len, &x.device());
     for (i, layer) in layers.iter().enumerate() {
         let w = Weights::of(layer);
         let attend = trunk.attend(i, &ctx.config);
@@ -453,36 +463,34 @@ pub(crate) fn run_layers<B: LayerBackend>(
     Ok(x)
 }
 
-/// The RoPE tables of this rank's `positions` in the sequence of `ctx` (whose real length is what
-/// dynamic NTK scaling reads).
+/// The RoPE tables of this rank's `positions` in a batch whose longest sequence is `rope_len`: the
+/// length dynamic NTK scaling reads, as transformers does (the largest position of the forward's
+/// whole batch, plus one; a shorter row of a padded batch is rotated as the longest one is).
 fn rope_of<B: Backend>(
     positions: &[usize],
     trunk: Trunk,
-    ctx: &RingContext,
+    rope_len: usize,
     device: &B::Device,
 ) -> Rope<B> {
-    Rope::new(
-        positions,
-        trunk.head_dim,
-        (trunk.rope, ctx.sequence().len),
-        device,
-    )
+    Rope::new(positions, trunk.head_dim, (trunk.rope, rope_len), device)
 }
 
 /// Each layer's keys (after RoPE) and values `[b, hk, t, hd]` of a prefill, for a KV cache.
 pub type LayerKv<B> = Vec<[Tensor<B, 4>; 2]>;
 
-/// Runs the layers over this rank's prompt `x: [b, t, d]` at global `positions` (the forward of
-/// [`run_layers`], whatever the checkpointing: nothing is kept for a backward), keeping each layer's
-/// keys (after RoPE) and values `[b, hk, t, hd]`: a prefill.
+/// Runs the layers over this rank's prompt `x: [b, t, d]` at global `positions` in a batch whose
+/// longest prompt is `rope_len` (the forward of [`run_layers`], whatever the checkpointing: nothing
+/// is kept for a backward), keeping each layer's keys (after RoPE) and values `[b, hk, t, hd]`: a
+/// prefill.
 pub(crate) fn prefill_layers<B: LayerBackend>(
     layers: &[DecoderLayer<B>],
     mut x: Tensor<B, 3>,
     positions: &[usize],
     trunk: Trunk,
     ctx: &Arc<RingContext>,
+    rope_len: usize,
 ) -> Result<(Tensor<B, 3>, LayerKv<B>), RingError> {
-    let rope = rope_of(positions, trunk, ctx, &x.device());
+    let rope = rope_of(positions, trunk, rope_len, &x.device());
     let mut kept = Vec::with_capacity(layers.len());
     for (i, layer) in layers.iter().enumerate() {
         let w = Weights::of(layer);
@@ -502,6 +510,9 @@ pub(crate) struct NewTokens<'a> {
     pub(crate) rows: &'a [usize],
     pub(crate) places: &'a [usize],
     pub(crate) positions: &'a [usize],
+    /// The step's batch length: its longest sequence with the token (what dynamic NTK scaling
+    /// reads; rows that have stopped still count, as their padding does in transformers).
+    pub(crate) rope_len: usize,
 }
 
 /// One decoding step of the layers over `x: [1, R, d]`, the new tokens of `tokens.rows`: each
@@ -517,10 +528,8 @@ pub(crate) fn decode_layers<B: LayerBackend>(
     cache: &mut KvCache<B>,
 ) -> Result<Tensor<B, 3>, RingError> {
     let hd = trunk.head_dim;
-    // The tokens lie on the time axis: one position each; a step's sequence ends at its furthest
-    // token (what dynamic NTK scaling reads, as transformers' generation does).
-    let seq_len = tokens.positions.iter().max().map_or(0, |p| p + 1);
-    let rope = Rope::<B>::new(tokens.positions, hd, (trunk.rope, seq_len), &x.device());
+    // The tokens lie on the time axis: one position each, rotated for the step's batch length.
+    let rope = rope_of::<B>(tokens.positions, trunk, tokens.rope_len, &x.device());
     for (i, layer) in layers.iter().enumerate() {
         let w = Weights::of(layer);
         let attend = trunk.attend(i, &ctx.config);

@@ -296,13 +296,26 @@ impl<B: LayerBackend> Llama<B> {
         positions: &[usize],
         ctx: &Arc<RingContext>,
     ) -> Result<Tensor<B, 3>, RingError> {
-        let trunk = self.trunk;
+        self.forward_in_batch(tokens, positions, ctx, ctx.sequence().len)
+    }
+
+    /// [`Llama::forward`] of a sequence that runs in a batch whose longest sequence is `batch_len`:
+    /// dynamic NTK RoPE scaling reads the batch's length, as transformers does for a padded batch
+    /// (every row rotated as the longest), so a row's logits depend on the rows beside it.
+    pub fn forward_in_batch(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        positions: &[usize],
+        ctx: &Arc<RingContext>,
+        batch_len: usize,
+    ) -> Result<Tensor<B, 3>, RingError> {
         let x = run_layers(
             &self.blocks,
             self.embed.forward(tokens),
             positions,
-            trunk,
+            self.trunk,
             ctx,
+            batch_len,
         )?;
         Ok(self.logits(x))
     }
@@ -325,13 +338,14 @@ impl<B: LayerBackend> Llama<B> {
     }
 
     /// A prefill: the logits `[b, t, vocab]` of this rank's tokens `[b, t]` at global `positions`
-    /// (as [`Llama::forward`]), and each layer's keys (after RoPE) and values `[b, hk, t, hd]`, for a
-    /// [`KvCache`].
+    /// in a batch whose longest prompt is `batch_len` (as [`Llama::forward_in_batch`]), and each
+    /// layer's keys (after RoPE) and values `[b, hk, t, hd]`, for a [`KvCache`].
     pub fn prefill(
         &self,
         tokens: Tensor<B, 2, Int>,
         positions: &[usize],
         ctx: &Arc<RingContext>,
+        batch_len: usize,
     ) -> Result<(Tensor<B, 3>, LayerKv<B>), RingError> {
         let (x, kept) = prefill_layers(
             &self.blocks,
@@ -339,6 +353,7 @@ impl<B: LayerBackend> Llama<B> {
             positions,
             self.trunk,
             ctx,
+            batch_len,
         )?;
         Ok((self.logits(x), kept))
     }
@@ -346,12 +361,15 @@ impl<B: LayerBackend> Llama<B> {
     /// One decoding step over the ranks of `ctx`: `tokens[i]` is the next token of the cache's row
     /// `rows[i]`; each is placed in the cache (on the rank the placement rule picks) and attends to
     /// every rank's cached keys of its sequence, the ranks' parts merged by `merge`. Returns the
-    /// logits `[R, vocab]` after each token, the same bits on every rank.
+    /// logits `[R, vocab]` after each token, the same bits on every rank. `batch_len` is the step's
+    /// batch length, its longest sequence with the new token (rows that stopped count, as their
+    /// padding does in transformers): what dynamic NTK scaling reads.
     pub fn decode_step(
         &self,
         tokens: &[u32],
         rows: &[usize],
         cache: &mut KvCache<B>,
+        batch_len: usize,
         (ctx, merge): (&Arc<RingContext>, DecodeMerge),
     ) -> Result<Tensor<B, 2>, RingError> {
         if tokens.len() != rows.len() {
@@ -376,6 +394,7 @@ impl<B: LayerBackend> Llama<B> {
             rows,
             places: &places,
             positions: &positions,
+            rope_len: batch_len,
         };
         let x = decode_layers(
             &self.blocks,

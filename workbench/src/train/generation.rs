@@ -323,7 +323,8 @@ fn decode_batch<B: LayerBackend>(
             .collect();
         let tokens =
             Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, positions.len()]), &device);
-        let (local, kept) = model.prefill(tokens, positions, &ctx)?;
+        // Every prompt of the batch is rotated for the batch's longest (dynamic NTK).
+        let (local, kept) = model.prefill(tokens, positions, &ctx, longest)?;
         let row = cache.add_row(&layout, sequence)?;
         for (layer, [k, v]) in kept.into_iter().enumerate() {
             cache.insert_prefill(row, layer, k, v);
@@ -381,7 +382,9 @@ fn decode_batch<B: LayerBackend>(
         if feed.is_empty() {
             break;
         }
-        let stepped = model.decode_step(&feed, &rows, &mut cache, (&ctx, merge))?;
+        // This step's forward: the batch's longest prompt with `step + 1` reply tokens.
+        let batch_len = longest + step + 1;
+        let stepped = model.decode_step(&feed, &rows, &mut cache, batch_len, (&ctx, merge))?;
         let vocab = stepped.dims()[1];
         let values = host::read(stepped);
         for (i, &row) in rows.iter().enumerate() {
@@ -424,7 +427,8 @@ fn decode_bytes_sent(ctx: &RingContext) -> u64 {
 }
 
 /// Greedy decoding without a cache: each prompt's whole sequence through the ring for every new
-/// token (each prompt on its own layout, with its documents).
+/// token (each prompt on its own layout, with its documents), rotated as its batch's rows are
+/// (`decoding.batch` prompts together; the longest, grown by the tokens generated so far).
 fn recompute<B: LayerBackend>(
     model: &Llama<B>,
     prompts: &[Prompt],
@@ -441,14 +445,29 @@ fn recompute<B: LayerBackend>(
         cache_keys: vec![0; decoding.ranks],
         logits: Vec::new(),
     };
-    for prompt in prompts {
+    let batch = match decoding.batch {
+        0 => prompts.len().max(1),
+        b => b,
+    };
+    let longest_of = |i: usize| {
+        let group = i / batch * batch;
+        prompts[group..(group + batch).min(prompts.len())]
+            .iter()
+            .map(|p| p.tokens.len())
+            .max()
+            .unwrap_or(0)
+    };
+    for (i, prompt) in prompts.iter().enumerate() {
         let start = Instant::now();
+        let longest = longest_of(i);
         let mut seq = prompt.clone();
         let mut reply = Vec::new();
         let mut kept = Vec::new();
         let mut ended = None;
-        for _ in 0..decoding.max_new {
-            let logits = last_logits(model, &seq, decoding)?;
+        for step in 0..decoding.max_new {
+            let all = logits_in_batch(model, &seq, decoding, longest + step)?;
+            let vocab = all.len() / seq.tokens.len();
+            let logits = all[all.len() - vocab..].to_vec();
             let next = argmax(&logits)?;
             if decoding.keep_logits {
                 kept.extend_from_slice(&logits);
@@ -495,6 +514,17 @@ pub fn full_logits<B: LayerBackend>(
     prompt: &Prompt,
     decoding: &Decoding,
 ) -> Result<Vec<f32>, RingError> {
+    logits_in_batch(model, prompt, decoding, prompt.tokens.len())
+}
+
+/// [`full_logits`] of `prompt` run in a batch whose longest sequence is `batch_len` (what dynamic
+/// NTK scaling reads).
+fn logits_in_batch<B: LayerBackend>(
+    model: &Llama<B>,
+    prompt: &Prompt,
+    decoding: &Decoding,
+    batch_len: usize,
+) -> Result<Vec<f32>, RingError> {
     let (ranks, partition) = (decoding.ranks, decoding.partition);
     let len = prompt.tokens.len();
     let layout = Arc::new(partition.layout(padded_len(partition, len, ranks)?, ranks)?);
@@ -520,7 +550,7 @@ pub fn full_logits<B: LayerBackend>(
             TensorData::new(ids, [1, positions.len()]),
             &Default::default(),
         );
-        let logits = model.forward(tokens, positions, &ctx)?;
+        let logits = model.forward_in_batch(tokens, positions, &ctx, batch_len)?;
         Ok::<_, RingError>(host::read(logits))
     });
     let mut per_rank = all_or_root_cause(per_rank, RingError::echo_level)?;
