@@ -1047,6 +1047,14 @@ fn bench_lengths_and_rank_counts_of_zero_are_refused() {
             "--ranks",
             ["bench", "attn", "--seq", "64", "--ranks", "1,0"],
         ),
+        (
+            "--prefill",
+            ["bench", "model", "--prefill", "0", "--ranks", "1"],
+        ),
+        (
+            "--ranks",
+            ["bench", "model", "--prefill", "64", "--ranks", "0"],
+        ),
     ] {
         let output = ringbench(&args);
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -1061,6 +1069,92 @@ fn bench_lengths_and_rank_counts_of_zero_are_refused() {
             "{stderr}"
         );
     }
+}
+
+/// `bench model` writes one row per work and rank count, each with the model's sizes and parameter
+/// count as the config gives them, a positive rate and the machine it ran on; an unknown strategy
+/// is one line naming it.
+#[test]
+fn bench_model_writes_a_row_per_work_and_rank_count() {
+    let out = temp_dir("bench-model");
+    let mut args: Vec<std::ffi::OsString> = [
+        "bench",
+        "model",
+        "--d-model",
+        "32",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--kv-heads",
+        "1",
+        "--prefill",
+        "32",
+        "--decode",
+        "2",
+        "--decode-prompt",
+        "16",
+        "--train-seq",
+        "16",
+        "--train-batch",
+        "2",
+        "--ranks",
+        "1,2",
+        "--repeats",
+        "1",
+        "--out",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    args.push(out.clone().into());
+    let output = ringbench(&args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let table = experiments::results::Table::read(&out.join("bench_model.csv")).unwrap();
+    let works: Vec<(String, String)> = table
+        .rows
+        .iter()
+        .map(|r| {
+            (
+                r.get("work").unwrap().to_owned(),
+                r.get("ranks").unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = ["prefill", "decode", "train"]
+        .iter()
+        .flat_map(|w| ["1", "2"].map(|n| (w.to_string(), n.to_string())))
+        .collect();
+    assert_eq!(works, want);
+    let params =
+        workbench::model::LlamaConfig::new(datasets::Tokenizer::line_retrieval().vocab_size())
+            .with_d_model(32)
+            .with_layers(1)
+            .with_heads(2)
+            .with_kv_heads(1)
+            .num_params();
+    for row in &table.rows {
+        assert_eq!(row.num("params"), params as f64);
+        let rate = row.num("tokens_per_s");
+        assert!(rate.is_finite() && rate > 0.0, "{rate}");
+        assert!(!row.get("cpu").unwrap().is_empty());
+        assert!(row.num("threads") >= 1.0);
+    }
+    // The tokens each work processes: the prompt, the new tokens, the step's.
+    let tokens: Vec<f64> = table.rows.iter().map(|r| r.num("tokens")).collect();
+    assert_eq!(tokens, [32.0, 32.0, 2.0, 2.0, 32.0, 32.0]);
+    let bad = ringbench(&["bench", "model", "--strategy", "nope", "--prefill", "16"]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("nope") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(out).unwrap();
 }
 
 /// `attn --nccl-id-file` and `train --nccl-id-file` refuse in one line, naming what is missing: the

@@ -337,16 +337,19 @@ impl<B: LayerBackend> Llama<B> {
         }
     }
 
-    /// A prefill: the logits `[b, t, vocab]` of this rank's tokens `[b, t]` at global `positions`
-    /// in a batch whose longest prompt is `batch_len` (as [`Llama::forward_in_batch`]), and each
-    /// layer's keys (after RoPE) and values `[b, hk, t, hd]`, for a [`KvCache`].
+    /// A prefill of this rank's tokens `[b, t]` at global `positions` in a batch whose longest prompt
+    /// is `batch_len` (as [`Llama::forward_in_batch`]): each layer's keys (after RoPE) and values
+    /// `[b, hk, t, hd]`, for a [`KvCache`], and the logits `[b, vocab]` after the token at local index
+    /// `last` alone (the prompt's last token, on the rank that holds it): a decoding reads no
+    /// others, and a real vocabulary's `[t, vocab]` block is most of a long prefill's memory.
     pub fn prefill(
         &self,
         tokens: Tensor<B, 2, Int>,
         positions: &[usize],
         ctx: &Arc<RingContext>,
         batch_len: usize,
-    ) -> Result<(Tensor<B, 3>, LayerKv<B>), RingError> {
+        last: Option<usize>,
+    ) -> Result<(Option<Tensor<B, 2>>, LayerKv<B>), RingError> {
         let (x, kept) = prefill_layers(
             &self.blocks,
             self.embed.forward(tokens),
@@ -355,7 +358,14 @@ impl<B: LayerBackend> Llama<B> {
             ctx,
             batch_len,
         )?;
-        Ok((self.logits(x), kept))
+        let logits = last.map(|i| {
+            let [b, _, d] = x.dims();
+            // [b, 1, d] → [b, 1, vocab]: the norm and head are per token.
+            let logits = self.logits(x.slice([0..b, i..i + 1, 0..d]));
+            let vocab = logits.dims()[2];
+            logits.reshape([b, vocab])
+        });
+        Ok((logits, kept))
     }
 
     /// One decoding step over the ranks of `ctx`: `tokens[i]` is the next token of the cache's row
@@ -412,5 +422,10 @@ impl<B: LayerBackend> Llama<B> {
     /// Decoder layers (the KV cache's layer count).
     pub fn layers(&self) -> usize {
         self.blocks.len()
+    }
+
+    /// Tokens in the vocabulary (the logits' width).
+    pub fn vocab(&self) -> usize {
+        self.embed.weight.val().dims()[0]
     }
 }

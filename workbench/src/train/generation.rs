@@ -323,18 +323,19 @@ fn decode_batch<B: LayerBackend>(
             .collect();
         let tokens =
             Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, positions.len()]), &device);
-        // Every prompt of the batch is rotated for the batch's longest (dynamic NTK).
-        let (local, kept) = model.prefill(tokens, positions, &ctx, longest)?;
+        // Every prompt of the batch is rotated for the batch's longest (dynamic NTK); only the rank
+        // that holds the prompt's last token computes logits, of that token alone.
+        let holder = positions.iter().position(|&p| p == len - 1);
+        let (local, kept) = model.prefill(tokens, positions, &ctx, longest, holder)?;
         let row = cache.add_row(&layout, sequence)?;
         for (layer, [k, v]) in kept.into_iter().enumerate() {
             cache.insert_prefill(row, layer, k, v);
         }
         // The last prompt token's logits, from the rank that holds it, to every rank (a sum of
         // one row and zeros is that row, bit for bit).
-        let vocab = local.dims()[2];
-        let mut last = vec![0.0f32; vocab];
-        if let Some(i) = positions.iter().position(|&p| p == len - 1) {
-            last.copy_from_slice(&host::read(local.slice([0..1, i..i + 1, 0..vocab])));
+        let mut last = vec![0.0f32; model.vocab()];
+        if let Some(local) = local {
+            last.copy_from_slice(&host::read(local));
         }
         ctx.with_comm(|c| c.all_reduce_sum(&mut last))?;
         logits.push(last);

@@ -4,6 +4,7 @@
 //! backward (5 matmuls, recomputing the scores), as FlashAttention-2 counts them. Every ratio is taken
 //! against a matmul rate measured in the same run, since the machines are shared and noisy.
 
+use super::at_least_one;
 use crate::backend::{BackendName, OnBackend, on_backend, parse_devices};
 use crate::measure::baseline::{matmul_gflops_on, random};
 use crate::measure::timing::fastest_after_warm_up;
@@ -18,13 +19,6 @@ use std::time::{Duration, Instant};
 use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM, sequence_pairs};
 use workbench::ring::jobs::{AttentionJob, run_attention_on_devices};
 use workbench::{BackwardScheme, Direction, Kernel, LayerBackend, RingBackend, RingConfig};
-
-/// `ringbench bench`'s subcommands.
-#[derive(Debug, clap::Subcommand)]
-pub enum BenchCommand {
-    /// Forward and forward+backward GFLOP/s per (length, ranks, strategy, causal).
-    Attn(BenchAttnArgs),
-}
 
 /// `ringbench bench attn`'s arguments.
 #[derive(Debug, clap::Args)]
@@ -91,16 +85,6 @@ impl From<GenericMatmulArg> for workbench::kernels::GenericMatmul {
     }
 }
 
-/// A length or count of at least 1: clap refuses 0 in one line naming the flag (a length or rank
-/// count of 0 would time nothing and print an empty table).
-fn at_least_one(value: &str) -> Result<usize, String> {
-    match value.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
 /// One row of `bench_attn.csv`.
 #[derive(Debug, Clone, Serialize)]
 pub struct AttnBenchRow {
@@ -151,9 +135,8 @@ struct Measured {
     peak: usize,
 }
 
-/// `ringbench bench`.
-pub fn run(command: &BenchCommand) -> Result<()> {
-    let BenchCommand::Attn(args) = command;
+/// `ringbench bench attn`.
+pub fn run(args: &BenchAttnArgs) -> Result<()> {
     // Chosen for the whole process before any rank starts; every row's `kernel_impl` says it.
     workbench::kernels::set_generic_matmul(args.generic_matmul.into());
     let devices = args.devices.as_deref().map(parse_devices).transpose()?;
