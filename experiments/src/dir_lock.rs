@@ -1,7 +1,8 @@
 //! One writer per results directory: an advisory lock (`flock`) on a lock file holding the writing
 //! process's id, taken before a run reads its table and released when the run ends. The kernel
 //! releases the lock of a process that dies, so a killed run's lock is free for the next run, and
-//! two runs taking over one stale lock at once cannot both win.
+//! two runs taking over one stale lock at once cannot both win. A lock file naming a live process
+//! is refused even where its lock is not seen (a file system without flock).
 
 use anyhow::{Context, Result, bail};
 use std::fs::{File, OpenOptions, TryLockError};
@@ -55,12 +56,21 @@ impl DirLock {
             if !same_file(&file, &path) {
                 continue;
             }
-            // Ours. A pid left in it is a run that ended without removing it (killed, or crashed).
-            if let Some(stale) = holder(&mut file) {
-                eprintln!(
+            // Ours, unless it names a live process: a writer whose lock this file system does not
+            // show (another machine's, on a file system without flock). A pid of a process that is
+            // gone is a run that ended without removing it (killed, or crashed).
+            match holder(&mut file) {
+                Some(pid) if pid != std::process::id() && alive(pid) => bail!(
+                    "{} is being written by another ringbench run (pid {pid}); wait for it to \
+                     finish or stop it (lock file {})",
+                    dir.display(),
+                    path.display()
+                ),
+                Some(stale) => eprintln!(
                     "{}: taking over the lock of pid {stale}, which is no longer running",
                     dir.display()
-                );
+                ),
+                None => {}
             }
             file.set_len(0)
                 .and_then(|()| file.rewind())
@@ -91,6 +101,11 @@ fn holder(file: &mut File) -> Option<u32> {
     file.rewind().ok()?;
     file.read_to_string(&mut text).ok()?;
     text.trim().parse().ok()
+}
+
+/// Whether process `pid` is running, where `/proc` tells; elsewhere the lock alone decides.
+fn alive(pid: u32) -> bool {
+    Path::new("/proc/self").exists() && Path::new("/proc").join(pid.to_string()).exists()
 }
 
 /// Whether `path` still names the open `file` (not removed, nor replaced by another file).
