@@ -9,7 +9,7 @@
 
 use crate::error::RingError;
 use crate::model::lazy::materialize;
-use crate::model::rope::Rope;
+use crate::model::rope::{Rope, rotate_generic};
 use crate::model::rope_scaling::RopeFrequencies;
 use crate::ring::context::{Attend, RingContext};
 use crate::ring::op::{RingBackend, ring_attention_with};
@@ -142,7 +142,9 @@ impl<B: RingBackend> RingAttention<B> {
         if let Some(theta) = self.rope_theta {
             let frequencies = (RopeFrequencies::plain(theta), ctx.sequence().len);
             let rope = Rope::new(ctx.positions(ctx.rank()), d, frequencies, &q.device());
-            (q, k) = (rope.rotate(q, false), rope.rotate(k, false));
+            // With tensor ops: a user's model need not be on a backend with a fused rotation.
+            let rotate = |x| rotate_generic(x, rope.cos.clone(), rope.sin.clone(), false);
+            (q, k) = (rotate(q), rotate(k));
         }
         let attend = Attend {
             causal: self.causal,

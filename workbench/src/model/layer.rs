@@ -14,7 +14,7 @@
 use crate::error::RingError;
 use crate::model::ffn::{FfnBackend, blockwise_swiglu, swiglu_backward};
 use crate::model::norm::{flat, project, rms_norm, rms_norm_backward};
-use crate::model::rope::Rope;
+use crate::model::rope::{Rope, RopeBackend};
 use crate::model::rope_scaling::RopeFrequencies;
 use crate::model::weights::{DecoderLayer, WeightPrimitives, Weights};
 use crate::primitive::{unwrap, wrap};
@@ -90,7 +90,7 @@ struct Forward<B: Backend, S = Saved> {
 }
 
 /// The layer's forward with ring attention over the ranks of `ctx`.
-fn forward<B: RingBackend + FfnBackend>(
+fn forward<B: RingBackend + FfnBackend + RopeBackend>(
     w: &Weights<B>,
     x: Tensor<B, 3>,
     rope: &Rope<B>,
@@ -120,7 +120,7 @@ fn ring<B: RingBackend>(
 /// The layer's forward with its attention given: `attention(q, k, v)` of the queries and keys
 /// (rotated by RoPE, `[b, h | hk, t, hd]`) and the values gives the attention output
 /// `[b, h, t, hd]` and what the attention keeps. Prefill, decoding and training share it.
-fn forward_with<B: FfnBackend, S>(
+fn forward_with<B: FfnBackend + RopeBackend, S>(
     w: &Weights<B>,
     x: Tensor<B, 3>,
     rope: &Rope<B>,
@@ -192,7 +192,7 @@ fn biased<B: Backend>(
 }
 
 /// The gradients of a layer's input and parameters for `dy`, recomputing its forward.
-fn backward<B: RingBackend + FfnBackend>(
+fn backward<B: RingBackend + FfnBackend + RopeBackend>(
     w: &Weights<B>,
     x: Tensor<B, 3>,
     rope: &Rope<B>,
@@ -273,7 +273,7 @@ fn backward<B: RingBackend + FfnBackend>(
 /// Backends that run a decoder layer: ring attention and the rematerializing feed-forward, and the
 /// layer as one op. The default method runs its forward; the autodiff backend overrides it to
 /// register the checkpointed backward, whose state is the layer's input.
-pub trait LayerBackend: RingBackend + FfnBackend {
+pub trait LayerBackend: RingBackend + FfnBackend + RopeBackend {
     /// The layer's output for `x: [b, t, d]`; `cos`, `sin` are the RoPE tables `[1, 1, t, hd / 2]`;
     /// `attend` is how its attention masks and scores.
     #[allow(clippy::too_many_arguments)]

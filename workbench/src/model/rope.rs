@@ -2,7 +2,14 @@
 //! whatever positions its strategy gave it, rotates as the whole sequence would; its frequencies
 //! (and their scaling) are [`crate::model::rope_scaling`]'s.
 
+use crate::host::HostRead;
 use crate::model::rope_scaling::RopeFrequencies;
+use crate::primitive::{unwrap, wrap};
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 
 /// cos and sin of RoPE angles for each token's global position, times the scaling's attention
@@ -38,22 +45,229 @@ impl<B: Backend> Rope<B> {
         }
     }
 
-    /// Rotates pairs `(x[i], x[i + d/2])` of `[b, h, t, d]` by the angles (`inverse`: by minus them).
-    pub(crate) fn rotate(&self, x: Tensor<B, 4>, inverse: bool) -> Tensor<B, 4> {
-        let [b, h, t, d] = x.dims();
-        let sin = if inverse {
-            self.sin.clone().neg()
-        } else {
-            self.sin.clone()
-        };
-        let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..d / 2]);
-        let x2 = x.slice([0..b, 0..h, 0..t, d / 2..d]);
-        Tensor::cat(
-            vec![
-                x1.clone() * self.cos.clone() - x2.clone() * sin.clone(),
-                x1 * sin + x2 * self.cos.clone(),
-            ],
-            3,
-        )
+    /// Rotates pairs `(x[i], x[i + d/2])` of `[b, h, t, d]` by the angles (`inverse`: by minus them),
+    /// as the backend does it ([`RopeBackend`]).
+    pub(crate) fn rotate(&self, x: Tensor<B, 4>, inverse: bool) -> Tensor<B, 4>
+    where
+        B: RopeBackend,
+    {
+        wrap(B::rope_rotate(
+            unwrap(x),
+            unwrap(self.cos.clone()),
+            unwrap(self.sin.clone()),
+            inverse,
+        ))
+    }
+}
+
+/// The rotation with Burn tensor ops, the reference twin of every backend's own: `[b, h, t, d]` by
+/// `cos`, `sin` `[1, 1, t, d / 2]`: `(x1·cos − x2·sin, x1·sin + x2·cos)` of the halves `x1`, `x2`,
+/// `sin` negated for the inverse.
+pub(crate) fn rotate_generic<B: Backend>(
+    x: Tensor<B, 4>,
+    cos: Tensor<B, 4>,
+    sin: Tensor<B, 4>,
+    inverse: bool,
+) -> Tensor<B, 4> {
+    let [b, h, t, d] = x.dims();
+    let sin = if inverse { sin.neg() } else { sin };
+    let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..d / 2]);
+    let x2 = x.slice([0..b, 0..h, 0..t, d / 2..d]);
+    Tensor::cat(
+        vec![
+            x1.clone() * cos.clone() - x2.clone() * sin.clone(),
+            x1 * sin + x2 * cos,
+        ],
+        3,
+    )
+}
+
+/// Backends that rotate by RoPE. The default method is [`rotate_generic`] (what a device backend
+/// and autodiff's inner backend run); the CPU backend rotates in one pass over host memory, the
+/// same arithmetic in the same order (so the same bits), instead of ten strided tensor ops; the
+/// autodiff backend registers the rotation by minus the angles as the backward.
+pub trait RopeBackend: Backend {
+    /// `x: [b, h, t, d]` rotated by `cos`, `sin` `[1, 1, t, d / 2]` (`inverse`: by minus the
+    /// angles), contiguous.
+    fn rope_rotate(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        inverse: bool,
+    ) -> FloatTensor<Self> {
+        unwrap(rotate_generic::<Self>(
+            wrap(x),
+            wrap(cos),
+            wrap(sin),
+            inverse,
+        ))
+    }
+}
+
+impl RopeBackend for burn::backend::Flex {
+    fn rope_rotate(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        inverse: bool,
+    ) -> FloatTensor<Self> {
+        let x = wrap::<Self, 4>(x);
+        let (shape, device) = (x.dims(), x.device());
+        let [_, _, t, d] = shape;
+        let half = d / 2;
+        // [b, h, t, d] in that order (one copy when the heads were split off by a transpose).
+        // Host memory already: a CPU tensor's values, not a transfer the ring counts.
+        let mut data = Self::to_host(x);
+        let (cos, sin) = (
+            Self::to_host(wrap::<Self, 4>(cos)),
+            Self::to_host(wrap::<Self, 4>(sin)),
+        );
+        for (row, x) in data.chunks_exact_mut(d).enumerate() {
+            let at = (row % t) * half;
+            let (cos, sin) = (&cos[at..at + half], &sin[at..at + half]);
+            let (x1, x2) = x.split_at_mut(half);
+            for i in 0..half {
+                let s = if inverse { -sin[i] } else { sin[i] };
+                let (a, b) = (x1[i], x2[i]);
+                x1[i] = a * cos[i] - b * s;
+                x2[i] = a * s + b * cos[i];
+            }
+        }
+        unwrap(Tensor::<Self, 4>::from_data(
+            TensorData::new(data, shape),
+            &device,
+        ))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl RopeBackend for crate::backends::Cuda {}
+
+#[cfg(feature = "wgpu")]
+impl RopeBackend for crate::backends::Wgpu {}
+
+#[derive(Debug)]
+struct RopeRotateBackward;
+
+#[derive(Debug, Clone)]
+struct RopeRotateState<B: Backend> {
+    cos: FloatTensor<B>,
+    sin: FloatTensor<B>,
+    inverse: bool,
+}
+
+impl<B: RopeBackend> Backward<B, 1> for RopeRotateBackward {
+    type State = RopeRotateState<B>;
+
+    /// A rotation's gradient is the rotation by minus the angles.
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let RopeRotateState { cos, sin, inverse } = ops.state;
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(node.id, B::rope_rotate(dy, cos, sin, !inverse));
+        }
+    }
+}
+
+impl<B: RopeBackend, C: CheckpointStrategy> RopeBackend for Autodiff<B, C> {
+    fn rope_rotate(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        inverse: bool,
+    ) -> FloatTensor<Self> {
+        // The tables are constants (made from data): only x carries a gradient.
+        let (cos, sin) = (cos.primitive, sin.primitive);
+        let out = B::rope_rotate(x.primitive, cos.clone(), sin.clone(), inverse);
+        match RopeRotateBackward
+            .prepare::<C>([x.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(RopeRotateState { cos, sin, inverse }, out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::read;
+    use burn::backend::Flex;
+    use burn::tensor::Distribution;
+
+    type Ad = Autodiff<Flex>;
+
+    /// Tables of 5 positions for 8-wide heads, with the angles of a real RoPE.
+    fn tables<B: Backend>(device: &B::Device) -> Rope<B> {
+        let frequencies = RopeFrequencies::plain(10000.0);
+        Rope::new(&[3, 0, 7, 1, 12], 8, (frequencies, 13), device)
+    }
+
+    /// The CPU's one-pass rotation gives the generic twin's bits, both ways, on a tensor whose heads
+    /// were split off by a transpose (not contiguous).
+    #[test]
+    fn the_cpu_rotation_is_the_generic_twin_bit_for_bit() {
+        let device = Default::default();
+        let rope = tables::<Flex>(&device);
+        let x = Tensor::<Flex, 4>::random([2, 5, 3, 8], Distribution::Uniform(-2.0, 2.0), &device)
+            .swap_dims(1, 2);
+        for inverse in [false, true] {
+            let fused = read(rope.rotate(x.clone(), inverse));
+            let generic = read(rotate_generic(
+                x.clone(),
+                rope.cos.clone(),
+                rope.sin.clone(),
+                inverse,
+            ));
+            assert_eq!(fused.len(), 2 * 3 * 5 * 8);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fused), bits(&generic), "inverse {inverse}");
+        }
+        // The inverse undoes the rotation (to rounding).
+        let back = read(rope.rotate(rope.rotate(x.clone(), false), true));
+        let d = crate::host::read(x);
+        let worst = back
+            .iter()
+            .zip(&d)
+            .map(|(a, b)| (a - b).abs())
+            .fold(
+                0.0f32,
+                |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) },
+            );
+        assert!(worst < 1e-5, "{worst}");
+    }
+
+    /// Autodiff's gradient through the one-pass rotation equals the gradient through the generic
+    /// twin's tensor ops.
+    #[test]
+    fn the_rotations_gradient_is_the_generic_twins() {
+        let device = Default::default();
+        let rope = tables::<Ad>(&device);
+        let x = Tensor::<Ad, 4>::random([1, 5, 2, 8], Distribution::Uniform(-2.0, 2.0), &device)
+            .swap_dims(1, 2)
+            .require_grad();
+        let weights =
+            Tensor::<Ad, 4>::random([1, 2, 5, 8], Distribution::Uniform(-1.0, 1.0), &device);
+        for inverse in [false, true] {
+            let fused = (rope.rotate(x.clone(), inverse) * weights.clone()).sum();
+            let generic = (rotate_generic(x.clone(), rope.cos.clone(), rope.sin.clone(), inverse)
+                * weights.clone())
+            .sum();
+            let (gf, gg) = (fused.backward(), generic.backward());
+            let (a, b) = (read(x.grad(&gf).unwrap()), read(x.grad(&gg).unwrap()));
+            assert_eq!(a.len(), 80);
+            let worst = a
+                .iter()
+                .zip(&b)
+                .map(|(p, q)| (p - q).abs())
+                .fold(
+                    0.0f32,
+                    |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) },
+                );
+            // Both rotate dy by minus the angles: the same products, summed in the same order.
+            assert!(worst <= 1e-6, "inverse {inverse}: {worst}");
+        }
     }
 }

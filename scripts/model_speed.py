@@ -1,0 +1,228 @@
+"""Times the whole model in ringbench (`ringbench bench model`) and in PyTorch / transformers on the same shapes, in one run, and writes the ratios.
+
+Not part of CI. Needs torch, transformers, safetensors and numpy (e.g. the venv at /work/pyenv):
+
+    /work/pyenv/bin/python scripts/model_speed.py --ringbench target/release/ringbench \\
+        --preset smollm2 --prefill 1024,4096 --decode 64 --out results/model_speed/smollm2
+    /work/pyenv/bin/python scripts/model_speed.py --ringbench target/release/ringbench \\
+        --preset line-retrieval --prefill 1931 --train-seq 1931 --train-batch 16 --decode 0 \\
+        --out results/model_speed/line_retrieval
+
+Presets: `smollm2` is a LlamaForCausalLM of SmolLM2-135M's shape (30 layers, width 576, 9 query and 3
+KV heads, feed-forward 1536, vocabulary 49152, tied embeddings) with random weights, written once with
+save_pretrained into --cache; both sides load that directory. `line-retrieval` is ringbench's own
+line-retrieval model (width 128, 4 layers, 4 / 2 heads; its sizes are read from ringbench's own rows),
+built in transformers with the same sizes (the parameter counts must agree, or the script stops).
+`--model DIR` times an existing Hugging Face directory instead.
+
+What is timed, on both sides, with the same thread count (torch.set_num_threads; RAYON_NUM_THREADS
+for ringbench), f32, the fastest of --repeats after one warm-up, in --rounds rounds that alternate
+ringbench and PyTorch (the best of all rounds is kept per side):
+- prefill: one prompt of N random tokens and the logits after its last token (transformers:
+  `model(ids, use_cache=True, logits_to_keep=1)` under no_grad, what generate's prefill runs);
+- decode: --decode tokens after a prompt of --decode-prompt tokens, each step one token through the
+  KV cache; the steps after the prefill are timed;
+- train: one step of --train-batch sequences of --train-seq random tokens: forward, cross-entropy
+  over every next token, backward, AdamW (lr 1e-4, weight decay 0.1).
+ringbench's rows are its own (`bench model --out`); tokens/s = tokens / seconds on both sides.
+Writes model_speed.csv and model_speed.md into --out (the command, the CPU, both versions).
+"""
+import argparse
+import csv
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+
+SMOLLM2 = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+               intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0,
+               max_position_embeddings=8192, rms_norm_eps=1e-5)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ringbench", required=True, help="path to the ringbench binary (a release build)")
+    p.add_argument("--preset", choices=["smollm2", "line-retrieval"], help="the model (else --model)")
+    p.add_argument("--model", help="a Hugging Face model directory")
+    p.add_argument("--cache", default=os.path.expanduser("~/.cache/ringbench/model_speed"),
+                   help="where the smollm2 preset's random checkpoint is written once")
+    p.add_argument("--prefill", default="1024", help="prefill lengths, comma-separated")
+    p.add_argument("--decode", type=int, default=64, help="tokens decoded (0: none)")
+    p.add_argument("--decode-prompt", type=int, default=1024)
+    p.add_argument("--train-seq", type=int, default=0, help="tokens a training sequence (0: none)")
+    p.add_argument("--train-batch", type=int, default=1)
+    p.add_argument("--ranks", default="1", help="ringbench's rank counts, comma-separated")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", required=True, help="directory for model_speed.csv and model_speed.md")
+    args = p.parse_args()
+    if (args.preset is None) == (args.model is None):
+        p.error("give exactly one of --preset and --model")
+    return args
+
+
+def smollm2_dir(cache):
+    """The random SmolLM2-shaped checkpoint, written once."""
+    directory = os.path.join(cache, "smollm2-135m-random")
+    if not os.path.exists(os.path.join(directory, "config.json")):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(**SMOLLM2, bos_token_id=None, eos_token_id=None,
+                                             pad_token_id=None)).eval()
+        model.save_pretrained(directory)
+    return directory
+
+
+def run_ringbench(args, model_args, out):
+    cmd = [args.ringbench, "bench", "model", *model_args, "--prefill", args.prefill,
+           "--decode", str(args.decode), "--decode-prompt", str(args.decode_prompt),
+           "--train-seq", str(args.train_seq), "--train-batch", str(args.train_batch),
+           "--ranks", args.ranks, "--repeats", str(args.repeats), "--out", out]
+    env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
+    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    with open(os.path.join(out, "bench_model.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def torch_model(args, directory, rows):
+    """The PyTorch model: the directory's, or the own model's sizes from ringbench's rows."""
+    if directory is not None:
+        return LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa")
+    r = rows[0]
+    d, heads = int(r["d_model"]), int(r["heads"])
+    config = LlamaConfig(hidden_size=d, num_hidden_layers=int(r["layers"]), num_attention_heads=heads,
+                         num_key_value_heads=int(r["kv_heads"]), intermediate_size=int(r["ffn_hidden"]),
+                         vocab_size=int(r["vocab"]), tie_word_embeddings=False, rope_theta=10000.0,
+                         max_position_embeddings=65536, rms_norm_eps=1e-5, head_dim=d // heads,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+    params = sum(p.numel() for p in model.parameters())
+    if params != int(r["params"]):
+        sys.exit(f"the PyTorch model has {params} parameters, ringbench's {r['params']}: not the same shape")
+    return model
+
+
+def best(fn, repeats):
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def torch_rows(args, model, vocab):
+    rng = np.random.default_rng(0)
+    ids = lambda n, b=1: torch.from_numpy(rng.integers(0, vocab, size=(b, n), dtype=np.int64))
+    out = []
+    model.eval()
+    with torch.no_grad():
+        for n in [int(x) for x in args.prefill.split(",")]:
+            prompt = ids(n)
+            seconds = best(lambda: model(prompt, use_cache=True, logits_to_keep=1), args.repeats)
+            out.append(("prefill", n, 1, n, seconds))
+        if args.decode > 0:
+            prompt = ids(args.decode_prompt)
+
+            def steps():
+                first = model(prompt, use_cache=True, logits_to_keep=1)
+                cache, token = first.past_key_values, first.logits[:, -1].argmax(-1, keepdim=True)
+                t0 = time.perf_counter()
+                for _ in range(args.decode):
+                    step = model(token, past_key_values=cache, use_cache=True)
+                    cache, token = step.past_key_values, step.logits[:, -1].argmax(-1, keepdim=True)
+                return time.perf_counter() - t0
+
+            steps()
+            seconds = min(steps() for _ in range(args.repeats))
+            out.append(("decode", args.decode_prompt, 1, args.decode, seconds))
+    if args.train_seq > 0:
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+        batch = ids(args.train_seq + 1, args.train_batch)
+
+        inputs, targets = batch[:, :-1], batch[:, 1:].reshape(-1)
+
+        def step():
+            logits = model(inputs).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        seconds = best(step, args.repeats)
+        out.append(("train", args.train_seq, args.train_batch, args.train_seq * args.train_batch, seconds))
+    return out
+
+
+def main():
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    os.makedirs(args.out, exist_ok=True)
+    directory = smollm2_dir(args.cache) if args.preset == "smollm2" else args.model
+    model_args = ["--model", directory] if directory else []
+    best_rb, best_pt, rows = {}, {}, None
+    model = None
+    for round_ in range(args.rounds):
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = run_ringbench(args, model_args, tmp)
+        for r in rows:
+            key = (r["work"], int(r["seq"]), int(r["batch"]), int(r["ranks"]))
+            if key not in best_rb or float(r["seconds"]) < float(best_rb[key]["seconds"]):
+                best_rb[key] = r
+        if model is None:
+            model = torch_model(args, directory, rows)
+        for work, seq, batch, tokens, seconds in torch_rows(args, model, int(rows[0]["vocab"])):
+            key = (work, seq, batch)
+            if key not in best_pt or seconds < best_pt[key][1]:
+                best_pt[key] = (tokens, seconds)
+        print(f"round {round_ + 1} of {args.rounds} done", flush=True)
+    first = rows[0]
+    columns = ["work", "model", "params", "seq", "batch", "tokens", "ranks", "ringbench_seconds",
+               "pytorch_seconds", "ringbench_tokens_per_s", "pytorch_tokens_per_s", "ringbench_over_pytorch",
+               "ringbench_cores_busy", "threads", "cpu", "cpu_features", "torch", "transformers"]
+    table = []
+    for (work, seq, batch, ranks), r in sorted(best_rb.items(), key=lambda kv: (["prefill", "decode", "train"].index(kv[0][0]), kv[0][1], kv[0][3])):
+        tokens, pt = best_pt[(work, seq, batch)]
+        rb_rate, pt_rate = float(r["tokens_per_s"]), tokens / pt
+        table.append(dict(work=work, model=r["model"], params=r["params"], seq=seq, batch=batch, tokens=tokens,
+                          ranks=ranks, ringbench_seconds=f"{float(r['seconds']):.4g}", pytorch_seconds=f"{pt:.4g}",
+                          ringbench_tokens_per_s=f"{rb_rate:.4g}", pytorch_tokens_per_s=f"{pt_rate:.4g}",
+                          ringbench_over_pytorch=f"{rb_rate / pt_rate:.3f}",
+                          ringbench_cores_busy=f"{float(r['cores_busy']):.2f}", threads=args.threads,
+                          cpu=first["cpu"], cpu_features=first["cpu_features"], torch=torch.__version__,
+                          transformers=transformers.__version__))
+    with open(os.path.join(args.out, "model_speed.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(table)
+    command = "/work/pyenv/bin/python scripts/model_speed.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    shown = ["work", "seq", "batch", "ranks", "ringbench_tokens_per_s", "pytorch_tokens_per_s",
+             "ringbench_over_pytorch", "ringbench_cores_busy"]
+    md = [f"# The whole model: ringbench against PyTorch on the same CPU", "",
+          f"Regenerate: `{command}`", "",
+          f"{first['model']} ({first['params']} parameters), f32, {args.threads} threads on both sides; CPU: "
+          f"{first['cpu']} ({first['cpu_features']}); torch {torch.__version__}, transformers "
+          f"{transformers.__version__} (sdpa attention). Best of {args.repeats} after a warm-up, over "
+          f"{args.rounds} alternating rounds. `ringbench_over_pytorch` > 1: ringbench is faster.", "",
+          "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    md += ["| " + " | ".join(str(row[c]) for c in shown) + " |" for row in table]
+    with open(os.path.join(args.out, "model_speed.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
