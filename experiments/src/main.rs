@@ -43,6 +43,7 @@ enum Command {
 }
 
 fn main() {
+    alloc::keep_freed_memory();
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Attn(args) => attn::run_command(args),
