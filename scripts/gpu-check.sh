@@ -313,7 +313,7 @@ dry_run() {
   t_exact=900 t_bench=300 t_multi=300
   bench_seqs=(64 128) bench_heads=2 bench_dim=16 bench_repeats=1
   gpus=1 have_nccl=no have_mpirun=no
-  local features=experiments/mpi,experiments/nccl,experiments/wgpu
+  local features=experiments/mpi,experiments/nccl,experiments/wgpu,ringbench-tests/wgpu
   local listing
   listing=$(cargo test --locked --workspace --features "$features" --no-run --message-format=json 2>/dev/null) || {
     echo "gpu-check dry-run: building the test command's executables failed" >&2; exit 1; }

@@ -52,7 +52,7 @@ cargo fmt --all -- --check
 
 # Every feature at once: mpi, nccl, wgpu and cuda (the CUDA backend compiles without a GPU: its
 # libraries load at run time). This is the compile check of the cuda and nccl features too.
-all_features=experiments/mpi,experiments/nccl,experiments/wgpu,experiments/cuda,ringbench-tests/cuda
+all_features=experiments/mpi,experiments/nccl,experiments/wgpu,experiments/cuda,ringbench-tests/wgpu,ringbench-tests/cuda
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 step "cargo clippy with every feature ($all_features)"
@@ -64,7 +64,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
 status=0
 # The tests' features. The use-it-from-your-own-model example (workbench/examples/own_model.rs) is a
 # test target too (`test = true`): 4 ranks must give the 1-rank losses, built with these features.
-test_features=experiments/mpi,experiments/nccl,experiments/wgpu
+test_features=experiments/mpi,experiments/nccl,experiments/wgpu,ringbench-tests/wgpu
 step "cargo test --workspace with the mpi, nccl and wgpu features (MPI tests start 4 processes with
 mpirun; the NCCL test checks that a machine without CUDA gets an error, not a panic; the wgpu tests run
 on Mesa's software Vulkan device)"
