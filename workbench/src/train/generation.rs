@@ -45,6 +45,16 @@ pub struct Decoding<'a> {
     pub keep_logits: bool,
 }
 
+impl Decoding<'_> {
+    /// Prompts decoded together out of `prompts` (`batch` 0: all of them).
+    fn batch_size(&self, prompts: usize) -> usize {
+        match self.batch {
+            0 => prompts.max(1),
+            b => b,
+        }
+    }
+}
+
 impl std::fmt::Debug for Decoding<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Decoding")
@@ -233,11 +243,7 @@ fn decode_rank<B: LayerBackend>(
         cache_keys: vec![0; world],
         logits: Vec::new(),
     };
-    let batch = match decoding.batch {
-        0 => prompts.len().max(1),
-        b => b,
-    };
-    for group in prompts.chunks(batch) {
+    for group in prompts.chunks(decoding.batch_size(prompts.len())) {
         decode_batch(&mut rings, model, group, decoding, merge, &mut decoded)?;
         if let Some(report) = decoding.on_batch.filter(|_| rank == 0) {
             report(group.len());
@@ -446,10 +452,7 @@ fn recompute<B: LayerBackend>(
         cache_keys: vec![0; decoding.ranks],
         logits: Vec::new(),
     };
-    let batch = match decoding.batch {
-        0 => prompts.len().max(1),
-        b => b,
-    };
+    let batch = decoding.batch_size(prompts.len());
     let longest_of = |i: usize| {
         let group = i / batch * batch;
         prompts[group..(group + batch).min(prompts.len())]
