@@ -5,7 +5,10 @@ use crate::cube::DeviceTiles;
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{DType, Tensor, TensorData};
+use rayon::prelude::*;
+use std::borrow::Cow;
 use std::cell::Cell;
 
 /// Backends whose tensors the ring reads as host f32. The default goes through `into_data`; a backend
@@ -88,16 +91,105 @@ impl HostRead for burn::backend::Flex {
     const HOST_MEMORY: bool = true;
 
     fn to_host<const D: usize>(tensor: Tensor<Self, D>) -> Vec<f32> {
-        let primitive = tensor.into_primitive().tensor();
-        if !primitive.is_unique()
-            && let Some(data) = primitive.as_slice::<f32>()
-        {
-            return data.to_vec();
-        }
-        via_data(Tensor::<Self, D>::from_primitive(TensorPrimitive::Float(
-            primitive,
-        )))
+        cpu_vec(tensor.into_primitive().tensor())
     }
+}
+
+/// Elements per parallel task of the CPU tensors' passes below (and of the model's elementwise
+/// steps): smaller inputs are one task on the calling thread, as a decode step's are.
+pub(crate) const CPU_TASK_ELEMENTS: usize = 1 << 14;
+
+/// A CPU tensor's values, row-major: borrowed when they already lie contiguous, else gathered from
+/// its strides (rows in parallel). Non-f32 tensors go through `into_data`.
+pub(crate) fn cpu_values(tensor: &FlexTensor) -> Cow<'_, [f32]> {
+    if let Some(values) = tensor.as_slice::<f32>() {
+        return Cow::Borrowed(values);
+    }
+    if tensor.dtype() != DType::F32 {
+        return Cow::Owned(
+            tensor
+                .clone()
+                .into_data()
+                .convert::<f32>()
+                .into_vec::<f32>()
+                .expect("converted to f32 above"),
+        );
+    }
+    Cow::Owned(gather(tensor))
+}
+
+/// A CPU tensor's values, row-major, owned: its own buffer when it holds it alone and whole,
+/// else a copy.
+pub(crate) fn cpu_vec(tensor: FlexTensor) -> Vec<f32> {
+    let layout = tensor.layout();
+    let whole = tensor.is_unique()
+        && layout.is_contiguous()
+        && layout.start_offset() == 0
+        && tensor.bytes().len() == layout.num_elements() * std::mem::size_of::<f32>();
+    if whole && tensor.dtype() == DType::F32 {
+        // Burn's byte buffer handed over; `into_vec` keeps it when it is aligned for f32.
+        return tensor
+            .into_data()
+            .into_vec::<f32>()
+            .expect("an f32 tensor's data");
+    }
+    cpu_values(&tensor).into_owned()
+}
+
+/// `values` of `shape` as a CPU tensor (the vector becomes its buffer).
+pub(crate) fn cpu_tensor(values: Vec<f32>, shape: &[usize]) -> FlexTensor {
+    debug_assert_eq!(values.len(), shape.iter().product::<usize>());
+    FlexTensor::from_data(TensorData::new(values, shape.to_vec()))
+}
+
+/// A strided f32 tensor copied row-major: each row of its last dimension from the strides, rows in
+/// parallel.
+fn gather(tensor: &FlexTensor) -> Vec<f32> {
+    let layout = tensor.layout();
+    let shape = layout.shape().to_vec();
+    let strides = layout.strides().to_vec();
+    let storage = tensor.storage::<f32>();
+    let n: usize = shape.iter().product();
+    let mut out = vec![0.0f32; n];
+    let Some((&last, outer)) = shape.split_last() else {
+        out.copy_from_slice(&storage[layout.start_offset()..layout.start_offset() + n]);
+        return out;
+    };
+    if n == 0 {
+        return out;
+    }
+    let step = strides[outer.len()];
+    let rows_per_task = (CPU_TASK_ELEMENTS / last.max(1)).max(1);
+    let row_start = |mut row: usize| {
+        let mut at = layout.start_offset() as isize;
+        for (dim, &size) in outer.iter().enumerate().rev() {
+            at += (row % size) as isize * strides[dim];
+            row /= size;
+        }
+        at
+    };
+    let copy_rows = |(task, chunk): (usize, &mut [f32])| {
+        for (i, row) in chunk.chunks_mut(last).enumerate() {
+            let at = row_start(task * rows_per_task + i);
+            if step == 1 {
+                row.copy_from_slice(&storage[at as usize..at as usize + last]);
+            } else {
+                for (j, x) in row.iter_mut().enumerate() {
+                    *x = storage[(at + j as isize * step) as usize];
+                }
+            }
+        }
+    };
+    if n <= CPU_TASK_ELEMENTS {
+        out.chunks_mut(rows_per_task * last)
+            .enumerate()
+            .for_each(copy_rows);
+    } else {
+        out.par_chunks_mut(rows_per_task * last)
+            .enumerate()
+            .for_each(copy_rows);
+    }
+    out
 }
 
 #[cfg(feature = "cuda")]

@@ -9,6 +9,7 @@
 
 mod device_fused;
 mod device_mask;
+pub(crate) mod exp;
 pub mod flops;
 pub mod fused;
 mod generic;

@@ -6,13 +6,13 @@
 //! dm = dy·W2ᵀ, da = dm ∘ g ∘ silu′(a), dg = dm ∘ silu(a), dx = da·W1ᵀ + dg·W3ᵀ, dW1 = xᵀ·da,
 //! dW3 = xᵀ·dg, with silu′(a) = σ(a)·(1 + a·(1 − σ(a))).
 
+use crate::model::elementwise::{ElementwiseBackend, swiglu, swiglu_backward as gate_backward};
 use crate::primitive::{unwrap, wrap};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::Tensor;
-use burn::tensor::activation::{sigmoid, silu};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
@@ -31,9 +31,9 @@ fn chunks(t: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// Backends that run the blockwise SwiGLU feed-forward. The default method computes it with tensor
-/// ops (what the inner backend of autodiff runs); the autodiff backend overrides it to register the
-/// rematerializing backward.
-pub trait FfnBackend: Backend {
+/// ops and the backend's gate (what the inner backend of autodiff runs); the autodiff backend
+/// overrides it to register the rematerializing backward.
+pub trait FfnBackend: ElementwiseBackend {
     /// `silu(x·W1) ∘ (x·W3) · W2` of `x: [b, t, d]` in chunks of `chunk` tokens; `w1, w3: [d, f]`,
     /// `w2: [f, d]`.
     fn blockwise_swiglu(
@@ -53,7 +53,7 @@ pub trait FfnBackend: Backend {
         let out = chunks(t, chunk)
             .map(|(s, e)| {
                 let c = rows(&x, s, e);
-                let m = silu(c.clone().matmul(w1.clone())) * c.matmul(w3.clone());
+                let m = swiglu(c.clone().matmul(w1.clone()), c.matmul(w3.clone()));
                 m.matmul(w2.clone()).reshape([b, e - s, d])
             })
             .collect();
@@ -71,7 +71,7 @@ impl FfnBackend for crate::backends::Wgpu {}
 
 /// The blockwise SwiGLU's backward: `(dx, dW1, dW3, dW2)` of `dy` at input `x: [b, t, d]`, each
 /// chunk's hidden activations recomputed, used and dropped.
-pub(crate) fn swiglu_backward<B: Backend>(
+pub(crate) fn swiglu_backward<B: ElementwiseBackend>(
     x: Tensor<B, 3>,
     w1: Tensor<B, 2>,
     w3: Tensor<B, 2>,
@@ -91,14 +91,9 @@ pub(crate) fn swiglu_backward<B: Backend>(
         let (c, dyc) = (rows(&x, s, e), rows(&dy, s, e));
         let a = c.clone().matmul(w1.clone());
         let g = c.clone().matmul(w3.clone());
-        let sig = sigmoid(a.clone());
-        let act = a.clone() * sig.clone();
-        let m = act.clone() * g.clone();
-        dw2 = dw2 + m.transpose().matmul(dyc.clone());
-        let dm = dyc.matmul(w2.clone().transpose());
-        let d_silu = sig.clone() * (a * (sig.neg() + 1.0) + 1.0);
-        let da = dm.clone() * g * d_silu;
-        let dg = dm * act;
+        let dm = dyc.clone().matmul(w2.clone().transpose());
+        let [da, dg, m] = gate_backward(a, g, dm);
+        dw2 = dw2 + m.transpose().matmul(dyc);
         dw1 = dw1 + c.clone().transpose().matmul(da.clone());
         dw3 = dw3 + c.transpose().matmul(dg.clone());
         let dxc = da.matmul(w1.clone().transpose()) + dg.matmul(w3.clone().transpose());
@@ -202,6 +197,7 @@ mod tests {
     use super::*;
     use burn::backend::Flex;
     use burn::tensor::Distribution;
+    use burn::tensor::activation::silu;
 
     type A = Autodiff<Flex>;
 

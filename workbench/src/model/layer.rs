@@ -12,8 +12,9 @@
 //! `dγ = Σ dy ∘ x·r` and `dx = r·g − r³·x·mean(g ∘ x)` for `g = dy ∘ γ`.
 
 use crate::error::RingError;
+use crate::model::elementwise::{heads_first, heads_last, rms_norm, rms_norm_backward, swiglu};
 use crate::model::ffn::{FfnBackend, blockwise_swiglu, swiglu_backward};
-use crate::model::norm::{flat, project, rms_norm, rms_norm_backward};
+use crate::model::project::{flat, project};
 use crate::model::rope::{Rope, RopeBackend};
 use crate::model::rope_scaling::RopeFrequencies;
 use crate::model::weights::{DecoderLayer, WeightPrimitives, Weights};
@@ -28,7 +29,6 @@ use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::Checkpoi
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::Tensor;
-use burn::tensor::activation::silu;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use std::sync::Arc;
@@ -132,22 +132,16 @@ fn forward_with<B: FfnBackend + RopeBackend, S>(
     ) -> Result<(Tensor<B, 4>, S), RingError>,
 ) -> Result<Forward<B, S>, RingError> {
     let [b, t, d] = x.dims();
-    let hd = trunk.head_dim;
     let (h1, r1) = rms_norm(x.clone(), &w.attn_norm, w.epsilons[0]);
-    // [b, t, heads · hd] → [b, heads, t, hd]
-    let split = |y: Tensor<B, 3>, heads: usize| y.reshape([b, t, heads, hd]).swap_dims(1, 2);
     let [bq, bk, bv] = w
         .qkv_bias
         .clone()
         .map_or([None, None, None], |b| b.map(Some));
-    let q = rope.rotate(split(biased(&h1, &w.wq, bq), trunk.heads), false);
-    let k = rope.rotate(split(biased(&h1, &w.wk, bk), trunk.kv_heads), false);
-    let v = split(biased(&h1, &w.wv, bv), trunk.kv_heads);
+    let q = rope.rotate(heads_first(biased(&h1, &w.wq, bq), trunk.heads), false);
+    let k = rope.rotate(heads_first(biased(&h1, &w.wk, bk), trunk.kv_heads), false);
+    let v = heads_first(biased(&h1, &w.wv, bv), trunk.kv_heads);
     let (out, saved) = attention(q, k, v)?;
-    let a = out
-        .clone()
-        .swap_dims(1, 2)
-        .reshape([b, t, trunk.heads * hd]);
+    let a = heads_last(out.clone());
     let x2 = x + project(a, &w.wo);
     let (h2, r2) = rms_norm(x2.clone(), &w.ffn_norm, w.epsilons[1]);
     let chunk = trunk.ffn_chunk.max(1);
@@ -156,8 +150,10 @@ fn forward_with<B: FfnBackend + RopeBackend, S>(
             let chunks = (0..t)
                 .step_by(chunk)
                 .map(|s| {
-                    let c = h2.clone().slice([0..b, s..(s + chunk).min(t), 0..d]);
-                    project(silu(project(c.clone(), &w.w1)) * project(c, &w.w3), &w.w2)
+                    let e = (s + chunk).min(t);
+                    let c = flat(h2.clone().slice([0..b, s..e, 0..d]));
+                    let m = swiglu(c.clone().matmul(w.w1.clone()), c.matmul(w.w3.clone()));
+                    m.matmul(w.w2.clone()).reshape([b, e - s, d])
                 })
                 .collect();
             Tensor::cat(chunks, 1)
@@ -200,8 +196,6 @@ fn backward<B: RingBackend + FfnBackend + RopeBackend>(
     ctx: &Arc<RingContext>,
     dy: Tensor<B, 3>,
 ) -> Result<(Tensor<B, 3>, Weights<B>), RingError> {
-    let [b, t, _] = x.dims();
-    let hd = trunk.head_dim;
     let f = forward(w, x.clone(), rope, (trunk, attend), ctx)?;
     // y = x2 + ffn(norm₂(x2))
     let (dh2, dw1, dw3, dw2) = swiglu_backward(
@@ -215,24 +209,16 @@ fn backward<B: RingBackend + FfnBackend + RopeBackend>(
     let (dx2_norm, d_ffn_norm) = rms_norm_backward(f.x2, f.r2, &w.ffn_norm, dh2);
     let dx2 = dy + dx2_norm;
     // x2 = x + a·Wo with a the attention output as [b, t, heads · hd]
-    let a = f
-        .out
-        .clone()
-        .swap_dims(1, 2)
-        .reshape([b, t, trunk.heads * hd]);
+    let a = heads_last(f.out.clone());
     let dwo = flat(a).transpose().matmul(flat(dx2.clone()));
     let da = project(dx2.clone(), &w.wo.clone().transpose());
-    let d_out = da.reshape([b, t, trunk.heads, hd]).swap_dims(1, 2);
+    let d_out = heads_first(da, trunk.heads);
     let engine::RingGrads { dq, dk, dv, dsinks } = engine::backward(ctx, &f.saved, f.out, d_out)?;
     // [b, heads, t, hd] → [b, t, heads · hd], RoPE undone on q and k
-    let merge = |g: Tensor<B, 4>| {
-        let heads = g.dims()[1];
-        g.swap_dims(1, 2).reshape([b, t, heads * hd])
-    };
     let (dq, dk, dv) = (
-        merge(rope.rotate(dq, true)),
-        merge(rope.rotate(dk, true)),
-        merge(dv),
+        heads_last(rope.rotate(dq, true)),
+        heads_last(rope.rotate(dk, true)),
+        heads_last(dv),
     );
     // A bias's gradient is its projection's output gradient summed over the tokens.
     let bias_grad = |g: &Tensor<B, 3>| {

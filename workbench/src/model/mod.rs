@@ -5,11 +5,12 @@
 pub mod agentic;
 pub mod attention;
 mod checkpoint;
+pub mod elementwise;
 pub mod ffn;
 pub mod layer;
 pub mod lazy;
 pub mod llama;
-mod norm;
+mod project;
 mod rope;
 pub mod rope_scaling;
 pub mod weights;

@@ -2,7 +2,7 @@
 //! whatever positions its strategy gave it, rotates as the whole sequence would; its frequencies
 //! (and their scaling) are [`crate::model::rope_scaling`]'s.
 
-use crate::host::HostRead;
+use crate::host::{CPU_TASK_ELEMENTS, cpu_tensor, cpu_values, cpu_vec};
 use crate::model::rope_scaling::RopeFrequencies;
 use crate::primitive::{unwrap, wrap};
 use burn::backend::Autodiff;
@@ -11,6 +11,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
+use rayon::prelude::*;
 
 /// cos and sin of RoPE angles for each token's global position, times the scaling's attention
 /// factor: `[1, 1, t, head_dim / 2]` each.
@@ -111,18 +112,13 @@ impl RopeBackend for burn::backend::Flex {
         sin: FloatTensor<Self>,
         inverse: bool,
     ) -> FloatTensor<Self> {
-        let x = wrap::<Self, 4>(x);
-        let (shape, device) = (x.dims(), x.device());
-        let [_, _, t, d] = shape;
+        let shape = x.layout().shape().to_vec();
+        let [_, _, t, d] = <[usize; 4]>::try_from(shape.clone()).expect("a [b, h, t, d] tensor");
         let half = d / 2;
-        // [b, h, t, d] in that order (one copy when the heads were split off by a transpose).
-        // Host memory already: a CPU tensor's values, not a transfer the ring counts.
-        let mut data = Self::to_host(x);
-        let (cos, sin) = (
-            Self::to_host(wrap::<Self, 4>(cos)),
-            Self::to_host(wrap::<Self, 4>(sin)),
-        );
-        for (row, x) in data.chunks_exact_mut(d).enumerate() {
+        // [b, h, t, d] in that order: the buffer itself when the tensor holds it alone, else one copy.
+        let mut data = cpu_vec(x);
+        let (cos, sin) = (cpu_values(&cos), cpu_values(&sin));
+        let rotate = |row: usize, x: &mut [f32]| {
             let at = (row % t) * half;
             let (cos, sin) = (&cos[at..at + half], &sin[at..at + half]);
             let (x1, x2) = x.split_at_mut(half);
@@ -132,11 +128,19 @@ impl RopeBackend for burn::backend::Flex {
                 x1[i] = a * cos[i] - b * s;
                 x2[i] = a * s + b * cos[i];
             }
+        };
+        let per = (CPU_TASK_ELEMENTS / d.max(1)).max(1);
+        let task = |(i, rows): (usize, &mut [f32])| {
+            for (j, x) in rows.chunks_exact_mut(d).enumerate() {
+                rotate(i * per + j, x);
+            }
+        };
+        if data.len() <= CPU_TASK_ELEMENTS {
+            data.chunks_mut(per * d).enumerate().for_each(task);
+        } else {
+            data.par_chunks_mut(per * d).enumerate().for_each(task);
         }
-        unwrap(Tensor::<Self, 4>::from_data(
-            TensorData::new(data, shape),
-            &device,
-        ))
+        cpu_tensor(data, &shape)
     }
 }
 

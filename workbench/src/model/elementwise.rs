@@ -1,0 +1,479 @@
+//! A layer's steps between its matmuls (RMSNorm and its backward, SwiGLU's gate and its backward, the
+//! heads' layout) as one backend trait: Burn tensor ops by default (the reference twin, and what
+//! autodiff differentiates), one parallel pass over host memory on the CPU backend instead of a chain
+//! of single-threaded, allocating tensor ops.
+//!
+//! RMSNorm: `y = γ ∘ x·r`, `r = (mean(x²) + ε)^(−1/2)` over the last dimension; given dy,
+//! `dγ = Σ dy ∘ x·r` and `dx = r·g − r³·x·mean(g ∘ x)` for `g = dy ∘ γ`. SwiGLU's gate:
+//! `m = silu(a) ∘ g`, `silu(a) = a·σ(a)`; given dm, `da = dm ∘ g ∘ σ(a)·(1 + a·(1 − σ(a)))` and
+//! `dg = dm ∘ silu(a)`.
+
+use crate::host::{CPU_TASK_ELEMENTS, cpu_tensor, cpu_values};
+use crate::kernels::exp::fast_exp;
+use crate::primitive::{unwrap, wrap};
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::flex::FlexTensor;
+use burn::tensor::Tensor;
+use burn::tensor::activation::{sigmoid, silu};
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use multiversion::multiversion;
+use rayon::prelude::*;
+
+/// Backends that run a layer's elementwise steps. Every default method is the reference twin in Burn
+/// tensor ops; the CPU backend overrides each with one pass over host memory.
+pub trait ElementwiseBackend: Backend {
+    /// RMSNorm of `x: [b, t, d]` by `γ: [d]`: `(y [b, t, d], r [b, t, 1])`.
+    fn rms_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        eps: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (x, gamma) = (wrap::<Self, 3>(x), wrap::<Self, 1>(gamma));
+        let r = (x.clone().square().mean_dim(2) + eps).sqrt().recip();
+        (unwrap(x * r.clone() * gamma.unsqueeze()), unwrap(r))
+    }
+
+    /// RMSNorm's backward: `(dx [b, t, d], dγ [d])` of `dy` at input `x` with `r` from the forward.
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        r: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (x, r, dy) = (wrap::<Self, 3>(x), wrap::<Self, 3>(r), wrap::<Self, 3>(dy));
+        let gamma = wrap::<Self, 1>(gamma);
+        let d = gamma.dims()[0];
+        let d_gamma = (dy.clone() * x.clone() * r.clone())
+            .reshape([-1, d as i32])
+            .sum_dim(0)
+            .reshape([d]);
+        let g = dy * gamma.unsqueeze();
+        let mean_gx = (g.clone() * x.clone()).mean_dim(2);
+        let dx = g * r.clone() - x * r.clone() * r.clone() * r * mean_gx;
+        (unwrap(dx), unwrap(d_gamma))
+    }
+
+    /// SwiGLU's gate `silu(a) ∘ g` of two `[n, f]` matrices.
+    fn swiglu(a: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
+        unwrap(silu(wrap::<Self, 2>(a)) * wrap::<Self, 2>(g))
+    }
+
+    /// The gate's backward: `(da, dg, m)` of `dm` at `a`, `g` (`m = silu(a) ∘ g` recomputed, for
+    /// the down projection's weight gradient).
+    fn swiglu_backward(
+        a: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        dm: FloatTensor<Self>,
+    ) -> [FloatTensor<Self>; 3] {
+        let (a, g, dm) = (wrap::<Self, 2>(a), wrap::<Self, 2>(g), wrap::<Self, 2>(dm));
+        let sig = sigmoid(a.clone());
+        let act = a.clone() * sig.clone();
+        let m = act.clone() * g.clone();
+        let d_silu = sig.clone() * (a * (sig.neg() + 1.0) + 1.0);
+        let da = dm.clone() * g * d_silu;
+        let dg = dm * act;
+        [unwrap(da), unwrap(dg), unwrap(m)]
+    }
+
+    /// `[b, t, heads · hd]` as `[b, heads, t, hd]`, contiguous.
+    fn heads_first(x: FloatTensor<Self>, heads: usize) -> FloatTensor<Self> {
+        let x = wrap::<Self, 3>(x);
+        let [b, t, width] = x.dims();
+        unwrap(x.reshape([b, t, heads, width / heads]).swap_dims(1, 2))
+    }
+
+    /// `[b, heads, t, hd]` as `[b, t, heads · hd]`, contiguous.
+    fn heads_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let x = wrap::<Self, 4>(x);
+        let [b, heads, t, hd] = x.dims();
+        unwrap(x.swap_dims(1, 2).reshape([b, t, heads * hd]))
+    }
+}
+
+/// Independent accumulators of a row's sums, so that the loop vectorizes without reassociating one
+/// chain.
+const LANES: usize = 16;
+
+/// `Σ x²` of a row.
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn sum_of_squares(x: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (acc, x) in lanes.iter_mut().zip(chunk) {
+            *acc += x * x;
+        }
+    }
+    lanes.iter().sum::<f32>() + chunks.remainder().iter().map(|x| x * x).sum::<f32>()
+}
+
+/// `Σ a ∘ b` of two rows.
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let (mut ca, mut cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for ((acc, x), y) in lanes.iter_mut().zip(x).zip(y) {
+            *acc += x * y;
+        }
+    }
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// One row of RMSNorm: `y = x·r ∘ γ`, returning r.
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn norm_row(x: &[f32], gamma: &[f32], eps: f32, y: &mut [f32]) -> f32 {
+    let r = 1.0 / (sum_of_squares(x) / x.len() as f32 + eps).sqrt();
+    for ((y, &x), &g) in y.iter_mut().zip(x).zip(gamma) {
+        *y = x * r * g;
+    }
+    r
+}
+
+/// One row of RMSNorm's backward: `dx = r·g − r³·x·mean(g ∘ x)` with `g = dy ∘ γ`; `dγ += dy ∘ x·r`.
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn norm_backward_row(
+    (x, dy, gamma): (&[f32], &[f32], &[f32]),
+    r: f32,
+    dx: &mut [f32],
+    d_gamma: &mut [f32],
+) {
+    for ((dx, &dy), &g) in dx.iter_mut().zip(dy).zip(gamma) {
+        *dx = dy * g;
+    }
+    let mean_gx = dot(dx, x) / x.len() as f32;
+    let r3 = r * r * r;
+    for (dx, &x) in dx.iter_mut().zip(x) {
+        *dx = *dx * r - x * r3 * mean_gx;
+    }
+    for ((acc, &dy), &x) in d_gamma.iter_mut().zip(dy).zip(x) {
+        *acc += dy * x * r;
+    }
+}
+
+/// `m = silu(a) ∘ g` elementwise.
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn swiglu_span(a: &[f32], g: &[f32], m: &mut [f32]) {
+    for ((m, &a), &g) in m.iter_mut().zip(a).zip(g) {
+        *m = a / (1.0 + fast_exp(-a)) * g;
+    }
+}
+
+/// The gate's backward elementwise: `da`, `dg` and `m` of `dm` at `a`, `g`.
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn swiglu_backward_span(
+    (a, g, dm): (&[f32], &[f32], &[f32]),
+    da: &mut [f32],
+    dg: &mut [f32],
+    m: &mut [f32],
+) {
+    for i in 0..a.len() {
+        let sig = 1.0 / (1.0 + fast_exp(-a[i]));
+        let act = a[i] * sig;
+        m[i] = act * g[i];
+        da[i] = dm[i] * g[i] * (sig * (a[i] * (1.0 - sig) + 1.0));
+        dg[i] = dm[i] * act;
+    }
+}
+
+/// Runs `f` on each task's slice of `rows` rows of `width` (the zipped outputs), in parallel when the
+/// input is large enough to pay for it.
+fn for_rows<T: Send>(tasks: Vec<T>, elements: usize, f: impl Fn(usize, T) + Sync + Send) {
+    if elements <= CPU_TASK_ELEMENTS {
+        tasks.into_iter().enumerate().for_each(|(i, t)| f(i, t));
+    } else {
+        tasks.into_par_iter().enumerate().for_each(|(i, t)| f(i, t));
+    }
+}
+
+/// Rows per task for rows of `width`.
+fn rows_per_task(width: usize) -> usize {
+    (CPU_TASK_ELEMENTS / width.max(1)).max(1)
+}
+
+/// A CPU tensor's shape.
+fn shape_of(x: &FlexTensor) -> Vec<usize> {
+    x.layout().shape().to_vec()
+}
+
+impl ElementwiseBackend for burn::backend::Flex {
+    fn rms_norm(x: FlexTensor, gamma: FlexTensor, eps: f64) -> (FlexTensor, FlexTensor) {
+        let shape = shape_of(&x);
+        let d = *shape.last().expect("RMSNorm of a [b, t, d] tensor");
+        let (values, gamma) = (cpu_values(&x), cpu_values(&gamma));
+        let rows = values.len() / d.max(1);
+        let mut y = vec![0.0f32; values.len()];
+        let mut r = vec![0.0f32; rows];
+        let per = rows_per_task(d);
+        let tasks: Vec<_> = y.chunks_mut(per * d).zip(r.chunks_mut(per)).collect();
+        for_rows(tasks, values.len(), |task, (y, r)| {
+            let x = &values[task * per * d..];
+            for ((y, r), x) in y.chunks_mut(d).zip(r.iter_mut()).zip(x.chunks(d)) {
+                *r = norm_row(x, &gamma, eps as f32, y);
+            }
+        });
+        let mut r_shape = shape.clone();
+        *r_shape.last_mut().expect("non-empty above") = 1;
+        (cpu_tensor(y, &shape), cpu_tensor(r, &r_shape))
+    }
+
+    fn rms_norm_backward(
+        x: FlexTensor,
+        r: FlexTensor,
+        gamma: FlexTensor,
+        dy: FlexTensor,
+    ) -> (FlexTensor, FlexTensor) {
+        let shape = shape_of(&x);
+        let d = *shape.last().expect("RMSNorm of a [b, t, d] tensor");
+        let (x, r, gamma, dy) = (
+            cpu_values(&x),
+            cpu_values(&r),
+            cpu_values(&gamma),
+            cpu_values(&dy),
+        );
+        let mut dx = vec![0.0f32; x.len()];
+        let per = rows_per_task(d);
+        // Each task sums its rows' dγ; the tasks' sums are added in task order (a fixed order: the
+        // same bits on any number of threads).
+        let mut partial = vec![vec![0.0f32; d]; dx.len().div_ceil(per * d)];
+        let tasks: Vec<_> = dx.chunks_mut(per * d).zip(partial.iter_mut()).collect();
+        for_rows(tasks, x.len(), |task, (dx, d_gamma)| {
+            let first = task * per;
+            for (i, dx) in dx.chunks_mut(d).enumerate() {
+                let row = first + i;
+                let span = row * d..(row + 1) * d;
+                let operands = (&x[span.clone()], &dy[span], &gamma[..]);
+                norm_backward_row(operands, r[row], dx, d_gamma);
+            }
+        });
+        let mut d_gamma = vec![0.0f32; d];
+        for part in &partial {
+            for (acc, p) in d_gamma.iter_mut().zip(part) {
+                *acc += p;
+            }
+        }
+        (cpu_tensor(dx, &shape), cpu_tensor(d_gamma, &[d]))
+    }
+
+    fn swiglu(a: FlexTensor, g: FlexTensor) -> FlexTensor {
+        let shape = shape_of(&a);
+        let (a, g) = (cpu_values(&a), cpu_values(&g));
+        let mut m = vec![0.0f32; a.len()];
+        let tasks: Vec<_> = m.chunks_mut(CPU_TASK_ELEMENTS).collect();
+        for_rows(tasks, a.len(), |task, m| {
+            let at = task * CPU_TASK_ELEMENTS;
+            let span = at..at + m.len();
+            swiglu_span(&a[span.clone()], &g[span], m);
+        });
+        cpu_tensor(m, &shape)
+    }
+
+    fn swiglu_backward(a: FlexTensor, g: FlexTensor, dm: FlexTensor) -> [FlexTensor; 3] {
+        let shape = shape_of(&a);
+        let (a, g, dm) = (cpu_values(&a), cpu_values(&g), cpu_values(&dm));
+        let n = a.len();
+        let (mut da, mut dg, mut m) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
+        let tasks: Vec<_> = da
+            .chunks_mut(CPU_TASK_ELEMENTS)
+            .zip(dg.chunks_mut(CPU_TASK_ELEMENTS))
+            .zip(m.chunks_mut(CPU_TASK_ELEMENTS))
+            .collect();
+        for_rows(tasks, n, |task, ((da, dg), m)| {
+            let at = task * CPU_TASK_ELEMENTS;
+            let span = at..at + m.len();
+            let operands = (&a[span.clone()], &g[span.clone()], &dm[span]);
+            swiglu_backward_span(operands, da, dg, m);
+        });
+        [da, dg, m].map(|values| cpu_tensor(values, &shape))
+    }
+
+    fn heads_first(x: FlexTensor, heads: usize) -> FlexTensor {
+        let [b, t, width] = <[usize; 3]>::try_from(shape_of(&x)).expect("a [b, t, n] tensor");
+        let view = x
+            .reshape([b, t, heads, width / heads].into())
+            .transpose(1, 2);
+        cpu_tensor(cpu_values(&view).into_owned(), &[b, heads, t, width / heads])
+    }
+
+    fn heads_last(x: FlexTensor) -> FlexTensor {
+        let [b, heads, t, hd] = <[usize; 4]>::try_from(shape_of(&x)).expect("a [b, h, t, d] tensor");
+        let view = x.transpose(1, 2);
+        cpu_tensor(cpu_values(&view).into_owned(), &[b, t, heads * hd])
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl ElementwiseBackend for crate::backends::Cuda {}
+
+#[cfg(feature = "wgpu")]
+impl ElementwiseBackend for crate::backends::Wgpu {}
+
+/// Autodiff differentiates the reference twins' tensor ops (its inner backend runs them; the
+/// checkpointed layer calls the inner backend's own passes directly).
+impl<B: ElementwiseBackend, C: CheckpointStrategy> ElementwiseBackend for Autodiff<B, C> {}
+
+/// The tensor-level entry points the layer calls.
+pub(crate) fn rms_norm<B: ElementwiseBackend>(
+    x: Tensor<B, 3>,
+    gamma: &Tensor<B, 1>,
+    eps: f64,
+) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    let (y, r) = B::rms_norm(unwrap(x), unwrap(gamma.clone()), eps);
+    (wrap(y), wrap(r))
+}
+
+/// RMSNorm's backward: `(dx, dγ)` of `dy` at input `x` with `r` from [`rms_norm`].
+pub(crate) fn rms_norm_backward<B: ElementwiseBackend>(
+    x: Tensor<B, 3>,
+    r: Tensor<B, 3>,
+    gamma: &Tensor<B, 1>,
+    dy: Tensor<B, 3>,
+) -> (Tensor<B, 3>, Tensor<B, 1>) {
+    let (dx, d_gamma) =
+        B::rms_norm_backward(unwrap(x), unwrap(r), unwrap(gamma.clone()), unwrap(dy));
+    (wrap(dx), wrap(d_gamma))
+}
+
+/// `silu(a) ∘ g` of `[n, f]` matrices.
+pub(crate) fn swiglu<B: ElementwiseBackend>(a: Tensor<B, 2>, g: Tensor<B, 2>) -> Tensor<B, 2> {
+    wrap(B::swiglu(unwrap(a), unwrap(g)))
+}
+
+/// `(da, dg, m)` of `dm` at `a`, `g`.
+pub(crate) fn swiglu_backward<B: ElementwiseBackend>(
+    a: Tensor<B, 2>,
+    g: Tensor<B, 2>,
+    dm: Tensor<B, 2>,
+) -> [Tensor<B, 2>; 3] {
+    B::swiglu_backward(unwrap(a), unwrap(g), unwrap(dm)).map(wrap)
+}
+
+/// `[b, t, heads · hd]` as `[b, heads, t, hd]`.
+pub(crate) fn heads_first<B: ElementwiseBackend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
+    wrap(B::heads_first(unwrap(x), heads))
+}
+
+/// `[b, heads, t, hd]` as `[b, t, heads · hd]`.
+pub(crate) fn heads_last<B: ElementwiseBackend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
+    wrap(B::heads_last(unwrap(x)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::read;
+    use burn::backend::Flex;
+    use burn::tensor::{Distribution, TensorData};
+    use ringbench_tests::{F32_UNIT_ROUNDOFF, deviation};
+
+    /// The reference twins: autodiff runs the default methods' tensor ops.
+    type Twin = Autodiff<Flex>;
+
+    /// A `[2, t, 24]` tensor that is a strided view (transposed back from `[t, 2, 24]`), values in
+    /// [−3, 3], and the same values as a float64 vector row-major.
+    fn strided_input(seed: u64, t: usize) -> (Tensor<Flex, 3>, Vec<f64>) {
+        let device = Default::default();
+        let x = crate::model::lazy::seeded::<Flex, _>(seed, &device, || {
+            Tensor::<Flex, 3>::random([t, 2, 24], Distribution::Uniform(-3.0, 3.0), &device)
+        })
+        .swap_dims(0, 1);
+        let values = read(x.clone()).into_iter().map(f64::from).collect();
+        (x, values)
+    }
+
+    fn twin<const D: usize>(x: &Tensor<Flex, D>) -> Tensor<Twin, D> {
+        Tensor::from_inner(x.clone())
+    }
+
+    fn flex_of(values: &[f64], shape: &[usize]) -> Tensor<Flex, 1> {
+        let data: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+        Tensor::from_data(TensorData::new(data, [shape.iter().product::<usize>()]), &Default::default())
+    }
+
+    /// RMSNorm of a row of d: d squares summed (d·u), a division, a square root and a reciprocal,
+    /// two products (4u): the float64 value to (d + 8)·u relative to the output's scale.
+    /// 5 tokens run as one task, 400 (19,200 elements) as several in parallel.
+    #[test]
+    fn rms_norm_and_its_backward_match_float64_and_the_twin() {
+        for t in [5, 400] {
+            rms_norm_case(t);
+        }
+    }
+
+    fn rms_norm_case(t: usize) {
+        let (x, xs) = strided_input(3, t);
+        let (gamma_v, _) = strided_input(4, 1);
+        let gamma_values: Vec<f64> = read(gamma_v).iter().take(24).map(|&v| f64::from(v)).collect();
+        let gamma = flex_of(&gamma_values, &[24]);
+        let (dy, dys) = strided_input(5, t);
+        let eps = 1e-6;
+        // float64: y, r, dx, dγ
+        let (mut y64, mut dx64, mut dg64) = (vec![], vec![], vec![0.0f64; 24]);
+        for (row, dy) in xs.chunks(24).zip(dys.chunks(24)) {
+            let r = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / 24.0 + eps).sqrt();
+            y64.extend(row.iter().zip(&gamma_values).map(|(v, g)| v * r * g));
+            let g: Vec<f64> = dy.iter().zip(&gamma_values).map(|(a, b)| a * b).collect();
+            let mean_gx = g.iter().zip(row).map(|(a, b)| a * b).sum::<f64>() / 24.0;
+            dx64.extend(g.iter().zip(row).map(|(g, v)| r * g - r * r * r * v * mean_gx));
+            for ((acc, d), v) in dg64.iter_mut().zip(dy).zip(row) {
+                *acc += d * v * r;
+            }
+        }
+        let tolerance = (24.0 + 8.0) * F32_UNIT_ROUNDOFF;
+        let (y, r) = rms_norm(x.clone(), &gamma, eps);
+        let got = deviation(&read(y.clone()), &y64);
+        assert!(got.within(tolerance), "y: {got}");
+        let (y_twin, _) = rms_norm(twin(&x), &twin(&gamma), eps);
+        assert!(deviation(&read(y), &read(y_twin.inner())).within(2.0 * tolerance));
+        // The backward: a dot product of d, then the same few products per element; dγ sums the
+        // 2t rows' products: (d + 2t + 8)·u.
+        let (dx, dg) = rms_norm_backward(x, r, &gamma, dy);
+        let got = deviation(&read(dx), &dx64);
+        assert!(got.within((24.0 + 8.0) * F32_UNIT_ROUNDOFF), "dx: {got}");
+        let got = deviation(&read(dg), &dg64);
+        assert!(got.within((24.0 + 2.0 * t as f64 + 8.0) * F32_UNIT_ROUNDOFF), "dγ: {got}");
+    }
+
+    /// The gate and its backward against float64: exp to 4e-7 relative (its test), then a division
+    /// and three products: within 4e-7 + 8u of each element's scale.
+    #[test]
+    fn the_gate_and_its_backward_match_float64() {
+        let (a, av) = strided_input(6, 400);
+        let (g, gv) = strided_input(7, 400);
+        let (dm, dmv) = strided_input(8, 400);
+        let flat = |x: Tensor<Flex, 3>| x.reshape([800, 24]);
+        let sig = |a: f64| 1.0 / (1.0 + (-a).exp());
+        let m64: Vec<f64> = av.iter().zip(&gv).map(|(a, g)| a * sig(*a) * g).collect();
+        let da64: Vec<f64> = (0..av.len())
+            .map(|i| {
+                let s = sig(av[i]);
+                dmv[i] * gv[i] * s * (1.0 + av[i] * (1.0 - s))
+            })
+            .collect();
+        let dg64: Vec<f64> = (0..av.len()).map(|i| dmv[i] * av[i] * sig(av[i])).collect();
+        let tolerance = 4e-7 + 8.0 * F32_UNIT_ROUNDOFF;
+        let m = swiglu(flat(a.clone()), flat(g.clone()));
+        let got = deviation(&read(m), &m64);
+        assert!(got.within(tolerance), "m: {got}");
+        let [da, dg, m] = swiglu_backward(flat(a), flat(g), flat(dm));
+        for (name, got, want) in [("da", da, &da64), ("dg", dg, &dg64), ("m", m, &m64)] {
+            let got = deviation(&read(got), want);
+            assert!(got.within(tolerance), "{name}: {got}");
+        }
+    }
+
+    /// Moving heads first and back are copies: the twins' bits, from a strided input too.
+    #[test]
+    fn heads_move_as_the_twins_move_them() {
+        let (x, _) = strided_input(9, 5);
+        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        let first = heads_first(x.clone(), 4);
+        assert_eq!(first.dims(), [2, 4, 5, 6]);
+        assert_eq!(bits(read(first.clone())), bits(read(heads_first(twin(&x), 4).inner())));
+        let back = heads_last(first);
+        assert_eq!(bits(read(back)), bits(read(x)));
+    }
+}
