@@ -4,8 +4,8 @@
 use crate::cube::DeviceTiles;
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn::tensor::backend::Backend;
 use burn::backend::flex::FlexTensor;
+use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 use std::borrow::Cow;

@@ -2,7 +2,8 @@
 //! and the matching FlashAttention-2 backward, on host f32 buffers with the `gemm` crate.
 //!
 //! The generic Burn-tensor kernel (`generic.rs`) is this module's reference twin; the exactness
-//! table runs on both. Work is split over (batch, kv head) units with rayon; matmuls inside a unit are
+//! table runs on both. The forward splits work over blocks of query rows of each (batch, kv head)
+//! unit, the backward over units, with rayon; matmuls inside a task are
 //! single-threaded so that N rank threads do not oversubscribe the cores.
 //!
 //! # Shapes
@@ -318,67 +319,76 @@ impl OnlineSoftmax {
         };
         let (d, rows, tk) = (dims.head_dim, dims.rows(), dims.tk);
         let (win_q, how) = (&self.win_q, self.how);
-        let units = self
+        // Tasks of ROWS query rows of one unit: rows are independent, so any split gives the same
+        // bits, and causal blocks of unequal work balance over the pool.
+        let blocks = self
             .acc
             .chunks_mut(rows * d)
             .zip(self.m.chunks_mut(rows))
             .zip(self.l.chunks_mut(rows))
             .zip(q.chunks(rows * d))
-            .enumerate();
-        for_each_unit(self.parallel, units, |(unit, (((acc, m), l), q))| {
+            .enumerate()
+            .flat_map(|(unit, (((acc, m), l), q))| {
+                acc.chunks_mut(ROWS * d)
+                    .zip(m.chunks_mut(ROWS))
+                    .zip(l.chunks_mut(ROWS))
+                    .enumerate()
+                    .map(move |(block, ((acc, m), l))| (unit, block * ROWS, acc, m, l, q))
+            });
+        for_each_unit(self.parallel, blocks, |(unit, first, acc, m, l, q)| {
             let k = &k[unit * tk * d..(unit + 1) * tk * d];
             let v = &v[unit * tk * d..(unit + 1) * tk * d];
-            let mut s = vec![0.0f32; ROWS.min(rows) * COLS.min(tk)];
-            for r0 in (0..rows).step_by(ROWS) {
-                let nr = ROWS.min(rows - r0);
-                let bounds = row_bounds(win_q, r0, r0 + nr);
-                for c0 in (0..tk).step_by(COLS) {
-                    let nc = COLS.min(tk - c0);
-                    let pos_kc = &pos_k[c0..c0 + nc];
-                    let cover_all = bounds.cover(span(pos_kc));
-                    for (r0, nr, nc, cover) in pieces(cover_all, win_q, (r0, nr), pos_kc) {
-                        let pos_kc = &pos_kc[..nc];
-                        let s = &mut s[..nr * nc];
-                        scores(
-                            s,
-                            q,
-                            k,
-                            d,
-                            (r0, nr),
-                            (c0, nc),
-                            how,
-                            None,
-                            cover,
-                            win_q,
-                            pos_kc,
-                        );
-                        for (i, row) in s.chunks_mut(nc).enumerate() {
-                            let r = r0 + i;
-                            let m_new = m[r].max(row_max(row));
-                            if m_new == f32::NEG_INFINITY {
-                                row.fill(0.0);
-                                continue;
-                            }
-                            let correction = (m[r] - m_new).exp();
-                            l[r] = l[r] * correction + exp_shift_sum(row, m_new);
-                            m[r] = m_new;
-                            if correction != 1.0 {
-                                scale_row(&mut acc[r * d..(r + 1) * d], correction);
-                            }
+            let nr = m.len();
+            let mut s = vec![0.0f32; nr * COLS.min(tk)];
+            let r0 = first;
+            let bounds = row_bounds(win_q, r0, r0 + nr);
+            for c0 in (0..tk).step_by(COLS) {
+                let nc = COLS.min(tk - c0);
+                let pos_kc = &pos_k[c0..c0 + nc];
+                let cover_all = bounds.cover(span(pos_kc));
+                for (r0, nr, nc, cover) in pieces(cover_all, win_q, (r0, nr), pos_kc) {
+                    let pos_kc = &pos_kc[..nc];
+                    let s = &mut s[..nr * nc];
+                    scores(
+                        s,
+                        q,
+                        k,
+                        d,
+                        (r0, nr),
+                        (c0, nc),
+                        how,
+                        None,
+                        cover,
+                        win_q,
+                        pos_kc,
+                    );
+                    for (i, row) in s.chunks_mut(nc).enumerate() {
+                        // r indexes the unit's rows; the block's slices start at `first`.
+                        let r = r0 + i - first;
+                        let m_new = m[r].max(row_max(row));
+                        if m_new == f32::NEG_INFINITY {
+                            row.fill(0.0);
+                            continue;
                         }
-                        // P enters the product in the operands' type; its sum l stays f32.
-                        how.precision.dtype.round(s);
-                        matmul(
-                            &mut acc[r0 * d..],
-                            s,
-                            (nc, 1),
-                            &v[c0 * d..],
-                            (d, 1),
-                            (nr, d, nc),
-                            1.0,
-                            true,
-                        );
+                        let correction = (m[r] - m_new).exp();
+                        l[r] = l[r] * correction + exp_shift_sum(row, m_new);
+                        m[r] = m_new;
+                        if correction != 1.0 {
+                            scale_row(&mut acc[r * d..(r + 1) * d], correction);
+                        }
                     }
+                    // P enters the product in the operands' type; its sum l stays f32.
+                    how.precision.dtype.round(s);
+                    matmul(
+                        &mut acc[(r0 - first) * d..],
+                        s,
+                        (nc, 1),
+                        &v[c0 * d..],
+                        (d, 1),
+                        (nr, d, nc),
+                        1.0,
+                        true,
+                    );
                 }
             }
             // Between ring steps the output is kept in the merge's type (the row max and sum, like

@@ -12,12 +12,14 @@ use crate::host::{CPU_TASK_ELEMENTS, cpu_tensor, cpu_values};
 use crate::kernels::exp::fast_exp;
 use crate::primitive::{unwrap, wrap};
 use burn::backend::Autodiff;
-use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
-use burn::tensor::Tensor;
 use burn::tensor::activation::{sigmoid, silu};
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorMetadata};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
@@ -119,7 +121,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             *acc += x * y;
         }
     }
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
     lanes.iter().sum::<f32>() + tail
 }
 
@@ -295,11 +302,15 @@ impl ElementwiseBackend for burn::backend::Flex {
         let view = x
             .reshape([b, t, heads, width / heads].into())
             .transpose(1, 2);
-        cpu_tensor(cpu_values(&view).into_owned(), &[b, heads, t, width / heads])
+        cpu_tensor(
+            cpu_values(&view).into_owned(),
+            &[b, heads, t, width / heads],
+        )
     }
 
     fn heads_last(x: FlexTensor) -> FlexTensor {
-        let [b, heads, t, hd] = <[usize; 4]>::try_from(shape_of(&x)).expect("a [b, h, t, d] tensor");
+        let [b, heads, t, hd] =
+            <[usize; 4]>::try_from(shape_of(&x)).expect("a [b, h, t, d] tensor");
         let view = x.transpose(1, 2);
         cpu_tensor(cpu_values(&view).into_owned(), &[b, t, heads * hd])
     }
@@ -311,9 +322,128 @@ impl ElementwiseBackend for crate::backends::Cuda {}
 #[cfg(feature = "wgpu")]
 impl ElementwiseBackend for crate::backends::Wgpu {}
 
-/// Autodiff differentiates the reference twins' tensor ops (its inner backend runs them; the
-/// checkpointed layer calls the inner backend's own passes directly).
-impl<B: ElementwiseBackend, C: CheckpointStrategy> ElementwiseBackend for Autodiff<B, C> {}
+/// Each step as one autodiff op whose backward is the inner backend's own pass: RMSNorm's backward,
+/// the gate's, and moving the heads back.
+impl<B: ElementwiseBackend, C: CheckpointStrategy> ElementwiseBackend for Autodiff<B, C> {
+    /// `r` is returned untracked: a value the checkpointed layer's hand-written backward reads, never
+    /// differentiated through.
+    fn rms_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        eps: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let nodes = [x.node, gamma.node];
+        let (x, gamma) = (x.primitive, gamma.primitive);
+        let (y, r) = B::rms_norm(x.clone(), gamma.clone(), eps);
+        let y = match RmsNormBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((x, r.clone(), gamma), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        };
+        (y, <Self as AutodiffBackend>::from_inner(r))
+    }
+
+    fn swiglu(a: FloatTensor<Self>, g: FloatTensor<Self>) -> FloatTensor<Self> {
+        let nodes = [a.node, g.node];
+        let (a, g) = (a.primitive, g.primitive);
+        let m = B::swiglu(a.clone(), g.clone());
+        match GateBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((a, g), m),
+            OpsKind::UnTracked(prep) => prep.finish(m),
+        }
+    }
+
+    fn heads_first(x: FloatTensor<Self>, heads: usize) -> FloatTensor<Self> {
+        let out = B::heads_first(x.primitive, heads);
+        match HeadsBackward::First
+            .prepare::<C>([x.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(heads, out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+
+    fn heads_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let heads = x.shape()[1];
+        let out = B::heads_last(x.primitive);
+        match HeadsBackward::Last
+            .prepare::<C>([x.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(heads, out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+}
+
+/// RMSNorm's autodiff step: state `(x, r, γ)`, parents `[x, γ]`.
+#[derive(Debug)]
+struct RmsNormBackward;
+
+impl<B: ElementwiseBackend> Backward<B, 2> for RmsNormBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let (x, r, gamma) = ops.state;
+        let (dx, d_gamma) = B::rms_norm_backward(x, r, gamma, dy);
+        let [px, pg] = ops.parents;
+        for (parent, grad) in [(px, dx), (pg, d_gamma)] {
+            if let Some(node) = parent {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+/// The gate's autodiff step: state `(a, g)`, parents `[a, g]`.
+#[derive(Debug)]
+struct GateBackward;
+
+impl<B: ElementwiseBackend> Backward<B, 2> for GateBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dm = grads.consume::<B>(&ops.node);
+        let (a, g) = ops.state;
+        let [da, dg, _] = B::swiglu_backward(a, g, dm);
+        let [pa, pg] = ops.parents;
+        for (parent, grad) in [(pa, da), (pg, dg)] {
+            if let Some(node) = parent {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+/// Moving heads first or last: the gradient moves back. State: the number of heads.
+#[derive(Debug)]
+enum HeadsBackward {
+    First,
+    Last,
+}
+
+impl<B: ElementwiseBackend> Backward<B, 1> for HeadsBackward {
+    type State = usize;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let heads = ops.state;
+        let dx = match self {
+            HeadsBackward::First => B::heads_last(dy),
+            HeadsBackward::Last => B::heads_first(dy, heads),
+        };
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(node.id, dx);
+        }
+    }
+}
 
 /// The tensor-level entry points the layer calls.
 pub(crate) fn rms_norm<B: ElementwiseBackend>(
@@ -366,6 +496,7 @@ mod tests {
     use super::*;
     use crate::host::read;
     use burn::backend::Flex;
+    use burn::tensor::activation::silu;
     use burn::tensor::{Distribution, TensorData};
     use ringbench_tests::{F32_UNIT_ROUNDOFF, deviation};
 
@@ -390,7 +521,10 @@ mod tests {
 
     fn flex_of(values: &[f64], shape: &[usize]) -> Tensor<Flex, 1> {
         let data: Vec<f32> = values.iter().map(|&v| v as f32).collect();
-        Tensor::from_data(TensorData::new(data, [shape.iter().product::<usize>()]), &Default::default())
+        Tensor::from_data(
+            TensorData::new(data, [shape.iter().product::<usize>()]),
+            &Default::default(),
+        )
     }
 
     /// RMSNorm of a row of d: d squares summed (d·u), a division, a square root and a reciprocal,
@@ -406,7 +540,11 @@ mod tests {
     fn rms_norm_case(t: usize) {
         let (x, xs) = strided_input(3, t);
         let (gamma_v, _) = strided_input(4, 1);
-        let gamma_values: Vec<f64> = read(gamma_v).iter().take(24).map(|&v| f64::from(v)).collect();
+        let gamma_values: Vec<f64> = read(gamma_v)
+            .iter()
+            .take(24)
+            .map(|&v| f64::from(v))
+            .collect();
         let gamma = flex_of(&gamma_values, &[24]);
         let (dy, dys) = strided_input(5, t);
         let eps = 1e-6;
@@ -417,7 +555,11 @@ mod tests {
             y64.extend(row.iter().zip(&gamma_values).map(|(v, g)| v * r * g));
             let g: Vec<f64> = dy.iter().zip(&gamma_values).map(|(a, b)| a * b).collect();
             let mean_gx = g.iter().zip(row).map(|(a, b)| a * b).sum::<f64>() / 24.0;
-            dx64.extend(g.iter().zip(row).map(|(g, v)| r * g - r * r * r * v * mean_gx));
+            dx64.extend(
+                g.iter()
+                    .zip(row)
+                    .map(|(g, v)| r * g - r * r * r * v * mean_gx),
+            );
             for ((acc, d), v) in dg64.iter_mut().zip(dy).zip(row) {
                 *acc += d * v * r;
             }
@@ -434,7 +576,10 @@ mod tests {
         let got = deviation(&read(dx), &dx64);
         assert!(got.within((24.0 + 8.0) * F32_UNIT_ROUNDOFF), "dx: {got}");
         let got = deviation(&read(dg), &dg64);
-        assert!(got.within((24.0 + 2.0 * t as f64 + 8.0) * F32_UNIT_ROUNDOFF), "dγ: {got}");
+        assert!(
+            got.within((24.0 + 2.0 * t as f64 + 8.0) * F32_UNIT_ROUNDOFF),
+            "dγ: {got}"
+        );
     }
 
     /// The gate and its backward against float64: exp to 4e-7 relative (its test), then a division
@@ -472,8 +617,58 @@ mod tests {
         let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
         let first = heads_first(x.clone(), 4);
         assert_eq!(first.dims(), [2, 4, 5, 6]);
-        assert_eq!(bits(read(first.clone())), bits(read(heads_first(twin(&x), 4).inner())));
+        assert_eq!(
+            bits(read(first.clone())),
+            bits(read(heads_first(twin(&x), 4).inner()))
+        );
         let back = heads_last(first);
         assert_eq!(bits(read(back)), bits(read(x)));
+    }
+
+    /// Autodiff through each step (one op, the inner pass as its backward) gives the gradients that
+    /// autodiff through the twin's tensor ops gives: both are f32 approximations of the same values,
+    /// each within the float64 bounds above, so within twice the larger of them of each other.
+    #[test]
+    fn autodiff_through_each_step_gives_the_tensor_ops_gradients() {
+        let leaf = |seed: u64| Tensor::<Twin, 3>::from_inner(strided_input(seed, 400).0);
+        let (x, g, weight) = (leaf(10).require_grad(), leaf(11).require_grad(), leaf(12));
+        let gamma = Tensor::<Twin, 1>::from_inner(flex_of(&[0.5; 24], &[24])).require_grad();
+        let eps = 1e-6;
+        // The steps chained: RMSNorm, the gate, heads first and back.
+        let ours = |x: &Tensor<Twin, 3>, g: &Tensor<Twin, 3>, gamma: &Tensor<Twin, 1>| {
+            let (y, _) = rms_norm(x.clone(), gamma, eps);
+            let m = swiglu(y.reshape([800, 24]), g.clone().reshape([800, 24]));
+            heads_last(heads_first(m.reshape([2, 400, 24]), 4))
+        };
+        let twins = |x: &Tensor<Twin, 3>, g: &Tensor<Twin, 3>, gamma: &Tensor<Twin, 1>| {
+            let r = (x.clone().square().mean_dim(2) + eps).sqrt().recip();
+            let y = x.clone() * r * gamma.clone().unsqueeze();
+            let m = silu(y) * g.clone();
+            m.reshape([2, 400, 4, 6])
+                .swap_dims(1, 2)
+                .swap_dims(1, 2)
+                .reshape([2, 400, 24])
+        };
+        let grads = |out: Tensor<Twin, 3>| {
+            let grads = (out * weight.clone()).sum().backward();
+            [
+                read(x.grad(&grads).expect("x's gradient")),
+                read(g.grad(&grads).expect("g's gradient")),
+                read(gamma.grad(&grads).expect("γ's gradient")),
+            ]
+        };
+        let (a, b) = (grads(ours(&x, &g, &gamma)), grads(twins(&x, &g, &gamma)));
+        // dγ sums 800 rows: (d + 800 + 8)·u; the others (d + 8)·u and the gate's 4e-7.
+        let u = F32_UNIT_ROUNDOFF;
+        let bounds = [
+            2.0 * (32.0 * u + 4e-7),
+            2.0 * (8.0 * u + 4e-7),
+            2.0 * (832.0 * u + 4e-7),
+        ];
+        for (name, ((a, b), bound)) in ["dx", "dg", "dγ"].iter().zip(a.iter().zip(&b).zip(bounds))
+        {
+            let got = deviation(a, b);
+            assert!(got.within(bound), "{name}: {got}");
+        }
     }
 }
