@@ -167,6 +167,16 @@ def torch_rows(args, model, vocab):
     return out
 
 
+def fmt(value):
+    """A CSV cell of ringbench's as 4 significant digits, or '-' where the row has none."""
+    return f"{float(value):.4g}" if value not in (None, "") else "-"
+
+
+def decode_rate(rows):
+    """The read rate of ringbench's decode row, if there is one."""
+    return next((fmt(r["read_gb_per_s"]) for r in rows.values() if r.get("read_gb_per_s")), "-")
+
+
 def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
@@ -192,7 +202,8 @@ def main():
     first = rows[0]
     columns = ["work", "model", "params", "seq", "batch", "tokens", "ranks", "ringbench_seconds",
                "pytorch_seconds", "ringbench_tokens_per_s", "pytorch_tokens_per_s", "ringbench_over_pytorch",
-               "ringbench_cores_busy", "threads", "cpu", "cpu_features", "torch", "transformers"]
+               "ringbench_cores_busy", "read_gb_per_s", "bandwidth_bound_tokens_per_s",
+               "ringbench_of_bandwidth_bound", "threads", "cpu", "cpu_features", "torch", "transformers"]
     table = []
     for (work, seq, batch, ranks), r in sorted(best_rb.items(), key=lambda kv: (["prefill", "decode", "train"].index(kv[0][0]), kv[0][1], kv[0][3])):
         tokens, pt = best_pt[(work, seq, batch)]
@@ -201,7 +212,11 @@ def main():
                           ranks=ranks, ringbench_seconds=f"{float(r['seconds']):.4g}", pytorch_seconds=f"{pt:.4g}",
                           ringbench_tokens_per_s=f"{rb_rate:.4g}", pytorch_tokens_per_s=f"{pt_rate:.4g}",
                           ringbench_over_pytorch=f"{rb_rate / pt_rate:.3f}",
-                          ringbench_cores_busy=f"{float(r['cores_busy']):.2f}", threads=args.threads,
+                          ringbench_cores_busy=f"{float(r['cores_busy']):.2f}",
+                          # Decode rows: the machine's read rate over the weights' bytes (ringbench's).
+                          read_gb_per_s=fmt(r.get("read_gb_per_s")),
+                          bandwidth_bound_tokens_per_s=fmt(r.get("bandwidth_bound_tokens_per_s")),
+                          ringbench_of_bandwidth_bound=fmt(r.get("of_bandwidth_bound")), threads=args.threads,
                           cpu=first["cpu"], cpu_features=first["cpu_features"], torch=torch.__version__,
                           transformers=transformers.__version__))
     with open(os.path.join(args.out, "model_speed.csv"), "w", newline="") as f:
@@ -210,13 +225,18 @@ def main():
         writer.writerows(table)
     command = "/work/pyenv/bin/python scripts/model_speed.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     shown = ["work", "seq", "batch", "ranks", "ringbench_tokens_per_s", "pytorch_tokens_per_s",
-             "ringbench_over_pytorch", "ringbench_cores_busy"]
+             "ringbench_over_pytorch", "ringbench_cores_busy", "bandwidth_bound_tokens_per_s",
+             "ringbench_of_bandwidth_bound"]
     md = [f"# The whole model: ringbench against PyTorch on the same CPU", "",
           f"Regenerate: `{command}`", "",
           f"{first['model']} ({first['params']} parameters), f32, {args.threads} threads on both sides; CPU: "
           f"{first['cpu']} ({first['cpu_features']}); torch {torch.__version__}, transformers "
           f"{transformers.__version__} (sdpa attention). Best of {args.repeats} after a warm-up, over "
-          f"{args.rounds} alternating rounds. `ringbench_over_pytorch` > 1: ringbench is faster.", "",
+          f"{args.rounds} alternating rounds. `ringbench_over_pytorch` > 1: ringbench is faster."
+          + (f" Decode rows: `bandwidth_bound_tokens_per_s` is the memory read rate ringbench measured in "
+             f"the same run ({decode_rate(best_rb)} GB/s) over the bytes of f32 weights a step reads; "
+             f"`ringbench_of_bandwidth_bound` how close ringbench's decode comes to it."
+             if args.decode > 0 else ""), "",
           "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     md += ["| " + " | ".join(str(row[c]) for c in shown) + " |" for row in table]
     with open(os.path.join(args.out, "model_speed.md"), "w") as f:

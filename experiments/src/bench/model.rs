@@ -6,7 +6,9 @@
 //! ratios.
 
 use super::at_least_one;
-use crate::measure::machine::{Busy, BusyReading, cpu_features, cpu_model, threads};
+use crate::measure::machine::{
+    Busy, BusyReading, cpu_features, cpu_model, read_bandwidth, threads,
+};
 use crate::results::{Record, Table};
 use anyhow::{Context, Result, bail};
 use burn::backend::{Autodiff, Flex};
@@ -78,6 +80,9 @@ pub struct BenchModelArgs {
     pub out: Option<PathBuf>,
 }
 
+/// The buffer the read bandwidth is measured over: far beyond any CPU's last-level cache.
+const BANDWIDTH_BUFFER_BYTES: usize = 1 << 29;
+
 /// One row of `bench_model.csv`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelBenchRow {
@@ -123,6 +128,15 @@ pub struct ModelBenchRow {
     pub cpu: String,
     /// Its vector and matrix features, detected at run time.
     pub cpu_features: String,
+    /// Decode: the bytes of f32 weights one batch-1 step reads (every layer's, the final norm's and
+    /// the output head's; one embedding row, not counted).
+    pub weight_bytes_per_token: Option<usize>,
+    /// Decode: the machine's memory read bandwidth, GB/s, measured in this run.
+    pub read_gb_per_s: Option<f64>,
+    /// Decode: bandwidth ÷ weight bytes, the tokens/s of a step that only read its weights.
+    pub bandwidth_bound_tokens_per_s: Option<f64>,
+    /// Decode: `tokens_per_s` over that bound.
+    pub of_bandwidth_bound: Option<f64>,
 }
 
 /// The model under test: its config and where its weights come from.
@@ -196,6 +210,10 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
             .context("progress template")?,
     );
     let inference = subject.load::<Flex>()?;
+    // A decode step reads each weight once: the memory's read rate bounds its tokens/s.
+    let untied_embedding = if config.tie_embeddings { 0 } else { config.vocab * config.d_model };
+    let weight_bytes = (config.num_params() - untied_embedding) * std::mem::size_of::<f32>();
+    let bandwidth = (args.decode > 0).then(|| read_bandwidth(BANDWIDTH_BUFFER_BYTES));
     let mut rows = Vec::new();
     for &(work, seq, batch) in &works {
         for &ranks in &args.ranks {
@@ -226,6 +244,23 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
                 threads,
                 cpu: cpu.clone(),
                 cpu_features: features.clone(),
+                weight_bytes_per_token: None,
+                read_gb_per_s: None,
+                bandwidth_bound_tokens_per_s: None,
+                of_bandwidth_bound: None,
+            };
+            let row = match (work, bandwidth) {
+                ("decode", Some(bandwidth)) => {
+                    let bound = bandwidth / weight_bytes as f64;
+                    ModelBenchRow {
+                        weight_bytes_per_token: Some(weight_bytes),
+                        read_gb_per_s: Some(bandwidth / 1e9),
+                        bandwidth_bound_tokens_per_s: Some(bound),
+                        of_bandwidth_bound: Some(row.tokens_per_s / bound),
+                        ..row
+                    }
+                }
+                _ => row,
             };
             let line = format!(
                 "{work:7} {seq:6} tokens × {batch} on {ranks} ranks: {:8.3} s, {:9.1} tokens/s, {:.2} cores busy",
@@ -247,7 +282,10 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
          is the fastest of {} repetitions after one warm-up. prefill: one prompt, its logits after the \
          last token; decode: tokens generated over the KV cache after a prompt of `seq` tokens (the \
          steps after the prefill); train: one step of `batch` sequences of `seq` tokens (forward, \
-         backward, all-reduce, AdamW). `cores_busy`: (user + system) CPU time over wall time.",
+         backward, all-reduce, AdamW). `cores_busy`: (user + system) CPU time over wall time. Decode \
+         rows also say how close they come to the memory's read rate: `read_gb_per_s` is measured \
+         here (the best of three parallel sums over {} MiB), `bandwidth_bound_tokens_per_s` is that \
+         rate over `weight_bytes_per_token`.",
         subject.name,
         config.num_params(),
         config.d_model,
@@ -258,6 +296,7 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
         config.vocab,
         args.strategy,
         args.repeats,
+        BANDWIDTH_BUFFER_BYTES >> 20,
     );
     let table = Table::of(rows.iter().map(Record::of).collect::<Result<_>>()?);
     match &args.out {

@@ -134,3 +134,31 @@ mod tests {
         assert!(threads() >= 1);
     }
 }
+
+/// The machine's memory read bandwidth in bytes/s: the best of three parallel sums (rayon's pool,
+/// the threads a rank's kernels use) over a buffer of `bytes`, far larger than any cache, read once
+/// each, as a batch-1 decode step reads every weight once.
+pub fn read_bandwidth(bytes: usize) -> f64 {
+    use rayon::prelude::*;
+    let values = vec![1.0f32; bytes / std::mem::size_of::<f32>()];
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let start = Instant::now();
+        let sum: f32 = values
+            .par_chunks(1 << 16)
+            .map(|chunk| {
+                // Independent lanes, so the adds do not wait on each other.
+                let mut lanes = [0.0f32; 16];
+                for block in chunk.chunks_exact(16) {
+                    for (acc, x) in lanes.iter_mut().zip(block) {
+                        *acc += x;
+                    }
+                }
+                lanes.iter().sum::<f32>()
+            })
+            .sum();
+        best = best.min(start.elapsed().as_secs_f64());
+        std::hint::black_box(sum);
+    }
+    bytes as f64 / best
+}
