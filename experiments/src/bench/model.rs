@@ -211,7 +211,11 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
     );
     let inference = subject.load::<Flex>()?;
     // A decode step reads each weight once: the memory's read rate bounds its tokens/s.
-    let untied_embedding = if config.tie_embeddings { 0 } else { config.vocab * config.d_model };
+    let untied_embedding = if config.tie_embeddings {
+        0
+    } else {
+        config.vocab * config.d_model
+    };
     let weight_bytes = (config.num_params() - untied_embedding) * std::mem::size_of::<f32>();
     let bandwidth = (args.decode > 0).then(|| read_bandwidth(BANDWIDTH_BUFFER_BYTES));
     let mut rows = Vec::new();

@@ -25,10 +25,14 @@ use std::sync::Arc;
 
 pub use super::tile::TileDims;
 
-/// Query rows per sub-tile (256 measured no faster in `ringbench bench attn`).
-const ROWS: usize = 128;
+/// Query rows per sub-tile. With [`COLS`], 256 × 256 sub-tiles (2 × 2 of the 128 × 128 ones before)
+/// took `ringbench bench attn --seq 8192 --ranks 1 --kernels fused --heads 4` (head_dim 64) from
+/// 168 to 188–190 GFLOP/s fwd+bwd non-causal and 175–177 to 180–181 causal on the 2-core EPYC: the
+/// products' inner dimensions (keys for P·V and dQ, rows for dV and dK) are twice as long. 256 × 512
+/// was faster non-causal (192–194) and slower causal (174–178): more of each diagonal tile wasted.
+const ROWS: usize = 256;
 /// Keys per sub-tile.
-const COLS: usize = 128;
+const COLS: usize = 256;
 
 /// Bytes of scratch one tile needs: each (batch, kv head) unit's sub-tile buffers (scores in the
 /// forward; probabilities and their gradient in the backward), counted as if every unit ran at once
