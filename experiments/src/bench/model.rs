@@ -75,9 +75,23 @@ pub struct BenchModelArgs {
     /// Timed repetitions per row after one untimed warm-up; the fastest is reported.
     #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     pub repeats: usize,
+    /// What prefill and decoding multiply by: the f32 weights, or bf16 copies of every projection
+    /// and the head (AVX512-BF16 where the CPU has it; training always runs in f32).
+    #[arg(long, value_enum, default_value_t = WeightType::F32)]
+    pub weights: WeightType,
     /// Also write bench_model.csv and bench_model.md here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+}
+
+/// The weights' type a prefill and a decode multiply by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightType {
+    /// The model's own f32 weights.
+    F32,
+    /// bf16 copies, packed once at load (`workbench::model::bf16`).
+    Bf16,
 }
 
 /// The buffer the read bandwidth is measured over: far beyond any CPU's last-level cache.
@@ -115,6 +129,8 @@ pub struct ModelBenchRow {
     pub ranks: usize,
     /// Partition.
     pub strategy: String,
+    /// The weights multiplied by: `f32`, or `bf16` (prefill and decode rows of `--weights bf16`).
+    pub weights: WeightType,
     /// The fastest repetition's seconds.
     pub seconds: f64,
     /// `tokens / seconds`.
@@ -210,13 +226,22 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
             .context("progress template")?,
     );
     let inference = subject.load::<Flex>()?;
+    let inference = match args.weights {
+        WeightType::F32 => inference,
+        WeightType::Bf16 => inference.with_bf16_weights(),
+    };
     // A decode step reads each weight once: the memory's read rate bounds its tokens/s.
     let untied_embedding = if config.tie_embeddings {
         0
     } else {
         config.vocab * config.d_model
     };
-    let weight_bytes = (config.num_params() - untied_embedding) * std::mem::size_of::<f32>();
+    // bf16: the projections and head at 2 bytes (the norms' few f32 values are counted at 2 too).
+    let bytes_per_weight = match args.weights {
+        WeightType::F32 => std::mem::size_of::<f32>(),
+        WeightType::Bf16 => std::mem::size_of::<u16>(),
+    };
+    let weight_bytes = (config.num_params() - untied_embedding) * bytes_per_weight;
     let bandwidth = (args.decode > 0).then(|| read_bandwidth(BANDWIDTH_BUFFER_BYTES));
     let mut rows = Vec::new();
     for &(work, seq, batch) in &works {
@@ -242,6 +267,11 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
                 tokens,
                 ranks,
                 strategy: args.strategy.clone(),
+                weights: if work == "train" {
+                    WeightType::F32
+                } else {
+                    args.weights
+                },
                 seconds: reading.seconds,
                 tokens_per_s: tokens as f64 / reading.seconds,
                 cores_busy: reading.cores,
@@ -282,7 +312,7 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
     bar.finish_and_clear();
     let about = format!(
         "{} ({} parameters: d_model {}, {} layers, {} heads / {} KV heads, feed-forward {}, vocabulary \
-         {}), f32, strategy {}; {cpu} ({features}), {threads} threads a rank's kernels may use. Each row \
+         {}), {} weights (prefill, decode; training f32), strategy {}; {cpu} ({features}), {threads} threads a rank's kernels may use. Each row \
          is the fastest of {} repetitions after one warm-up. prefill: one prompt, its logits after the \
          last token; decode: tokens generated over the KV cache after a prompt of `seq` tokens (the \
          steps after the prefill); train: one step of `batch` sequences of `seq` tokens (forward, \
@@ -298,6 +328,10 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
         config.kv_heads,
         config.ffn_hidden(),
         config.vocab,
+        match args.weights {
+            WeightType::F32 => "f32",
+            WeightType::Bf16 => "bf16",
+        },
         args.strategy,
         args.repeats,
         BANDWIDTH_BUFFER_BYTES >> 20,

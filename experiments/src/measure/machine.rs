@@ -110,31 +110,6 @@ impl Busy {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_busy_thread_reads_about_one_core() {
-        let busy = Busy::start();
-        let mut x = 0u64;
-        while busy.wall.elapsed().as_millis() < 200 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-        }
-        std::hint::black_box(x);
-        let reading = busy.stop();
-        // One spinning thread keeps a core busy (a loaded machine may lend it less than all of
-        // one); the process (other tests run beside it) can keep no more cores busy than exist.
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-        assert!(
-            reading.cores > 0.2 && reading.cores <= cores + 0.1,
-            "{reading:?} on {cores} cores"
-        );
-        assert!(!cpu_model().is_empty());
-        assert!(threads() >= 1);
-    }
-}
-
 /// The machine's memory read bandwidth in bytes/s: the best of three parallel sums (rayon's pool,
 /// the threads a rank's kernels use) over a buffer of `bytes`, far larger than any cache, read once
 /// each, as a batch-1 decode step reads every weight once.
@@ -161,4 +136,29 @@ pub fn read_bandwidth(bytes: usize) -> f64 {
         std::hint::black_box(sum);
     }
     bytes as f64 / best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_thread_reads_about_one_core() {
+        let busy = Busy::start();
+        let mut x = 0u64;
+        while busy.wall.elapsed().as_millis() < 200 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        let reading = busy.stop();
+        // One spinning thread keeps a core busy (a loaded machine may lend it less than all of
+        // one); the process (other tests run beside it) can keep no more cores busy than exist.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        assert!(
+            reading.cores > 0.2 && reading.cores <= cores + 0.1,
+            "{reading:?} on {cores} cores"
+        );
+        assert!(!cpu_model().is_empty());
+        assert!(threads() >= 1);
+    }
 }

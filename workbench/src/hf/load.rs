@@ -254,6 +254,7 @@ fn assemble<B: Backend>(
                 sinks: m
                     .sinks
                     .then(|| Param::from_tensor(Tensor::zeros([m.heads], device))),
+                bf16: None,
             }
         })
         .collect();

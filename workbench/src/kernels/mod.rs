@@ -7,6 +7,7 @@
 //! Nothing here knows ranks, rings or transports: a kernel sees blocks, each shard's query windows
 //! and key positions, and tiles.
 
+pub mod bf16_matmul;
 mod device_fused;
 mod device_mask;
 pub(crate) mod exp;

@@ -12,6 +12,8 @@
 //! `dγ = Σ dy ∘ x·r` and `dx = r·g − r³·x·mean(g ∘ x)` for `g = dy ∘ γ`.
 
 use crate::error::RingError;
+use crate::kernels::bf16_matmul::PackedBf16;
+use crate::model::bf16::{Bf16Backend, project_bf16};
 use crate::model::elementwise::{heads_first, heads_last, rms_norm, rms_norm_backward, swiglu};
 use crate::model::ffn::{FfnBackend, blockwise_swiglu, swiglu_backward};
 use crate::model::project::{flat, project};
@@ -90,7 +92,7 @@ struct Forward<B: Backend, S = Saved> {
 }
 
 /// The layer's forward with ring attention over the ranks of `ctx`.
-fn forward<B: RingBackend + FfnBackend + RopeBackend>(
+fn forward<B: RingBackend + FfnBackend + RopeBackend + Bf16Backend>(
     w: &Weights<B>,
     x: Tensor<B, 3>,
     rope: &Rope<B>,
@@ -120,7 +122,7 @@ fn ring<B: RingBackend>(
 /// The layer's forward with its attention given: `attention(q, k, v)` of the queries and keys
 /// (rotated by RoPE, `[b, h | hk, t, hd]`) and the values gives the attention output
 /// `[b, h, t, hd]` and what the attention keeps. Prefill, decoding and training share it.
-fn forward_with<B: FfnBackend + RopeBackend, S>(
+fn forward_with<B: FfnBackend + RopeBackend + Bf16Backend, S>(
     w: &Weights<B>,
     x: Tensor<B, 3>,
     rope: &Rope<B>,
@@ -137,16 +139,36 @@ fn forward_with<B: FfnBackend + RopeBackend, S>(
         .qkv_bias
         .clone()
         .map_or([None, None, None], |b| b.map(Some));
-    let q = rope.rotate(heads_first(biased(&h1, &w.wq, bq), trunk.heads), false);
-    let k = rope.rotate(heads_first(biased(&h1, &w.wk, bk), trunk.kv_heads), false);
-    let v = heads_first(biased(&h1, &w.wv, bv), trunk.kv_heads);
+    let packed = w.bf16.as_deref();
+    let q = biased(&h1, (&w.wq, packed.map(|p| &p.wq)), bq);
+    let k = biased(&h1, (&w.wk, packed.map(|p| &p.wk)), bk);
+    let v = biased(&h1, (&w.wv, packed.map(|p| &p.wv)), bv);
+    let q = rope.rotate(heads_first(q, trunk.heads), false);
+    let k = rope.rotate(heads_first(k, trunk.kv_heads), false);
+    let v = heads_first(v, trunk.kv_heads);
     let (out, saved) = attention(q, k, v)?;
     let a = heads_last(out.clone());
-    let x2 = x + project(a, &w.wo);
+    let x2 = x + biased(&a, (&w.wo, packed.map(|p| &p.wo)), None);
     let (h2, r2) = rms_norm(x2.clone(), &w.ffn_norm, w.epsilons[1]);
     let chunk = trunk.ffn_chunk.max(1);
-    let ffn = match trunk.checkpoint {
-        Checkpoint::None => {
+    let ffn = match (packed, trunk.checkpoint) {
+        // Inference with bf16 weights: nothing is kept for a backward.
+        (Some(p), _) => {
+            let chunks = (0..t)
+                .step_by(chunk)
+                .map(|s| {
+                    let c = h2.clone().slice([0..b, s..(s + chunk).min(t), 0..d]);
+                    let m = swiglu(
+                        flat(project_bf16(c.clone(), &p.w1)),
+                        flat(project_bf16(c, &p.w3)),
+                    );
+                    let [rows, f] = m.dims();
+                    project_bf16(m.reshape([b, rows / b, f]), &p.w2)
+                })
+                .collect();
+            Tensor::cat(chunks, 1)
+        }
+        (None, Checkpoint::None) => {
             let chunks = (0..t)
                 .step_by(chunk)
                 .map(|s| {
@@ -158,7 +180,7 @@ fn forward_with<B: FfnBackend + RopeBackend, S>(
                 .collect();
             Tensor::cat(chunks, 1)
         }
-        Checkpoint::Ffn | Checkpoint::Block => {
+        (None, Checkpoint::Ffn | Checkpoint::Block) => {
             blockwise_swiglu(h2.clone(), w.w1.clone(), w.w3.clone(), w.w2.clone(), chunk)
         }
     };
@@ -174,13 +196,17 @@ fn forward_with<B: FfnBackend + RopeBackend, S>(
     })
 }
 
-/// `x · w (+ bias)` for `x: [b, t, n]`, `w: [n, m]`, `bias: [m]`.
-fn biased<B: Backend>(
+/// `x · w (+ bias)` for `x: [b, t, n]`, `w: [n, m]`, `bias: [m]`: by the packed bf16 copy of `w`
+/// when the layer has one.
+fn biased<B: Bf16Backend>(
     x: &Tensor<B, 3>,
-    w: &Tensor<B, 2>,
+    (w, packed): (&Tensor<B, 2>, Option<&PackedBf16>),
     bias: Option<Tensor<B, 1>>,
 ) -> Tensor<B, 3> {
-    let y = project(x.clone(), w);
+    let y = match packed {
+        Some(packed) => project_bf16(x.clone(), packed),
+        None => project(x.clone(), w),
+    };
     match bias {
         Some(bias) => y + bias.unsqueeze::<3>(),
         None => y,
@@ -188,7 +214,7 @@ fn biased<B: Backend>(
 }
 
 /// The gradients of a layer's input and parameters for `dy`, recomputing its forward.
-fn backward<B: RingBackend + FfnBackend + RopeBackend>(
+fn backward<B: RingBackend + FfnBackend + RopeBackend + Bf16Backend>(
     w: &Weights<B>,
     x: Tensor<B, 3>,
     rope: &Rope<B>,
@@ -252,6 +278,7 @@ fn backward<B: RingBackend + FfnBackend + RopeBackend>(
             qkv_bias,
             sinks: dsinks,
             epsilons: w.epsilons,
+            bf16: None,
         },
     ))
 }
@@ -259,7 +286,7 @@ fn backward<B: RingBackend + FfnBackend + RopeBackend>(
 /// Backends that run a decoder layer: ring attention and the rematerializing feed-forward, and the
 /// layer as one op. The default method runs its forward; the autodiff backend overrides it to
 /// register the checkpointed backward, whose state is the layer's input.
-pub trait LayerBackend: RingBackend + FfnBackend + RopeBackend {
+pub trait LayerBackend: RingBackend + FfnBackend + RopeBackend + Bf16Backend {
     /// The layer's output for `x: [b, t, d]`; `cos`, `sin` are the RoPE tables `[1, 1, t, hd / 2]`;
     /// `attend` is how its attention masks and scores.
     #[allow(clippy::too_many_arguments)]

@@ -6,6 +6,8 @@
 //! striped and zig-zag shards get the right rotations and causal masks.
 
 use crate::error::RingError;
+use crate::kernels::bf16_matmul::PackedBf16;
+use crate::model::bf16::project_bf16;
 use crate::model::layer::{
     Checkpoint, LayerBackend, LayerKv, NewTokens, Trunk, decode_layers, prefill_layers, run_layers,
 };
@@ -217,6 +219,7 @@ impl LlamaConfig {
                 sinks: self
                     .sinks
                     .then(|| Param::from_tensor(Tensor::zeros([self.heads], device))),
+                bf16: None,
             })
             .collect()
     }
@@ -240,6 +243,7 @@ impl LlamaConfig {
                     .init(device)
             }),
             trunk: self.trunk(),
+            head_bf16: None,
         };
         materialize(&model);
         model
@@ -257,6 +261,10 @@ pub struct Llama<B: Backend> {
     pub(crate) head: Option<Linear<B>>,
     /// What every layer needs of the config (sizes, checkpointing, window, cap).
     trunk: Trunk,
+    /// The head (or the embedding's transpose) packed as bf16, when the model runs in bf16
+    /// (`model::bf16`).
+    #[module(skip)]
+    pub(crate) head_bf16: Option<Arc<PackedBf16>>,
 }
 
 impl<B: Backend> Llama<B> {
@@ -274,6 +282,7 @@ impl<B: Backend> Llama<B> {
             norm,
             head,
             trunk,
+            head_bf16: None,
         }
     }
 }
@@ -324,6 +333,9 @@ impl<B: LayerBackend> Llama<B> {
     /// (or the embedding's transpose).
     fn logits(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let x = self.norm.forward(x);
+        if let Some(head) = &self.head_bf16 {
+            return project_bf16(x, head);
+        }
         match &self.head {
             Some(head) => head.forward(x),
             None => {

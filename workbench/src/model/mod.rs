@@ -4,6 +4,7 @@
 
 pub mod agentic;
 pub mod attention;
+pub mod bf16;
 mod checkpoint;
 pub mod elementwise;
 pub mod ffn;

@@ -1,12 +1,14 @@
 //! A decoder layer's parameters: the Burn module ([`DecoderLayer`]), the same as plain tensors
 //! (`Weights`), and as the primitives a custom autodiff op takes ([`WeightPrimitives`]).
 
+use crate::model::bf16::Bf16Layer;
 use crate::primitive::{unwrap, wrap};
 use burn::module::{Module, Param};
 use burn::nn::{Linear, RmsNorm};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
+use std::sync::Arc;
 
 #[derive(Module, Debug)]
 /// One decoder layer: RMSNorm, grouped-query ring attention (with learned sinks, when the model has
@@ -23,6 +25,9 @@ pub struct DecoderLayer<B: Backend> {
     pub(crate) w2: Linear<B>,
     /// Attention sink logits `[heads]`.
     pub(crate) sinks: Option<Param<Tensor<B, 1>>>,
+    /// The projections packed as bf16, when the model runs them so (`model::bf16`).
+    #[module(skip)]
+    pub(crate) bf16: Option<Arc<Bf16Layer>>,
 }
 
 /// A layer's parameters as tensors, in the order of [`DecoderLayer`]'s fields; linear weights are
@@ -43,6 +48,8 @@ pub(crate) struct Weights<B: Backend> {
     pub(crate) sinks: Option<Tensor<B, 1>>,
     /// The two norms' ε.
     pub(crate) epsilons: [f64; 2],
+    /// The projections packed as bf16, when the model runs them so.
+    pub(crate) bf16: Option<Arc<Bf16Layer>>,
 }
 
 /// The primitives of a layer's parameters, in [`DecoderLayer`]'s field order: nine, then the three
@@ -68,6 +75,7 @@ impl<B: Backend> Weights<B> {
             },
             sinks: layer.sinks.as_ref().map(Param::val),
             epsilons: [layer.attn_norm.epsilon, layer.ffn_norm.epsilon],
+            bf16: layer.bf16.clone(),
         }
     }
 
@@ -88,6 +96,7 @@ impl<B: Backend> Weights<B> {
                 .map(|b| b.clone().map(|t| t.zeros_like())),
             sinks: self.sinks.as_ref().map(Tensor::zeros_like),
             epsilons: self.epsilons,
+            bf16: None,
         }
     }
 
@@ -129,6 +138,7 @@ impl<B: Backend> Weights<B> {
             qkv_bias,
             sinks: p.next().map(wrap),
             epsilons,
+            bf16: None,
         }
     }
 }
