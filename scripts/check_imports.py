@@ -36,6 +36,8 @@ LAYERS = {
         ["model"],
         # Hugging Face checkpoints are an edge of the model; training does not know them.
         ["hf", "train"],
+        # GGUF files are read onto the model as Hugging Face checkpoints are.
+        ["gguf"],
     ],
     "experiments": [
         # NaN-aware extremes, for every table and model that folds numbers.

@@ -16,7 +16,8 @@ built in transformers with the same sizes (the parameter counts must agree, or t
 `--model DIR` times an existing Hugging Face directory instead.
 
 What is timed, on both sides, with the same thread count (torch.set_num_threads; RAYON_NUM_THREADS
-for ringbench), f32, the fastest of --repeats after one warm-up, in --rounds rounds that alternate
+for ringbench), f32 (or, with --weights bf16, ringbench's bf16 weights against PyTorch's model cast
+to bfloat16 for prefill and decoding), the fastest of --repeats after one warm-up, in --rounds rounds that alternate
 ringbench and PyTorch (the best of all rounds is kept per side):
 - prefill: one prompt of N random tokens and the logits after its last token (transformers:
   `model(ids, use_cache=True, logits_to_keep=1)` under no_grad, what generate's prefill runs);
@@ -28,6 +29,7 @@ ringbench's rows are its own (`bench model --out`); tokens/s = tokens / seconds 
 Writes model_speed.csv and model_speed.md into --out (the command, the CPU, both versions).
 """
 import argparse
+import copy
 import csv
 import json
 import os
@@ -64,6 +66,9 @@ def parse_args():
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--weights", choices=["f32", "bf16"], default="f32",
+                   help="what prefill and decoding multiply by: ringbench's --weights; PyTorch's model "
+                        "cast to that dtype for them (training stays f32 on both sides)")
     p.add_argument("--out", required=True, help="directory for model_speed.csv and model_speed.md")
     args = p.parse_args()
     if (args.preset is None) == (args.model is None):
@@ -86,7 +91,7 @@ def run_ringbench(args, model_args, out):
     cmd = [args.ringbench, "bench", "model", *model_args, "--prefill", args.prefill,
            "--decode", str(args.decode), "--decode-prompt", str(args.decode_prompt),
            "--train-seq", str(args.train_seq), "--train-batch", str(args.train_batch),
-           "--ranks", args.ranks, "--repeats", str(args.repeats), "--out", out]
+           "--ranks", args.ranks, "--repeats", str(args.repeats), "--weights", args.weights, "--out", out]
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
     print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
@@ -128,20 +133,22 @@ def torch_rows(args, model, vocab):
     ids = lambda n, b=1: torch.from_numpy(rng.integers(0, vocab, size=(b, n), dtype=np.int64))
     out = []
     model.eval()
+    # Prefill and decoding run on a copy cast to --weights' dtype; training on the f32 model.
+    infer = model if args.weights == "f32" else copy.deepcopy(model).to(torch.bfloat16)
     with torch.no_grad():
         for n in [int(x) for x in args.prefill.split(",")]:
             prompt = ids(n)
-            seconds = best(lambda: model(prompt, use_cache=True, logits_to_keep=1), args.repeats)
+            seconds = best(lambda: infer(prompt, use_cache=True, logits_to_keep=1), args.repeats)
             out.append(("prefill", n, 1, n, seconds))
         if args.decode > 0:
             prompt = ids(args.decode_prompt)
 
             def steps():
-                first = model(prompt, use_cache=True, logits_to_keep=1)
+                first = infer(prompt, use_cache=True, logits_to_keep=1)
                 cache, token = first.past_key_values, first.logits[:, -1].argmax(-1, keepdim=True)
                 t0 = time.perf_counter()
                 for _ in range(args.decode):
-                    step = model(token, past_key_values=cache, use_cache=True)
+                    step = infer(token, past_key_values=cache, use_cache=True)
                     cache, token = step.past_key_values, step.logits[:, -1].argmax(-1, keepdim=True)
                 return time.perf_counter() - t0
 
@@ -165,6 +172,14 @@ def torch_rows(args, model, vocab):
         seconds = best(step, args.repeats)
         out.append(("train", args.train_seq, args.train_batch, args.train_seq * args.train_batch, seconds))
     return out
+
+
+def weights_said(args):
+    """What the rows multiplied by, in words."""
+    if args.weights == "f32":
+        return "f32"
+    return ("prefill and decoding with bf16 weights (ringbench: bf16 copies of the projections and head, "
+            "f32 accumulation; PyTorch: the model cast to bfloat16), training f32")
 
 
 def fmt(value):
@@ -229,7 +244,8 @@ def main():
              "ringbench_of_bandwidth_bound"]
     md = [f"# The whole model: ringbench against PyTorch on the same CPU", "",
           f"Regenerate: `{command}`", "",
-          f"{first['model']} ({first['params']} parameters), f32, {args.threads} threads on both sides; CPU: "
+          f"{first['model']} ({first['params']} parameters), {weights_said(args)}, {args.threads} threads on "
+          f"both sides; CPU: "
           f"{first['cpu']} ({first['cpu_features']}); torch {torch.__version__}, transformers "
           f"{transformers.__version__} (sdpa attention). Best of {args.repeats} after a warm-up, over "
           f"{args.rounds} alternating rounds. `ringbench_over_pytorch` > 1: ringbench is faster."

@@ -22,6 +22,7 @@ pub mod block;
 pub mod cube;
 pub mod dtype;
 pub mod error;
+pub mod gguf;
 pub mod hf;
 pub mod host;
 pub mod kernels;

@@ -14,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use burn::backend::{Autodiff, Flex};
 use datasets::SplitMix64;
 use indicatif::{ProgressBar, ProgressStyle};
+use reference::compare::{Deviation, deviation};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -226,9 +227,20 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
             .context("progress template")?,
     );
     let inference = subject.load::<Flex>()?;
-    let inference = match args.weights {
-        WeightType::F32 => inference,
-        WeightType::Bf16 => inference.with_bf16_weights(),
+    // With bf16 weights: how far the first prefill's last-token logits move from the f32 model's.
+    let (inference, bf16_moved) = match args.weights {
+        WeightType::F32 => (inference, None),
+        WeightType::Bf16 => {
+            let bf16 = inference.clone().with_bf16_weights();
+            let seq = args.prefill.first().copied().unwrap_or(args.decode_prompt);
+            let moved = logits_moved(&inference, &bf16, partition, seq)?;
+            println!(
+                "bf16 weights against f32, logits after a {seq}-token prompt: max |Δ| / max |logit| = \
+                 {:.3e}",
+                moved.rel
+            );
+            (bf16, Some((seq, moved)))
+        }
     };
     // A decode step reads each weight once: the memory's read rate bounds its tokens/s.
     let untied_embedding = if config.tie_embeddings {
@@ -319,7 +331,7 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
          backward, all-reduce, AdamW). `cores_busy`: (user + system) CPU time over wall time. Decode \
          rows also say how close they come to the memory's read rate: `read_gb_per_s` is measured \
          here (the best of three parallel sums over {} MiB), `bandwidth_bound_tokens_per_s` is that \
-         rate over `weight_bytes_per_token`.",
+         rate over `weight_bytes_per_token`.{}",
         subject.name,
         config.num_params(),
         config.d_model,
@@ -335,6 +347,14 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
         args.strategy,
         args.repeats,
         BANDWIDTH_BUFFER_BYTES >> 20,
+        match bf16_moved {
+            Some((seq, moved)) => format!(
+                " bf16 weights moved the last-token logits of a {seq}-token prompt from the f32 \
+                 model's by {moved} (relative to the largest logit; each product's bound is \
+                 (2⁻⁸ + k·2⁻²⁴)·|A|·|B|)."
+            ),
+            None => String::new(),
+        },
     );
     let table = Table::of(rows.iter().map(Record::of).collect::<Result<_>>()?);
     match &args.out {
@@ -345,6 +365,29 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
         None => println!("\n{about}\n\n{}", table.markdown()),
     }
     Ok(())
+}
+
+/// The last-token logits of a random `seq`-token prompt on `other` against `model`'s, on 1 rank.
+fn logits_moved(
+    model: &Llama<Flex>,
+    other: &Llama<Flex>,
+    partition: &'static dyn strategies::Partition,
+    seq: usize,
+) -> Result<Deviation> {
+    let prompt = Prompt::from(random_tokens(seq, model.vocab(), 1));
+    let decoding = Decoding {
+        keep_logits: true,
+        ..decoding_of(partition, 1, 1)
+    };
+    let logits = |m: &Llama<Flex>| -> Result<Vec<f32>> {
+        let decoded = decode(m, std::slice::from_ref(&prompt), &decoding)?;
+        decoded
+            .logits
+            .into_iter()
+            .next()
+            .context("a prefill's logits")
+    };
+    Ok(deviation(&logits(other)?, &logits(model)?))
 }
 
 /// Random token ids below `vocab`, from `seed`.

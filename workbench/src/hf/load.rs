@@ -213,8 +213,9 @@ pub(crate) fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-/// The model from its loaded tensors (each taken out of `loaded`).
-fn assemble<B: Backend>(
+/// The model from its loaded tensors, by their Hugging Face names, projections already `[in, out]`
+/// (each taken out of `loaded`; a GGUF file's tensors are assembled here too).
+pub(crate) fn assemble<B: Backend>(
     m: &LlamaConfig,
     loaded: &mut HashMap<String, Tensor<B, 1>>,
     device: &B::Device,

@@ -19,4 +19,5 @@ pub use config::{Architecture, HfConfig, rope_scaling_of};
 pub use error::HfError;
 pub use export::export_model;
 pub use load::{INDEX_FILE, WEIGHTS_FILE, load_model};
+pub(crate) use load::{assemble, transpose};
 pub use names::{LayerNames, TensorRole};

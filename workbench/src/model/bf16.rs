@@ -1,5 +1,5 @@
 //! Inference with bf16 weights: every layer's seven projections and the output head packed once
-//! ([`Llama::with_bf16_weights`]), each product's activations rounded to bf16 as it reads them, f32
+//! (`Llama::with_bf16_weights`), each product's activations rounded to bf16 as it reads them, f32
 //! accumulation (`kernels::bf16_matmul`: AVX512-BF16's `vdpbf16ps` where the CPU has it). The f32
 //! weights stay the default and the reference, and stay in the model (training never reads the
 //! packed copies); norms, RoPE, attention and the residual stream stay f32.
@@ -9,15 +9,12 @@
 //! elementwise ([`bf16_product_bound`]).
 
 use crate::kernels::bf16_matmul::{self, PackedBf16};
-use crate::model::llama::Llama;
-use crate::model::weights::DecoderLayer;
 use crate::primitive::{unwrap, wrap};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorData};
-use std::sync::Arc;
 
 /// The relative error of a bf16 product of inner dimension `k` with f32 accumulation, as a
 /// fraction of `|A|·|B|` (see the module's doc).
@@ -82,46 +79,9 @@ pub(crate) fn project_bf16<B: Bf16Backend>(x: Tensor<B, 3>, w: &PackedBf16) -> T
 }
 
 /// A host copy of a weight `[k, n]`, packed.
-fn pack<B: Backend>(w: Tensor<B, 2>) -> PackedBf16 {
+pub(crate) fn pack<B: Backend>(w: Tensor<B, 2>) -> PackedBf16 {
     let [k, n] = w.dims();
     PackedBf16::pack(&crate::host::via_data(w), k, n)
-}
-
-impl<B: Backend> DecoderLayer<B> {
-    /// The layer's projections packed as bf16.
-    fn packed(&self) -> Bf16Layer {
-        Bf16Layer {
-            wq: pack(self.wq.weight.val()),
-            wk: pack(self.wk.weight.val()),
-            wv: pack(self.wv.weight.val()),
-            wo: pack(self.wo.weight.val()),
-            w1: pack(self.w1.weight.val()),
-            w3: pack(self.w3.weight.val()),
-            w2: pack(self.w2.weight.val()),
-        }
-    }
-}
-
-impl<B: Backend> Llama<B> {
-    /// The model with bf16 copies of its projections and output head, which its prefill and decoding
-    /// then multiply by (see the module's doc). Bytes added: half the f32 weights' (less the
-    /// embedding's, when untied).
-    pub fn with_bf16_weights(mut self) -> Self {
-        for layer in &mut self.blocks {
-            layer.bf16 = Some(Arc::new(layer.packed()));
-        }
-        let head = match &self.head {
-            Some(head) => head.weight.val(),
-            None => self.embed.weight.val().transpose(),
-        };
-        self.head_bf16 = Some(Arc::new(pack(head)));
-        self
-    }
-
-    /// Whether the projections run in bf16.
-    pub fn bf16_weights(&self) -> bool {
-        self.head_bf16.is_some()
-    }
 }
 
 #[cfg(test)]
@@ -159,54 +119,6 @@ mod tests {
             assert!(
                 err <= bound,
                 "element {i}: {a} against {b}: {err:e} > {bound:e}"
-            );
-        }
-    }
-
-    /// A model with bf16 weights decodes through them, on 1 and 3 ranks: the first token's logits
-    /// move from the f32 model's (bf16 is used), stay finite, and move by rounding's size, not a
-    /// wrong product's: each product is off by at most (2⁻⁸ + k·2⁻²⁴) ≈ 0.4% of |A|·|B| (k ≤ 128
-    /// here), and nine products stand between the tokens and the logits (four a layer, two layers,
-    /// the head): relative to the logits' scale, 9 × 0.4% = 3.6% bounds the first-order sum.
-    #[test]
-    fn bf16_weights_move_the_logits_by_rounding_alone_on_any_rank_count() {
-        use crate::model::LlamaConfig;
-        use crate::train::{Decoding, decode};
-        let device = Default::default();
-        let mut config = LlamaConfig::new(61);
-        (config.d_model, config.layers, config.heads, config.kv_heads) = (32, 2, 4, 2);
-        let model: Llama<Flex> =
-            crate::model::lazy::seeded::<Flex, _>(4, &device, || config.init(&device));
-        let prompt: Vec<u32> = (0..12).map(|i| (i * 5) % 61).collect();
-        let logits = |model: &Llama<Flex>, ranks: usize| {
-            let decoding = Decoding {
-                max_new: 1,
-                stop: &[],
-                pad: 0,
-                partition: strategies::by_name("zigzag").expect("zigzag"),
-                ranks,
-                timeout: std::time::Duration::from_secs(60),
-                cache: Some(crate::ring::decode::DecodeMerge::AllGather),
-                batch: 1,
-                on_batch: None,
-                keep_logits: true,
-            };
-            let decoded = decode(model, &[prompt.clone().into()], &decoding).expect("a decoding");
-            decoded.logits[0].clone()
-        };
-        let reference = logits(&model, 1);
-        let model = model.with_bf16_weights();
-        assert!(model.bf16_weights());
-        for ranks in [1, 3] {
-            let got = logits(&model, ranks);
-            let moved = ringbench_tests::deviation(&got, &reference);
-            assert!(
-                moved.abs > 0.0,
-                "{ranks} ranks: bf16 weights left every logit unchanged"
-            );
-            assert!(
-                moved.within(9.0 * bf16_product_bound(128)),
-                "{ranks} ranks: {moved}"
             );
         }
     }

@@ -1,7 +1,7 @@
 //! A decoder layer's parameters: the Burn module ([`DecoderLayer`]), the same as plain tensors
 //! (`Weights`), and as the primitives a custom autodiff op takes ([`WeightPrimitives`]).
 
-use crate::model::bf16::Bf16Layer;
+use crate::model::bf16::{Bf16Layer, pack};
 use crate::primitive::{unwrap, wrap};
 use burn::module::{Module, Param};
 use burn::nn::{Linear, RmsNorm};
@@ -28,6 +28,21 @@ pub struct DecoderLayer<B: Backend> {
     /// The projections packed as bf16, when the model runs them so (`model::bf16`).
     #[module(skip)]
     pub(crate) bf16: Option<Arc<Bf16Layer>>,
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    /// The layer's projections packed as bf16.
+    pub(crate) fn packed(&self) -> Bf16Layer {
+        Bf16Layer {
+            wq: pack(self.wq.weight.val()),
+            wk: pack(self.wk.weight.val()),
+            wv: pack(self.wv.weight.val()),
+            wo: pack(self.wo.weight.val()),
+            w1: pack(self.w1.weight.val()),
+            w3: pack(self.w3.weight.val()),
+            w2: pack(self.w2.weight.val()),
+        }
+    }
 }
 
 /// A layer's parameters as tensors, in the order of [`DecoderLayer`]'s fields; linear weights are

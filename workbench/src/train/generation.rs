@@ -587,7 +587,7 @@ fn logits_in_batch<B: LayerBackend>(
 
 #[cfg(test)]
 mod tests {
-    use super::argmax;
+    use super::{Decoding, argmax, decode};
 
     #[test]
     fn argmax_takes_the_first_of_equal_logits() {
@@ -597,5 +597,54 @@ mod tests {
             argmax(&[0.5, f32::NAN, 2.0]).unwrap_err().to_string(),
             "decoded logits[1] is NaN: inputs must be finite"
         );
+    }
+
+    /// A model with bf16 weights decodes through them, on 1 and 3 ranks: the first token's logits
+    /// move from the f32 model's (bf16 is used), stay finite, and move by rounding's size, not a
+    /// wrong product's: each product is off by at most (2⁻⁸ + k·2⁻²⁴) ≈ 0.4% of |A|·|B| (k ≤ 128
+    /// here), and nine products stand between the tokens and the logits (four a layer, two layers,
+    /// the head): relative to the logits' scale, 9 × 0.4% = 3.6% bounds the first-order sum.
+    #[test]
+    fn bf16_weights_move_the_logits_by_rounding_alone_on_any_rank_count() {
+        use crate::model::LlamaConfig;
+        use crate::model::bf16::bf16_product_bound;
+        use burn::backend::Flex;
+        let device = Default::default();
+        let mut config = LlamaConfig::new(61);
+        (config.d_model, config.layers, config.heads, config.kv_heads) = (32, 2, 4, 2);
+        let model: crate::model::Llama<Flex> =
+            crate::model::lazy::seeded::<Flex, _>(4, &device, || config.init(&device));
+        let prompt: Vec<u32> = (0..12).map(|i| (i * 5) % 61).collect();
+        let logits = |model: &crate::model::Llama<Flex>, ranks: usize| {
+            let decoding = Decoding {
+                max_new: 1,
+                stop: &[],
+                pad: 0,
+                partition: strategies::by_name("zigzag").expect("zigzag"),
+                ranks,
+                timeout: std::time::Duration::from_secs(60),
+                cache: Some(crate::ring::decode::DecodeMerge::AllGather),
+                batch: 1,
+                on_batch: None,
+                keep_logits: true,
+            };
+            let decoded = decode(model, &[prompt.clone().into()], &decoding).expect("a decoding");
+            decoded.logits[0].clone()
+        };
+        let reference = logits(&model, 1);
+        let model = model.with_bf16_weights();
+        assert!(model.bf16_weights());
+        for ranks in [1, 3] {
+            let got = logits(&model, ranks);
+            let moved = ringbench_tests::deviation(&got, &reference);
+            assert!(
+                moved.abs > 0.0,
+                "{ranks} ranks: bf16 weights left every logit unchanged"
+            );
+            assert!(
+                moved.within(9.0 * bf16_product_bound(128)),
+                "{ranks} ranks: {moved}"
+            );
+        }
     }
 }
