@@ -10,11 +10,48 @@ use datasets::HfTokenizer;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use workbench::LayerBackend;
+use workbench::gguf::{load_gguf_model, read_gguf_model};
 use workbench::hf::{Architecture, HfConfig, export_model, load_model};
 use workbench::model::Llama;
 use workbench::ring::decode::DecodeMerge;
 use workbench::ring::jobs::HostTensor;
 use workbench::train::{Decoding, Prompt, decode, full_logits};
+
+/// Whether `path` names a GGUF file (by its extension) rather than a model directory.
+pub fn is_gguf(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// What a pretrained model says of itself: a Hugging Face directory's config, or a GGUF file's
+/// metadata as the same (a LLaMA model; its end-of-sequence and beginning tokens).
+pub fn pretrained_config(path: &Path) -> Result<HfConfig> {
+    if !is_gguf(path) {
+        return Ok(HfConfig::read(&path.join("config.json"))?);
+    }
+    let info = read_gguf_model(path)?;
+    Ok(HfConfig {
+        architecture: Architecture::Llama,
+        model: info.config,
+        eos: info.eos.into_iter().collect(),
+        bos: info.bos,
+        max_positions: info.context_length,
+    })
+}
+
+/// A pretrained model onto `device`, in f32: a Hugging Face directory, or a GGUF file (its
+/// tensors dequantized).
+pub fn load_pretrained<B: workbench::LayerBackend>(
+    path: &Path,
+    device: &B::Device,
+) -> Result<(Llama<B>, HfConfig)> {
+    if !is_gguf(path) {
+        return Ok(load_model::<B>(path, device)?);
+    }
+    let config = pretrained_config(path)?;
+    let (model, _) = load_gguf_model::<B>(path, device)?;
+    Ok((model, config))
+}
 
 /// `ringbench hf`'s commands.
 #[derive(Debug, clap::Subcommand)]
@@ -49,7 +86,8 @@ pub struct RingArgs {
 /// `ringbench hf logits`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct LogitsArgs {
-    /// A Hugging Face model directory (config.json, model.safetensors or its index and shards).
+    /// A Hugging Face model directory (config.json, model.safetensors or its index and shards), or
+    /// a LLaMA-family GGUF file (its tensors dequantized to f32).
     #[arg(long)]
     pub model: PathBuf,
     /// Token ids: int32 or int64 [batch, seq].
@@ -66,7 +104,8 @@ pub struct LogitsArgs {
 /// `ringbench hf generate`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
-    /// A Hugging Face model directory.
+    /// A Hugging Face model directory, or a LLaMA-family GGUF file (then give --tokens: its
+    /// tokenizer is not rebuilt yet).
     #[arg(long)]
     pub model: PathBuf,
     /// Prompt token ids: int32 or int64 [batch, seq].
@@ -172,7 +211,7 @@ impl OnBackend for LogitsOn<'_> {
     fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<()> {
         let args = self.0;
         let rows = npy::read_ids(&args.tokens)?;
-        let (model, config) = load_model::<I>(&args.model, &devices[0])?;
+        let (model, config) = load_pretrained::<I>(&args.model, &devices[0])?;
         let vocab = config.model.vocab;
         check_ids(&rows, vocab, &args.tokens)?;
         let decoding = decoding(&args.ring, &[], 0)?;
@@ -199,9 +238,9 @@ impl OnBackend for GenerateOn<'_> {
     type Output = ();
     fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<()> {
         let args = self.0;
+        // A GGUF file's tokenizer is not rebuilt yet: give its prompts as --tokens.
         let tokenizer_path = args.model.join("tokenizer.json");
-        let tokenizer = tokenizer_path
-            .exists()
+        let tokenizer = (!is_gguf(&args.model) && tokenizer_path.exists())
             .then(|| HfTokenizer::load(&tokenizer_path))
             .transpose()?;
         let (prompts, source) = match (&args.tokens, &args.prompt) {
@@ -220,7 +259,7 @@ impl OnBackend for GenerateOn<'_> {
             }
             (None, None) => bail!("give --tokens or --prompt"),
         };
-        let (model, config) = load_model::<I>(&args.model, &devices[0])?;
+        let (model, config) = load_pretrained::<I>(&args.model, &devices[0])?;
         check_ids(&prompts, config.model.vocab, &source)?;
         let mut decoding = decoding(&args.ring, &config.eos, args.max_new)?;
         if args.no_cache {

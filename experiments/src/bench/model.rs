@@ -20,7 +20,6 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
-use workbench::hf::load_model;
 use workbench::model::lazy::seeded;
 use workbench::model::{Llama, LlamaConfig};
 use workbench::ring::decode::DecodeMerge;
@@ -30,8 +29,8 @@ use workbench::{LayerBackend, RingConfig};
 /// `ringbench bench model`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct BenchModelArgs {
-    /// A Hugging Face model directory (LLaMA, Mistral, Qwen2); without it, the project's own model
-    /// of the sizes below, with random weights.
+    /// A Hugging Face model directory (LLaMA, Mistral, Qwen2) or a LLaMA-family GGUF file; without
+    /// it, the project's own model of the sizes below, with random weights.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// The own model's width.
@@ -166,7 +165,7 @@ struct Subject {
 impl Subject {
     fn of(args: &BenchModelArgs) -> Result<Subject> {
         if let Some(dir) = &args.model {
-            let config = workbench::hf::HfConfig::read(&dir.join("config.json"))?;
+            let config = crate::hf::pretrained_config(dir)?;
             let name = dir
                 .file_name()
                 .map_or("model".into(), |n| n.to_string_lossy().into_owned());
@@ -197,7 +196,7 @@ impl Subject {
     fn load<B: LayerBackend>(&self) -> Result<Llama<B>> {
         let device = Default::default();
         Ok(match &self.dir {
-            Some(dir) => load_model::<B>(dir, &device)?.0,
+            Some(dir) => crate::hf::load_pretrained::<B>(dir, &device)?.0,
             None => seeded::<B, _>(0, &device, || self.config.init::<B>(&device)),
         })
     }

@@ -12,5 +12,5 @@ mod quants;
 
 pub use error::GgufError;
 pub use file::{GgufFile, GgufTensor, GgufValue};
-pub use model::{GgufModel, load_gguf_model};
+pub use model::{GgufModel, load_gguf_model, read_gguf_model};
 pub use quants::GgmlType;

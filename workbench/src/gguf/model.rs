@@ -32,6 +32,11 @@ pub struct GgufModel {
 /// The architectures read (`general.architecture`).
 const ARCHITECTURES: [&str; 1] = ["llama"];
 
+/// What the GGUF file at `path` says of its model (its header and metadata only; no tensor is read).
+pub fn read_gguf_model(path: &Path) -> Result<GgufModel, GgufError> {
+    model_of(&GgufFile::open(path)?)
+}
+
 /// Reads the GGUF model at `path` onto `device`, in f32.
 pub fn load_gguf_model<B: Backend>(
     path: &Path,
