@@ -250,7 +250,8 @@ def main():
           f"{transformers.__version__} (sdpa attention). Best of {args.repeats} after a warm-up, over "
           f"{args.rounds} alternating rounds. `ringbench_over_pytorch` > 1: ringbench is faster."
           + (f" Decode rows: `bandwidth_bound_tokens_per_s` is the memory read rate ringbench measured in "
-             f"the same run ({decode_rate(best_rb)} GB/s) over the bytes of f32 weights a step reads; "
+             f"the same run ({decode_rate(best_rb)} GB/s) over the bytes of the weights a step reads (f32, or "
+             f"bf16 with --weights bf16); "
              f"`ringbench_of_bandwidth_bound` how close ringbench's decode comes to it."
              if args.decode > 0 else ""), "",
           "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]

@@ -89,6 +89,8 @@ fn bad_files_are_refused_naming_what_is_wrong() {
             })
             .expect_err("a bad file");
         let text = err.to_string();
+        // The lines docs/hugging-face.md quotes (`cargo test --test gguf -- --nocapture`).
+        println!("{text}");
         (err, text)
     };
     // Not a GGUF file.

@@ -403,6 +403,10 @@ fn every_kind_resumes_without_recomputing() {
             "f",
             "kind = \"mfu\"\n[sweep]\nranks = [1, 2]\nblock_sizes = [16]\n[model]\nd_model = 16\nlayers = 1\nheads = 2\nvocab = 16\n[measure]\nsteps = 1\n",
         ),
+        (
+            "md",
+            "kind = \"model\"\n[sweep]\nworks = [\"prefill\", \"decode\", \"train\"]\nseq_lens = [16]\nranks = [1, 2]\nweights = [\"f32\", \"bf16\"]\n[model]\nd_model = 16\nlayers = 1\nheads = 2\nkv_heads = 1\nvocab = 16\n[measure]\nrepeats = 1\ndecode_tokens = 2\n",
+        ),
     ] {
         let spec = root.join(format!("{name}.toml"));
         std::fs::write(&spec, text).unwrap();

@@ -7,7 +7,7 @@
 
 use super::at_least_one;
 use crate::measure::machine::{
-    Busy, BusyReading, cpu_features, cpu_model, read_bandwidth, threads,
+    BANDWIDTH_BUFFER_BYTES, Busy, BusyReading, cpu_features, cpu_model, read_bandwidth, threads,
 };
 use crate::results::{Record, Table};
 use anyhow::{Context, Result, bail};
@@ -93,9 +93,6 @@ pub enum WeightType {
     /// bf16 copies, packed once at load (`workbench::model::bf16`).
     Bf16,
 }
-
-/// The buffer the read bandwidth is measured over: far beyond any CPU's last-level cache.
-const BANDWIDTH_BUFFER_BYTES: usize = 1 << 29;
 
 /// One row of `bench_model.csv`.
 #[derive(Debug, Clone, Serialize)]
@@ -204,6 +201,21 @@ impl Subject {
 
 /// `ringbench bench model`.
 pub fn run(args: &BenchModelArgs) -> Result<()> {
+    let (rows, about) = measure(args)?;
+    let table = Table::of(rows.iter().map(Record::of).collect::<Result<_>>()?);
+    match &args.out {
+        Some(dir) => {
+            let md = table.write(dir, "bench_model", "bench model", &about)?;
+            println!("\n{md}");
+        }
+        None => println!("\n{about}\n\n{}", table.markdown()),
+    }
+    Ok(())
+}
+
+/// The rows `args` asks for, measured, and a paragraph saying what they are (the bench's command
+/// and the `model` kind's points).
+pub fn measure(args: &BenchModelArgs) -> Result<(Vec<ModelBenchRow>, String)> {
     let partition = strategies::by_name(&args.strategy)?;
     let subject = Subject::of(args)?;
     let config = &subject.config;
@@ -253,7 +265,7 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
         WeightType::Bf16 => std::mem::size_of::<u16>(),
     };
     let weight_bytes = (config.num_params() - untied_embedding) * bytes_per_weight;
-    let bandwidth = (args.decode > 0).then(|| read_bandwidth(BANDWIDTH_BUFFER_BYTES));
+    let bandwidth = (args.decode > 0).then(read_bandwidth);
     let mut rows = Vec::new();
     for &(work, seq, batch) in &works {
         for &ranks in &args.ranks {
@@ -355,15 +367,7 @@ pub fn run(args: &BenchModelArgs) -> Result<()> {
             None => String::new(),
         },
     );
-    let table = Table::of(rows.iter().map(Record::of).collect::<Result<_>>()?);
-    match &args.out {
-        Some(dir) => {
-            let md = table.write(dir, "bench_model", "bench model", &about)?;
-            println!("\n{md}");
-        }
-        None => println!("\n{about}\n\n{}", table.markdown()),
-    }
-    Ok(())
+    Ok((rows, about))
 }
 
 /// The last-token logits of a random `seq`-token prompt on `other` against `model`'s, on 1 rank.

@@ -13,6 +13,7 @@ mod knee;
 mod memory;
 mod memory_model;
 mod mfu;
+mod model;
 mod overlap;
 mod precision;
 mod retrieval;
@@ -31,6 +32,7 @@ pub const KINDS: &[&dyn Experiment] = &[
     &knee::Knee,
     &memory::Memory,
     &mfu::Mfu,
+    &model::ModelKind,
     &memory_model::MemoryModel,
     &precision::PrecisionKind,
     &hybrid::Hybrid,

@@ -110,10 +110,18 @@ impl Busy {
     }
 }
 
+/// The buffer the read bandwidth is measured over: far beyond any CPU's last-level cache.
+pub const BANDWIDTH_BUFFER_BYTES: usize = 1 << 29;
+
 /// The machine's memory read bandwidth in bytes/s: the best of three parallel sums (rayon's pool,
-/// the threads a rank's kernels use) over a buffer of `bytes`, far larger than any cache, read once
-/// each, as a batch-1 decode step reads every weight once.
-pub fn read_bandwidth(bytes: usize) -> f64 {
+/// the threads a rank's kernels use) over [`BANDWIDTH_BUFFER_BYTES`], far larger than any cache,
+/// read once each, as a batch-1 decode step reads every weight once. Measured once a process.
+pub fn read_bandwidth() -> f64 {
+    static MEASURED: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *MEASURED.get_or_init(|| measure_read_bandwidth(BANDWIDTH_BUFFER_BYTES))
+}
+
+fn measure_read_bandwidth(bytes: usize) -> f64 {
     use rayon::prelude::*;
     let values = vec![1.0f32; bytes / std::mem::size_of::<f32>()];
     let mut best = f64::INFINITY;

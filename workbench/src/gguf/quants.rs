@@ -92,7 +92,7 @@ impl GgmlType {
             GgmlType::F32 => {
                 out.extend(blocks.map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
             }
-            GgmlType::F16 => out.extend(blocks.map(|b| half16(b))),
+            GgmlType::F16 => out.extend(blocks.map(half16)),
             GgmlType::Bf16 => {
                 out.extend(blocks.map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()))
             }
