@@ -16,6 +16,7 @@ use crate::kernels::bf16_matmul::PackedBf16;
 use crate::model::bf16::{Bf16Backend, project_bf16};
 use crate::model::elementwise::{heads_first, heads_last, rms_norm, rms_norm_backward, swiglu};
 use crate::model::ffn::{FfnBackend, blockwise_swiglu, swiglu_backward};
+use crate::model::loss::LossBackend;
 use crate::model::project::{flat, project};
 use crate::model::rope::{Rope, RopeBackend};
 use crate::model::rope_scaling::RopeFrequencies;
@@ -286,7 +287,7 @@ fn backward<B: RingBackend + FfnBackend + RopeBackend + Bf16Backend>(
 /// Backends that run a decoder layer: ring attention and the rematerializing feed-forward, and the
 /// layer as one op. The default method runs its forward; the autodiff backend overrides it to
 /// register the checkpointed backward, whose state is the layer's input.
-pub trait LayerBackend: RingBackend + FfnBackend + RopeBackend + Bf16Backend {
+pub trait LayerBackend: RingBackend + FfnBackend + RopeBackend + Bf16Backend + LossBackend {
     /// The layer's output for `x: [b, t, d]`; `cos`, `sin` are the RoPE tables `[1, 1, t, hd / 2]`;
     /// `attend` is how its attention masks and scores.
     #[allow(clippy::too_many_arguments)]

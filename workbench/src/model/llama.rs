@@ -358,17 +358,37 @@ impl<B: LayerBackend> Llama<B> {
         if let Some(head) = &self.head_bf16 {
             return project_bf16(x, head);
         }
+        let [b, t, d] = x.dims();
+        let head = self.head_weight();
+        let vocab = head.dims()[1];
+        x.reshape([b * t, d]).matmul(head).reshape([b, t, vocab])
+    }
+
+    /// The output head as `[d, vocab]`: the head's weight, or the embedding's transpose when tied.
+    pub(crate) fn head_weight(&self) -> Tensor<B, 2> {
         match &self.head {
-            Some(head) => head.forward(x),
-            None => {
-                let [b, t, d] = x.dims();
-                let table = self.embed.weight.val();
-                let vocab = table.dims()[0];
-                x.reshape([b * t, d])
-                    .matmul(table.transpose())
-                    .reshape([b, t, vocab])
-            }
+            Some(head) => head.weight.val(),
+            None => self.embed.weight.val().transpose(),
         }
+    }
+
+    /// The final norm's output `[b, t, d]` for this rank's tokens at global `positions`: what the
+    /// head multiplies (the training loss multiplies it in chunks, `model::loss`).
+    pub(crate) fn normed_hidden(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        positions: &[usize],
+        ctx: &Arc<RingContext>,
+    ) -> Result<Tensor<B, 3>, RingError> {
+        let x = run_layers(
+            &self.blocks,
+            self.embed.forward(tokens),
+            positions,
+            self.trunk,
+            ctx,
+            ctx.sequence().len,
+        )?;
+        Ok(self.norm.forward(x))
     }
 
     /// A prefill of this rank's tokens `[b, t]` at global `positions` in a batch whose longest prompt

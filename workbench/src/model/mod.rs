@@ -11,6 +11,7 @@ pub mod ffn;
 pub mod layer;
 pub mod lazy;
 pub mod llama;
+pub mod loss;
 mod project;
 mod rope;
 pub mod rope_scaling;

@@ -5,10 +5,10 @@ use super::error::TrainError;
 use crate::error::RingError;
 use crate::model::Llama;
 use crate::model::layer::LayerBackend;
+use crate::model::loss::next_token_nll;
 use crate::ring::context::RingContext;
 use crate::ring::op::RingBackend;
 use burn::module::AutodiffModule;
-use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use std::sync::Arc;
@@ -198,9 +198,14 @@ fn local_loss<B: LayerBackend>(
         &device,
     );
     let total: f32 = batch.weights.iter().sum();
-    let logits = model.forward(inputs, &layout.positions[rank], ctx)?;
-    let picked = log_softmax(logits, 2)
-        .gather(2, targets.unsqueeze_dim(2))
-        .squeeze_dim::<2>(2);
-    Ok((picked * weights).sum().neg() / total.max(f32::MIN_POSITIVE))
+    // The loss over the final norm's rows in chunks (`model::loss`): no [tokens × vocab] block.
+    let h = model.normed_hidden(inputs, &layout.positions[rank], ctx)?;
+    let [b, t, d] = h.dims();
+    let nll = next_token_nll(
+        h.reshape([b * t, d]),
+        model.head_weight(),
+        targets.reshape([b * t]),
+        weights.reshape([b * t]),
+    );
+    Ok(nll / total.max(f32::MIN_POSITIVE))
 }
