@@ -43,17 +43,17 @@ LAYERS = {
         # NaN-aware extremes, for every table and model that folds numbers.
         ["extremes"],
         ["units", "markdown", "alloc", "hardware", "npy", "spec", "simulator", "memory_model",
-         "dir_lock", "backend", "mpi_rank"],
+         "dir_lock", "backend", "mpi_rank", "pretrained"],
         # A process's rank over NCCL: its devices on the chosen backend.
         ["nccl_rank"],
         # Cost models on the simulator and the hardware profiles.
         ["results", "measure", "grid_model"],
         ["plot"],
-        # Commands whose specs and datasets the experiment kinds reuse.
-        ["exorl", "line_retrieval"],
+        # Commands whose specs, datasets and measurements the experiment kinds reuse.
+        ["exorl", "line_retrieval", "bench"],
         ["kinds"],
         ["runner", "comparison"],
-        ["reproduce", "attn", "bench", "hf"],
+        ["reproduce", "attn", "hf"],
     ],
     "strategies": [
         ["error"],

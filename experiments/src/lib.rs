@@ -23,6 +23,7 @@ pub mod mpi_rank;
 pub mod nccl_rank;
 pub mod npy;
 pub mod plot;
+pub mod pretrained;
 pub mod reproduce;
 pub mod results;
 pub mod runner;

@@ -13,6 +13,7 @@
 //! | [`transport`] | moving blocks between ranks: threads, MPI, NCCL behind one trait |
 //! | [`model`] | the LLaMA-style decoder and the Agentic Transformer, attending with the ring |
 //! | [`hf`] | Hugging Face checkpoints in and out (config, safetensors weights) |
+//! | [`gguf`] | GGUF files in (llama.cpp's format): metadata, dequantized tensors, a LLaMA model |
 //! | [`train`] | SPMD training and greedy decoding over in-process or MPI ranks |
 
 #![warn(missing_docs)]

@@ -162,7 +162,7 @@ struct Subject {
 impl Subject {
     fn of(args: &BenchModelArgs) -> Result<Subject> {
         if let Some(dir) = &args.model {
-            let config = crate::hf::pretrained_config(dir)?;
+            let config = crate::pretrained::pretrained_config(dir)?;
             let name = dir
                 .file_name()
                 .map_or("model".into(), |n| n.to_string_lossy().into_owned());
@@ -193,7 +193,7 @@ impl Subject {
     fn load<B: LayerBackend>(&self) -> Result<Llama<B>> {
         let device = Default::default();
         Ok(match &self.dir {
-            Some(dir) => crate::hf::load_pretrained::<B>(dir, &device)?.0,
+            Some(dir) => crate::pretrained::load_pretrained::<B>(dir, &device)?.0,
             None => seeded::<B, _>(0, &device, || self.config.init::<B>(&device)),
         })
     }
