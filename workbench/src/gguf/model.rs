@@ -187,7 +187,19 @@ fn model_of(file: &GgufFile) -> Result<GgufModel, GgufError> {
     config.heads = required("attention.head_count")?;
     config.kv_heads = count("attention.head_count_kv")?.unwrap_or(config.heads);
     config.ffn_hidden_size = Some(required("feed_forward_length")?);
-    config.head_dim = count("attention.key_length")?.or(count("rope.dimension_count")?);
+    config.head_dim = count("attention.key_length")?;
+    // RoPE rotates every dimension of a head here (no partial rotary factor).
+    if let Some(rotated) = count("rope.dimension_count")?
+        && rotated != config.head_dim()
+    {
+        return Err(bad(
+            &key("rope.dimension_count"),
+            format!(
+                "{rotated}, but heads are {} wide: a partial rotation is not computed",
+                config.head_dim()
+            ),
+        ));
+    }
     config.rope_theta = number("rope.freq_base")?.unwrap_or(10_000.0);
     config.norm_eps = number("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5);
     config.tie_embeddings = file.tensor("output.weight").is_err();

@@ -153,36 +153,32 @@ fn forward_with<B: FfnBackend + RopeBackend + Bf16Backend, S>(
     let (h2, r2) = rms_norm(x2.clone(), &w.ffn_norm, w.epsilons[1]);
     let chunk = trunk.ffn_chunk.max(1);
     let ffn = match (packed, trunk.checkpoint) {
-        // Inference with bf16 weights: nothing is kept for a backward.
-        (Some(p), _) => {
-            let chunks = (0..t)
-                .step_by(chunk)
-                .map(|s| {
-                    let c = h2.clone().slice([0..b, s..(s + chunk).min(t), 0..d]);
-                    let m = swiglu(
-                        flat(project_bf16(c.clone(), &p.w1)),
-                        flat(project_bf16(c, &p.w3)),
-                    );
-                    let [rows, f] = m.dims();
-                    project_bf16(m.reshape([b, rows / b, f]), &p.w2)
-                })
-                .collect();
-            Tensor::cat(chunks, 1)
+        (None, Checkpoint::Ffn | Checkpoint::Block) => {
+            blockwise_swiglu(h2.clone(), w.w1.clone(), w.w3.clone(), w.w2.clone(), chunk)
         }
-        (None, Checkpoint::None) => {
+        // Chunk by chunk: without checkpointing autodiff keeps each chunk's hidden activations; with
+        // bf16 weights (inference) nothing is kept.
+        (packed, _) => {
             let chunks = (0..t)
                 .step_by(chunk)
                 .map(|s| {
                     let e = (s + chunk).min(t);
-                    let c = flat(h2.clone().slice([0..b, s..e, 0..d]));
-                    let m = swiglu(c.clone().matmul(w.w1.clone()), c.matmul(w.w3.clone()));
-                    m.matmul(w.w2.clone()).reshape([b, e - s, d])
+                    let c = h2.clone().slice([0..b, s..e, 0..d]);
+                    let up =
+                        |w: &Tensor<B, 2>, p: Option<&PackedBf16>| flat(biased(&c, (w, p), None));
+                    let m = swiglu(
+                        up(&w.w1, packed.map(|p| &p.w1)),
+                        up(&w.w3, packed.map(|p| &p.w3)),
+                    );
+                    let f = m.dims()[1];
+                    biased(
+                        &m.reshape([b, e - s, f]),
+                        (&w.w2, packed.map(|p| &p.w2)),
+                        None,
+                    )
                 })
                 .collect();
             Tensor::cat(chunks, 1)
-        }
-        (None, Checkpoint::Ffn | Checkpoint::Block) => {
-            blockwise_swiglu(h2.clone(), w.w1.clone(), w.w3.clone(), w.w2.clone(), chunk)
         }
     };
     Ok(Forward {
