@@ -340,14 +340,7 @@ impl<B: LayerBackend> Llama<B> {
         ctx: &Arc<RingContext>,
         batch_len: usize,
     ) -> Result<Tensor<B, 3>, RingError> {
-        let x = run_layers(
-            &self.blocks,
-            self.embed.forward(tokens),
-            positions,
-            self.trunk,
-            ctx,
-            batch_len,
-        )?;
+        let x = self.layers_out(tokens, positions, ctx, batch_len)?;
         Ok(self.logits(x))
     }
 
@@ -380,15 +373,27 @@ impl<B: LayerBackend> Llama<B> {
         positions: &[usize],
         ctx: &Arc<RingContext>,
     ) -> Result<Tensor<B, 3>, RingError> {
-        let x = run_layers(
+        let x = self.layers_out(tokens, positions, ctx, ctx.sequence().len)?;
+        Ok(self.norm.forward(x))
+    }
+
+    /// The last layer's output `[b, t, d]` (before the final norm) in a batch whose longest
+    /// sequence is `batch_len`.
+    fn layers_out(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        positions: &[usize],
+        ctx: &Arc<RingContext>,
+        batch_len: usize,
+    ) -> Result<Tensor<B, 3>, RingError> {
+        run_layers(
             &self.blocks,
             self.embed.forward(tokens),
             positions,
             self.trunk,
             ctx,
-            ctx.sequence().len,
-        )?;
-        Ok(self.norm.forward(x))
+            batch_len,
+        )
     }
 
     /// A prefill of this rank's tokens `[b, t]` at global `positions` in a batch whose longest prompt
