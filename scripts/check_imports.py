@@ -77,6 +77,7 @@ LAYERS = {
         ["rng", "words", "packing"],
         ["line_retrieval", "exorl"],
         ["tokenizer"],
+        ["gguf_vocab"],
         ["hf_tokenizer"],
     ],
 }

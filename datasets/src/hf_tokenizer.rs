@@ -1,6 +1,8 @@
-//! A Hugging Face `tokenizer.json`, read and applied by HF's own `tokenizers` library: the ids
-//! transformers' fast tokenizer gives, and text back from ids.
+//! A Hugging Face `tokenizer.json` (or one rebuilt from a GGUF file's vocabulary), read and applied
+//! by HF's own `tokenizers` library: the ids transformers' fast tokenizer gives, and text back from
+//! ids.
 
+use crate::gguf_vocab::GgufVocabulary;
 use crate::tokenizer::{TextTokenizer, TokenizerError};
 use std::path::{Path, PathBuf};
 
@@ -8,6 +10,8 @@ use std::path::{Path, PathBuf};
 pub struct HfTokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
+    /// Whether `path` is a `tokenizer.json` whose directory may hold `tokenizer_config.json`.
+    beside_config: bool,
 }
 
 impl std::fmt::Debug for HfTokenizer {
@@ -29,6 +33,24 @@ impl HfTokenizer {
         Ok(HfTokenizer {
             inner,
             path: path.to_path_buf(),
+            beside_config: true,
+        })
+    }
+
+    /// The tokenizer a GGUF file's vocabulary describes (`origin`: that file, named in errors).
+    pub fn from_gguf(vocabulary: &GgufVocabulary, origin: &Path) -> Result<Self, TokenizerError> {
+        let document = vocabulary.tokenizer_json(origin)?;
+        let inner =
+            tokenizers::Tokenizer::from_bytes(document.to_string().as_bytes()).map_err(|e| {
+                TokenizerError::File {
+                    path: origin.to_path_buf(),
+                    message: format!("its tokenizer.ggml.* metadata is not a tokenizer: {e}"),
+                }
+            })?;
+        Ok(HfTokenizer {
+            inner,
+            path: origin.to_path_buf(),
+            beside_config: false,
         })
     }
 
@@ -64,6 +86,9 @@ impl HfTokenizer {
     /// its `content`), as transformers' `tokenizer.eos_token_id` reads it; `None` when neither
     /// names one. A named token the vocabulary lacks is an error naming it.
     pub fn named_token(&self, key: &str) -> Result<Option<u32>, TokenizerError> {
+        if !self.beside_config {
+            return Ok(None);
+        }
         let dir = self.path.parent().unwrap_or(Path::new("."));
         for file in ["tokenizer_config.json", "special_tokens_map.json"] {
             let path = dir.join(file);

@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod exorl;
+pub mod gguf_vocab;
 pub mod hf_tokenizer;
 pub mod line_retrieval;
 pub mod packing;
@@ -12,6 +13,7 @@ pub mod rng;
 pub mod tokenizer;
 mod words;
 
+pub use gguf_vocab::GgufVocabulary;
 pub use hf_tokenizer::{HfText, HfTokenizer};
 pub use line_retrieval::{
     Case, DatasetError, Quiz, WordSplit, generate, generate_quiz, name_pool, read_jsonl,

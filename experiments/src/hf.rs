@@ -5,9 +5,8 @@
 use crate::backend::{BackendName, OnBackend, on_backend};
 use crate::line_retrieval::load_checkpoint;
 use crate::npy;
-use crate::pretrained::{is_gguf, load_pretrained};
+use crate::pretrained::{load_pretrained, pretrained_tokenizer};
 use anyhow::{Context, Result, bail};
-use datasets::HfTokenizer;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use workbench::LayerBackend;
@@ -68,8 +67,8 @@ pub struct LogitsArgs {
 /// `ringbench hf generate`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
-    /// A Hugging Face model directory, or a LLaMA-family GGUF file (then give --tokens: its
-    /// tokenizer is not rebuilt yet).
+    /// A Hugging Face model directory, or a LLaMA-family GGUF file (its tokenizer rebuilt from
+    /// its tokenizer.ggml.* metadata).
     #[arg(long)]
     pub model: PathBuf,
     /// Prompt token ids: int32 or int64 [batch, seq].
@@ -97,7 +96,7 @@ pub struct GenerateArgs {
 /// `ringbench hf tokenize`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct TokenizeArgs {
-    /// A directory holding tokenizer.json.
+    /// A directory holding tokenizer.json, or a GGUF file (its tokenizer.ggml.* vocabulary).
     #[arg(long)]
     pub model: PathBuf,
     /// The text.
@@ -202,18 +201,14 @@ impl OnBackend for GenerateOn<'_> {
     type Output = ();
     fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<()> {
         let args = self.0;
-        // A GGUF file's tokenizer is not rebuilt yet: give its prompts as --tokens.
-        let tokenizer_path = args.model.join("tokenizer.json");
-        let tokenizer = (!is_gguf(&args.model) && tokenizer_path.exists())
-            .then(|| HfTokenizer::load(&tokenizer_path))
-            .transpose()?;
+        let tokenizer = pretrained_tokenizer(&args.model)?;
         let (prompts, source) = match (&args.tokens, &args.prompt) {
             (Some(path), _) => (npy::read_ids(path)?, path.clone()),
             (None, Some(text)) => {
                 let Some(tokenizer) = &tokenizer else {
                     bail!(
                         "{}: --prompt needs the model's tokenizer.json",
-                        tokenizer_path.display()
+                        args.model.display()
                     );
                 };
                 (
@@ -278,7 +273,9 @@ pub fn generate<B: LayerBackend>(
 
 /// `ringbench hf tokenize`: the ids as a JSON list.
 fn tokenize(args: &TokenizeArgs) -> Result<()> {
-    let tokenizer = HfTokenizer::load(&args.model.join("tokenizer.json"))?;
+    let Some(tokenizer) = pretrained_tokenizer(&args.model)? else {
+        bail!("{}: no tokenizer.json", args.model.display());
+    };
     let ids = tokenizer.encode(&args.text, false)?;
     println!("{}", serde_json::to_string(&ids)?);
     Ok(())

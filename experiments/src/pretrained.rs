@@ -1,9 +1,10 @@
 //! Pretrained models wherever ringbench reads one: a Hugging Face directory or a GGUF file, its
-//! config (or the GGUF metadata as the same) and its weights in f32.
+//! config (or the GGUF metadata as the same), its weights in f32, its tokenizer and chat template.
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
+use datasets::{GgufVocabulary, HfTokenizer};
 use std::path::Path;
-use workbench::gguf::{load_gguf_model, read_gguf_model};
+use workbench::gguf::{GgufFile, GgufValue, load_gguf_model, read_gguf_model};
 use workbench::hf::{Architecture, HfConfig, load_model};
 use workbench::model::Llama;
 
@@ -41,4 +42,154 @@ pub fn load_pretrained<B: workbench::LayerBackend>(
     let config = pretrained_config(path)?;
     let (model, _) = load_gguf_model::<B>(path, device)?;
     Ok((model, config))
+}
+
+/// A pretrained model's tokenizer: a directory's `tokenizer.json`, or the one a GGUF file's
+/// `tokenizer.ggml.*` metadata describes; `None` when the directory has no tokenizer.json.
+pub fn pretrained_tokenizer(path: &Path) -> Result<Option<HfTokenizer>> {
+    if !is_gguf(path) {
+        let json = path.join("tokenizer.json");
+        return Ok(json
+            .exists()
+            .then(|| HfTokenizer::load(&json))
+            .transpose()?);
+    }
+    let file = GgufFile::open(path)?;
+    Ok(Some(HfTokenizer::from_gguf(
+        &gguf_vocabulary(&file)?,
+        path,
+    )?))
+}
+
+/// The `tokenizer.ggml.*` metadata of a GGUF file as plain values; a key of the wrong type is an
+/// error naming it.
+pub fn gguf_vocabulary(file: &GgufFile) -> Result<GgufVocabulary> {
+    let origin = file.path().display();
+    let text = |key: &str| -> Result<Option<String>> {
+        match file.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(|s| Some(s.to_string()))
+                .with_context(|| format!("{origin}: {key} is not text")),
+        }
+    };
+    let array = |key: &str| -> Result<Option<&[GgufValue]>> {
+        match file.get(key) {
+            None => Ok(None),
+            Some(GgufValue::Array(values)) => Ok(Some(values)),
+            Some(_) => bail!("{origin}: {key} is not an array"),
+        }
+    };
+    let texts = |key: &str| -> Result<Option<Vec<String>>> {
+        array(key)?
+            .map(|values| {
+                values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        v.as_str()
+                            .map(str::to_string)
+                            .with_context(|| format!("{origin}: {key}[{i}] is not text"))
+                    })
+                    .collect()
+            })
+            .transpose()
+    };
+    let id = |key: &str| -> Result<Option<u32>> {
+        file.get(key)
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|id| u32::try_from(id).ok())
+                    .with_context(|| format!("{origin}: {key} = {v:?} is not a token id"))
+            })
+            .transpose()
+    };
+    let Some(model) = text("tokenizer.ggml.model")? else {
+        bail!("{origin}: no tokenizer.ggml.model: the file carries no tokenizer");
+    };
+    let Some(tokens) = texts("tokenizer.ggml.tokens")? else {
+        bail!("{origin}: no tokenizer.ggml.tokens");
+    };
+    let scores = array("tokenizer.ggml.scores")?
+        .map(|values| {
+            values
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.as_f64().map(|s| s as f32).with_context(|| {
+                        format!("{origin}: tokenizer.ggml.scores[{i}] is not a number")
+                    })
+                })
+                .collect::<Result<Vec<f32>>>()
+        })
+        .transpose()?;
+    let token_types = array("tokenizer.ggml.token_type")?
+        .map(|values| {
+            values
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    match v {
+                        GgufValue::Int(t) => i32::try_from(*t).ok(),
+                        GgufValue::Uint(t) => i32::try_from(*t).ok(),
+                        _ => None,
+                    }
+                    .with_context(|| {
+                        format!("{origin}: tokenizer.ggml.token_type[{i}] is not a type")
+                    })
+                })
+                .collect::<Result<Vec<i32>>>()
+        })
+        .transpose()?;
+    let add_bos = match file.get("tokenizer.ggml.add_bos_token") {
+        None => None,
+        Some(GgufValue::Bool(b)) => Some(*b),
+        Some(v) => bail!("{origin}: tokenizer.ggml.add_bos_token = {v:?} is not a bool"),
+    };
+    Ok(GgufVocabulary {
+        model,
+        pre: text("tokenizer.ggml.pre")?,
+        tokens,
+        scores,
+        token_types,
+        merges: texts("tokenizer.ggml.merges")?,
+        add_bos,
+        bos: id("tokenizer.ggml.bos_token_id")?,
+        unk: id("tokenizer.ggml.unknown_token_id")?,
+    })
+}
+
+/// A pretrained model's chat template: a GGUF file's `tokenizer.chat_template`, or a directory's
+/// `chat_template.jinja`, else `tokenizer_config.json`'s `chat_template`; `None` when it has none.
+pub fn pretrained_chat_template(path: &Path) -> Result<Option<String>> {
+    if is_gguf(path) {
+        return Ok(read_gguf_model(path)?.chat_template);
+    }
+    let jinja = path.join("chat_template.jinja");
+    if jinja.exists() {
+        return Ok(Some(
+            std::fs::read_to_string(&jinja)
+                .with_context(|| format!("reading {}", jinja.display()))?,
+        ));
+    }
+    let config = path.join("tokenizer_config.json");
+    let Ok(text) = std::fs::read_to_string(&config) else {
+        return Ok(None);
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", config.display()))?;
+    match json.get("chat_template") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(t)) => Ok(Some(t.clone())),
+        Some(other) => bail!(
+            "{}: chat_template is {} (only a single template string is read)",
+            config.display(),
+            if other.is_array() {
+                "a list of named templates"
+            } else {
+                "not text"
+            }
+        ),
+    }
 }

@@ -137,3 +137,93 @@ fn bad_files_are_refused_naming_what_is_wrong() {
         "{err}"
     );
 }
+
+/// The tokenizer a GGUF vocabulary describes gives transformers' ids (its own GGUF tokenizer, the
+/// ids `make_tokenizer_fixture.py` recorded) on texts with digits, runs of spaces, newlines, bytes the
+/// vocabulary lacks, a control token and the empty text: byte-level BPE with two split regexes and
+/// SentencePiece with merges from scores, BOS added or not as the file says.
+#[test]
+fn gguf_tokenizers_give_transformers_ids() {
+    for name in ["gpt2_llama3", "gpt2_default", "llama_spm"] {
+        let gguf = fixture().join(format!("tokenizer_{name}.gguf"));
+        let tokenizer = experiments::pretrained::pretrained_tokenizer(&gguf)
+            .unwrap()
+            .expect("a GGUF file's tokenizer");
+        let expected: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(fixture().join(format!("tokenizer_{name}.json"))).unwrap(),
+        )
+        .unwrap();
+        let cases = expected["cases"].as_array().unwrap();
+        assert_eq!(cases.len(), 7, "{name}");
+        for case in cases {
+            let text = case["text"].as_str().unwrap();
+            let want: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+            let ids = tokenizer.encode(text, true).unwrap();
+            assert_eq!(ids, want, "{name}: {text:?}");
+            // Decoding gives the text back when every byte is in the vocabulary or its fallback.
+            if name != "llama_spm" || !text.starts_with(' ') {
+                let plain = tokenizer.encode(text, false).unwrap();
+                assert_eq!(tokenizer.decode(&plain).unwrap(), text, "{name}: {text:?}");
+            }
+        }
+    }
+}
+
+/// A vocabulary this cannot rebuild is refused naming the key and value.
+#[test]
+fn unknown_tokenizer_kinds_are_refused_by_name() {
+    use datasets::{GgufVocabulary, HfTokenizer};
+    let base = GgufVocabulary {
+        model: "gpt2".into(),
+        tokens: vec!["a".into(), "b".into(), "ab".into()],
+        merges: Some(vec!["a b".into()]),
+        ..Default::default()
+    };
+    let origin = Path::new("x.gguf");
+    assert!(HfTokenizer::from_gguf(&base, origin).is_ok());
+    let cases: [(GgufVocabulary, &str); 5] = [
+        (
+            GgufVocabulary {
+                model: "rwkv".into(),
+                ..base.clone()
+            },
+            "tokenizer.ggml.model = \"rwkv\"",
+        ),
+        (
+            GgufVocabulary {
+                pre: Some("exotic".into()),
+                ..base.clone()
+            },
+            "tokenizer.ggml.pre = \"exotic\"",
+        ),
+        (
+            GgufVocabulary {
+                merges: Some(vec!["ab".into()]),
+                ..base.clone()
+            },
+            "merges[0] = \"ab\"",
+        ),
+        (
+            GgufVocabulary {
+                bos: Some(7),
+                ..base.clone()
+            },
+            "bos_token_id = 7 is past the 3 tokens",
+        ),
+        (
+            GgufVocabulary {
+                model: "llama".into(),
+                merges: None,
+                scores: Some(vec![0.0, f32::NAN, 1.0]),
+                ..base.clone()
+            },
+            "tokenizer.ggml.scores[1] is NaN",
+        ),
+    ];
+    for (vocabulary, want) in cases {
+        let error = HfTokenizer::from_gguf(&vocabulary, origin)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(want) && error.contains("x.gguf"), "{error}");
+    }
+}
