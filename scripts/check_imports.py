@@ -78,7 +78,7 @@ LAYERS = {
         ["line_retrieval", "exorl"],
         ["tokenizer"],
         ["gguf_vocab"],
-        ["hf_tokenizer"],
+        ["hf_tokenizer", "chat"],
     ],
 }
 PATH = re.compile(r"crate((?:::[a-z_][a-z0-9_]*)+)")

@@ -130,6 +130,11 @@ impl HfTokenizer {
         self.inner.decode(ids, false).map_err(|e| self.failed(e))
     }
 
+    /// The text of token `id` as the vocabulary spells it (`<|im_start|>`), if there is one.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     /// Tokens, added ones included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

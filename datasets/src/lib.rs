@@ -4,6 +4,7 @@
 
 #![warn(missing_docs)]
 
+pub mod chat;
 pub mod exorl;
 pub mod gguf_vocab;
 pub mod hf_tokenizer;
@@ -13,6 +14,7 @@ pub mod rng;
 pub mod tokenizer;
 mod words;
 
+pub use chat::{ChatError, ChatMessage, ChatTemplate};
 pub use gguf_vocab::GgufVocabulary;
 pub use hf_tokenizer::{HfText, HfTokenizer};
 pub use line_retrieval::{

@@ -5,8 +5,11 @@
 use crate::backend::{BackendName, OnBackend, on_backend};
 use crate::line_retrieval::load_checkpoint;
 use crate::npy;
-use crate::pretrained::{load_pretrained, pretrained_tokenizer};
+use crate::pretrained::{
+    load_pretrained, pretrained_chat_template, pretrained_config, pretrained_tokenizer,
+};
 use anyhow::{Context, Result, bail};
+use datasets::{ChatMessage, ChatTemplate, HfTokenizer};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use workbench::LayerBackend;
@@ -14,7 +17,7 @@ use workbench::hf::{Architecture, HfConfig, export_model, load_model};
 use workbench::model::Llama;
 use workbench::ring::decode::DecodeMerge;
 use workbench::ring::jobs::HostTensor;
-use workbench::train::{Decoding, Prompt, decode, full_logits};
+use workbench::train::{Decoding, Prompt, Sampling, decode, full_logits};
 
 /// `ringbench hf`'s commands.
 #[derive(Debug, clap::Subcommand)]
@@ -22,8 +25,9 @@ pub enum HfCommand {
     /// Logits of token ids (int32/int64 [batch, seq] .npy) through the ring: float32
     /// [batch, seq, vocab] .npy.
     Logits(LogitsArgs),
-    /// Greedy continuation through the ring's KV cache (stops at the config's eos_token_id):
-    /// int64 [batch, new] .npy, and the text when the model has a tokenizer.json.
+    /// Continuation through the ring's KV cache, greedy or sampled, of token ids or text prompts
+    /// (through the chat template with --chat; stops at the config's eos_token_id or a --stop
+    /// string): int64 [batch, new] .npy, and the text when the model has a tokenizer.
     Generate(GenerateArgs),
     /// The ids of a text by the model's tokenizer.json, as a JSON list (no special tokens added).
     Tokenize(TokenizeArgs),
@@ -72,15 +76,44 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub model: PathBuf,
     /// Prompt token ids: int32 or int64 [batch, seq].
-    #[arg(long, conflicts_with = "prompt", required_unless_present = "prompt")]
+    #[arg(long, conflicts_with_all = ["prompt", "prompts", "chat"])]
     pub tokens: Option<PathBuf>,
-    /// A prompt text, tokenized by the model's tokenizer.json with its special tokens (as
-    /// transformers' `tokenizer(text)`).
-    #[arg(long)]
+    /// A prompt text, tokenized by the model's tokenizer with its special tokens (as
+    /// transformers' `tokenizer(text)`), or with --chat the user's message.
+    #[arg(long, conflicts_with = "prompts")]
     pub prompt: Option<String>,
+    /// Prompts decoded as one batch: a JSONL file, each line {"prompt": TEXT} or {"messages":
+    /// [{"role": ..., "content": ...}, ...]} (a conversation, rendered by the chat template).
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    /// Apply the model's chat template (tokenizer.chat_template in a GGUF file,
+    /// chat_template.jinja or tokenizer_config.json's in a directory): each prompt becomes a user
+    /// message, and the text ends where the assistant's reply begins.
+    #[arg(long)]
+    pub chat: bool,
+    /// With --chat: a system message put first.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
     /// New tokens at most.
     #[arg(long)]
     pub max_new: usize,
+    /// Sample instead of greedy decoding: logits divided by this (> 0). Greedy when absent.
+    #[arg(long)]
+    pub temperature: Option<f64>,
+    /// With --temperature: only the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 0, requires = "temperature")]
+    pub top_k: usize,
+    /// With --temperature: only the fewest most likely tokens whose probability reaches P.
+    #[arg(long, default_value_t = 1.0, requires = "temperature")]
+    pub top_p: f64,
+    /// With --temperature: the seed every draw is keyed by (with the prompt's index and the
+    /// step: the same tokens on any rank count).
+    #[arg(long, default_value_t = 0, requires = "temperature")]
+    pub seed: u64,
+    /// A reply ends once its text contains this (repeatable; the tokens up to the one that
+    /// completes it are kept, as transformers' stop_strings does).
+    #[arg(long)]
+    pub stop: Vec<String>,
     /// Where the ring runs.
     #[command(flatten)]
     pub ring: RingArgs,
@@ -141,6 +174,8 @@ fn decoding<'a>(ring: &RingArgs, stop: &'a [u32], max_new: usize) -> Result<Deco
         batch: 0,
         on_batch: None,
         keep_logits: false,
+        sampling: Default::default(),
+        stop_reply: None,
     })
 }
 
@@ -201,37 +236,56 @@ impl OnBackend for GenerateOn<'_> {
     type Output = ();
     fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<()> {
         let args = self.0;
+        let config = pretrained_config(&args.model)?;
         let tokenizer = pretrained_tokenizer(&args.model)?;
-        let (prompts, source) = match (&args.tokens, &args.prompt) {
-            (Some(path), _) => (npy::read_ids(path)?, path.clone()),
-            (None, Some(text)) => {
+        let (prompts, source) = match &args.tokens {
+            Some(path) => (npy::read_ids(path)?, path.clone()),
+            None => {
                 let Some(tokenizer) = &tokenizer else {
                     bail!(
-                        "{}: --prompt needs the model's tokenizer.json",
+                        "{}: a text prompt needs the model's tokenizer.json",
                         args.model.display()
                     );
                 };
                 (
-                    vec![tokenizer.encode(text, true)?],
-                    PathBuf::from("--prompt"),
+                    prompt_ids(args, tokenizer, &config)?,
+                    args.prompts
+                        .clone()
+                        .unwrap_or_else(|| PathBuf::from("--prompt")),
                 )
             }
-            (None, None) => bail!("give --tokens or --prompt"),
         };
-        let (model, config) = load_pretrained::<I>(&args.model, &devices[0])?;
         check_ids(&prompts, config.model.vocab, &source)?;
+        if !args.stop.is_empty() && tokenizer.is_none() {
+            bail!("--stop needs the model's tokenizer to read replies as text");
+        }
+        let stop_text = |_: usize, reply: &[u32]| {
+            let text = tokenizer
+                .as_ref()
+                .and_then(|t| t.decode(reply).ok())
+                .unwrap_or_default();
+            args.stop.iter().any(|s| text.contains(s.as_str()))
+        };
+        let (model, _) = load_pretrained::<I>(&args.model, &devices[0])?;
         let mut decoding = decoding(&args.ring, &config.eos, args.max_new)?;
         if args.no_cache {
             decoding.cache = None;
         }
-        let rows = generate(&model, &prompts, &decoding)?;
-        npy::write_ids(&args.out, &rows)?;
+        if let Some(temperature) = args.temperature {
+            decoding.sampling = Sampling::random(temperature, args.top_k, args.top_p, args.seed)?;
+        }
+        if !args.stop.is_empty() {
+            decoding.stop_reply = Some(&stop_text);
+        }
+        let (rows, pad) = continuations(&model, &prompts, &decoding)?;
         for (i, row) in rows.iter().enumerate() {
             match &tokenizer {
                 Some(t) => println!("{i}: {:?}", t.decode(row)?),
                 None => println!("{i}: {row:?}"),
             }
         }
+        let rows = padded(rows, pad);
+        npy::write_ids(&args.out, &rows)?;
         println!(
             "wrote {} rows of new tokens to {}",
             rows.len(),
@@ -241,22 +295,149 @@ impl OnBackend for GenerateOn<'_> {
     }
 }
 
-/// The greedy continuations of `prompts` as transformers' generate returns its new tokens: the eos
-/// that ended a row included, shorter rows padded with that eos (the first eos when no row ended).
+/// One line of a --prompts file.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PromptLine {
+    prompt: Option<String>,
+    messages: Option<Vec<ChatMessage>>,
+}
+
+/// The token ids of the text prompts (--prompt, or each line of --prompts), through the chat
+/// template where asked (--chat, or a line's messages).
+fn prompt_ids(
+    args: &GenerateArgs,
+    tokenizer: &HfTokenizer,
+    config: &HfConfig,
+) -> Result<Vec<Vec<u32>>> {
+    // Each entry: a raw text, or a conversation for the template.
+    let mut entries: Vec<Result<String, Vec<ChatMessage>>> = Vec::new();
+    match (&args.prompt, &args.prompts) {
+        (Some(text), _) => entries.push(Err(vec![ChatMessage::user(text)])),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            for (n, line) in text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+            {
+                let at = || format!("{} line {}", path.display(), n + 1);
+                let line: PromptLine = serde_json::from_str(line).with_context(at)?;
+                match (line.prompt, line.messages) {
+                    (Some(text), None) => entries.push(Err(vec![ChatMessage::user(&text)])),
+                    (None, Some(messages)) if !messages.is_empty() => entries.push(Err(messages)),
+                    _ => bail!(
+                        "{}: give \"prompt\" or a non-empty \"messages\", not both",
+                        at()
+                    ),
+                }
+            }
+            if entries.is_empty() {
+                bail!("{}: no prompts", path.display());
+            }
+        }
+        (None, None) => bail!("give --tokens, --prompt or --prompts"),
+    }
+    // Without --chat, a lone user message is the raw text; a conversation needs the template.
+    if !args.chat {
+        for entry in &mut entries {
+            if let Err(messages) = entry
+                && let [only] = messages.as_slice()
+                && only.role == "user"
+            {
+                *entry = Ok(only.content.clone());
+            }
+        }
+    }
+    let template = entries
+        .iter()
+        .any(Result::is_err)
+        .then(|| chat_template(&args.model, tokenizer, config))
+        .transpose()?;
+    entries
+        .into_iter()
+        .map(|entry| match entry {
+            Ok(text) => Ok(tokenizer.encode(&text, true)?),
+            Err(mut messages) => {
+                if let Some(system) = &args.system {
+                    messages.insert(
+                        0,
+                        ChatMessage {
+                            role: "system".into(),
+                            content: system.clone(),
+                        },
+                    );
+                }
+                let template = template
+                    .as_ref()
+                    .expect("made when a conversation is present");
+                // As transformers' apply_chat_template: the template writes any special tokens.
+                Ok(tokenizer.encode(&template.render(&messages, true)?, false)?)
+            }
+        })
+        .collect()
+}
+
+/// The model's chat template with its BOS and EOS tokens' texts.
+pub fn chat_template(
+    model: &Path,
+    tokenizer: &HfTokenizer,
+    config: &HfConfig,
+) -> Result<ChatTemplate> {
+    let Some(source) = pretrained_chat_template(model)? else {
+        bail!(
+            "{}: the model has no chat template (tokenizer.chat_template, chat_template.jinja or \
+             tokenizer_config.json's chat_template)",
+            model.display()
+        );
+    };
+    let text = |id: Option<u32>| {
+        id.and_then(|id| tokenizer.token_text(id))
+            .unwrap_or_default()
+    };
+    Ok(ChatTemplate::new(
+        source,
+        text(config.bos),
+        text(config.eos.first().copied()),
+    ))
+}
+
+/// The continuations of `prompts` as transformers' generate returns its new tokens: the eos that
+/// ended a row included, shorter rows padded with that eos (the first eos when no row ended).
 pub fn generate<B: LayerBackend>(
     model: &Llama<B>,
     prompts: &[Vec<u32>],
     decoding: &Decoding,
 ) -> Result<Vec<Vec<u32>>> {
+    let (rows, pad) = continuations(model, prompts, decoding)?;
+    Ok(padded(rows, pad))
+}
+
+/// Rows padded with `pad` to the longest.
+fn padded(mut rows: Vec<Vec<u32>>, pad: u32) -> Vec<Vec<u32>> {
+    let longest = rows.iter().map(Vec::len).max().unwrap_or(0);
+    for row in &mut rows {
+        row.resize(longest, pad);
+    }
+    rows
+}
+
+/// Each prompt's new tokens (the eos that ended it included), unpadded, and the token
+/// [`generate`] pads them with.
+fn continuations<B: LayerBackend>(
+    model: &Llama<B>,
+    prompts: &[Vec<u32>],
+    decoding: &Decoding,
+) -> Result<(Vec<Vec<u32>>, u32)> {
     let prompts: Vec<Prompt> = prompts.iter().cloned().map(Prompt::from).collect();
     let decoded = decode(model, &prompts, decoding)?;
-    let mut rows: Vec<Vec<u32>> = decoded
+    let rows = decoded
         .replies
         .iter()
         .zip(&decoded.ended_by)
         .map(|(reply, ended)| reply.iter().copied().chain(*ended).collect())
         .collect();
-    let longest = rows.iter().map(Vec::len).max().unwrap_or(0);
     let pad = decoded
         .ended_by
         .iter()
@@ -265,10 +446,7 @@ pub fn generate<B: LayerBackend>(
         .or(decoding.stop.first())
         .copied()
         .unwrap_or(0);
-    for row in &mut rows {
-        row.resize(longest, pad);
-    }
-    Ok(rows)
+    Ok((rows, pad))
 }
 
 /// `ringbench hf tokenize`: the ids as a JSON list.

@@ -57,6 +57,8 @@ fn decoding<'a>(strategy: &str, ranks: usize, stop: &'a [u32], max_new: usize) -
         batch: 0,
         on_batch: None,
         keep_logits: false,
+        sampling: Default::default(),
+        stop_reply: None,
     }
 }
 

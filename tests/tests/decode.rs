@@ -574,6 +574,8 @@ fn decoded_logits_equal_the_recompute() {
             batch: if bt == 1 { 0 } else { 1 },
             on_batch: None,
             keep_logits: true,
+            sampling: Default::default(),
+            stop_reply: None,
         };
         let label = format!(
             "{row:?}: {} N={} {} kv={} {} packed={} batched={}",
@@ -658,6 +660,8 @@ fn bad_decoding_input_is_a_typed_error() {
         batch: 0,
         on_batch: None,
         keep_logits: false,
+        sampling: Default::default(),
+        stop_reply: None,
     };
     let prompts = vec![Prompt::from(vec![1, 2, 3]), Prompt::from(Vec::new())];
     for cache in [Some(DecodeMerge::Ring), None] {

@@ -276,6 +276,12 @@ pub enum RingError {
         /// The exchanges a rank makes in that phase.
         exchanges: usize,
     },
+    /// Sampling parameters out of range.
+    #[error("sampling: {what}")]
+    Sampling {
+        /// The parameter and its value.
+        what: String,
+    },
     /// A name outside a fixed set (direction, scheme, kernel).
     #[error("unknown {what} '{got}'; expected one of: {expected}")]
     UnknownOption {

@@ -439,6 +439,8 @@ fn zero_ranks_is_a_typed_error_everywhere() {
         batch: 0,
         on_batch: None,
         keep_logits: false,
+        sampling: Default::default(),
+        stop_reply: None,
     };
     let inference = model().valid();
     let replies = greedy(&inference, &[vec![1, 2, 3]], &decoding);

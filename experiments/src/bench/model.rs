@@ -380,6 +380,8 @@ fn logits_moved(
     let prompt = Prompt::from(random_tokens(seq, model.vocab(), 1));
     let decoding = Decoding {
         keep_logits: true,
+        sampling: Default::default(),
+        stop_reply: None,
         ..decoding_of(partition, 1, 1)
     };
     let logits = |m: &Llama<Flex>| -> Result<Vec<f32>> {
@@ -416,6 +418,8 @@ fn decoding_of(
         batch: 1,
         on_batch: None,
         keep_logits: false,
+        sampling: Default::default(),
+        stop_reply: None,
     }
 }
 

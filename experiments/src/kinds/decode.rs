@@ -272,6 +272,8 @@ impl DecodePlan {
             batch: 0,
             on_batch: None,
             keep_logits: true,
+            sampling: Default::default(),
+            stop_reply: None,
         }
     }
 
@@ -287,6 +289,8 @@ impl DecodePlan {
             max_new: self.measure.recompute_tokens,
             cache: None,
             keep_logits: false,
+            sampling: Default::default(),
+            stop_reply: None,
             ..self.decoding(point)
         };
         let prompt = prompt(point.prompt_len, self.measure.vocab);

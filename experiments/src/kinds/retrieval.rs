@@ -328,6 +328,8 @@ impl Plan for RetrievalPlan {
             stop: &stop,
             pad: loaded.tokenizer.eos(),
             keep_logits: true,
+            sampling: Default::default(),
+            stop_reply: None,
             ..decoding(partition, ranks, batch)
         };
         let mut near_ties = 0;

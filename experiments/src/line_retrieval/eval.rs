@@ -219,6 +219,8 @@ pub fn decoding(partition: &dyn strategies::Partition, ranks: usize, batch: usiz
         batch,
         on_batch: None,
         keep_logits: false,
+        sampling: Default::default(),
+        stop_reply: None,
     }
 }
 

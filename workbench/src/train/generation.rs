@@ -1,7 +1,7 @@
-//! Greedy decoding with a trained model on N ranks: by default a prefill of each prompt through the
-//! ring into a KV cache sharded over the ranks, then one token a step attended to every rank's
-//! cached keys and merged (`ring::decode`); or, as the check, the full sequence run through the ring
-//! again for every new token.
+//! Decoding (greedy, or sampled: `sampling.rs`) with a trained model on N ranks: by default a
+//! prefill of each prompt through the ring into a KV cache sharded over the ranks, then one token a
+//! step attended to every rank's cached keys and merged (`ring::decode`); or, as the check, the full
+//! sequence run through the ring again for every new token.
 
 use crate::error::{RingError, all_or_root_cause};
 use crate::host;
@@ -10,11 +10,15 @@ use crate::model::layer::LayerBackend;
 use crate::ring::cache::KvCache;
 use crate::ring::context::{RingConfig, RingContext, Sequence};
 use crate::ring::decode::DecodeMerge;
+use crate::train::sampling::Sampling;
 use crate::transport::{Comm, Phase, run_ranks};
 use burn::tensor::{Int, Tensor, TensorData};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strategies::{Partition, padded_len};
+
+/// Whether a reply is over, given its prompt's index and its tokens so far.
+pub type StopReply<'a> = dyn Fn(usize, &[u32]) -> bool + Sync + 'a;
 
 /// How [`greedy`] decodes and where it runs.
 #[derive(Clone, Copy)]
@@ -43,6 +47,11 @@ pub struct Decoding<'a> {
     /// Whether [`Decoded::logits`] keeps the logits every reply token was picked from (the
     /// exactness checks' input: a reply's length times the vocabulary per prompt).
     pub keep_logits: bool,
+    /// How each token is picked from its logits (greedy by default).
+    pub sampling: Sampling,
+    /// Ends a row's reply once it returns true for (the prompt's index, the reply so far): a stop
+    /// string, say. Every rank asks it of the same tokens, so all agree.
+    pub stop_reply: Option<&'a StopReply<'a>>,
 }
 
 impl Decoding<'_> {
@@ -66,6 +75,8 @@ impl std::fmt::Debug for Decoding<'_> {
             .field("cache", &self.cache)
             .field("batch", &self.batch)
             .field("keep_logits", &self.keep_logits)
+            .field("sampling", &self.sampling)
+            .field("stop_reply", &self.stop_reply.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -198,25 +209,6 @@ pub fn decode_on<B: LayerBackend>(
     )
 }
 
-/// The index of the largest logit (the first on a tie): the same on every rank for the same bits.
-/// A NaN logit is an error naming its index (a comparison would skip it and pick a token silently).
-fn argmax(logits: &[f32]) -> Result<u32, RingError> {
-    if let Some(i) = logits.iter().position(|x| x.is_nan()) {
-        return Err(RingError::NonFinite {
-            what: "decoded logits",
-            index: vec![i],
-            value: logits[i],
-        });
-    }
-    Ok(logits
-        .iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
-            if x > best.1 { (i, x) } else { best }
-        })
-        .0 as u32)
-}
-
 /// One rank's cached decoding, `decoding.batch` prompts at a time, each batch in a cache of its
 /// own: each prompt prefilled on its own layout into the cache, the first token's logits gathered
 /// from the rank holding the prompt's last position, then a step a token for the batch's rows.
@@ -290,6 +282,8 @@ fn decode_batch<B: LayerBackend>(
     merge: DecodeMerge,
     decoded: &mut Decoded,
 ) -> Result<(), RingError> {
+    // The prompts' indices in the whole decode key the sampling draws.
+    let first = decoded.replies.len();
     let world = decoding.ranks;
     let config = RingConfig {
         causal: true,
@@ -374,13 +368,20 @@ fn decode_batch<B: LayerBackend>(
             if let Some(kept) = kept.get_mut(row) {
                 kept.extend_from_slice(&logits[row]);
             }
-            let next = argmax(&logits[row])?;
+            let next = decoding.sampling.pick(&logits[row], first + row, step)?;
             if decoding.stop.contains(&next) {
                 done[row] = true;
                 ended[row] = Some(next);
                 continue;
             }
             replies[row].push(next);
+            if decoding
+                .stop_reply
+                .is_some_and(|stop| stop(first + row, &replies[row]))
+            {
+                done[row] = true;
+                continue;
+            }
             if step + 1 < decoding.max_new {
                 feed.push(next);
                 rows.push(row);
@@ -472,7 +473,7 @@ fn recompute<B: LayerBackend>(
             let all = logits_in_batch(model, &seq, decoding, longest + step)?;
             let vocab = all.len() / seq.tokens.len();
             let logits = all[all.len() - vocab..].to_vec();
-            let next = argmax(&logits)?;
+            let next = decoding.sampling.pick(&logits, i, step)?;
             if decoding.keep_logits {
                 kept.extend_from_slice(&logits);
             }
@@ -485,6 +486,9 @@ fn recompute<B: LayerBackend>(
                 *last += 1;
             }
             reply.push(next);
+            if decoding.stop_reply.is_some_and(|stop| stop(i, &reply)) {
+                break;
+            }
         }
         decoded.decoded_tokens.push(reply.len().saturating_sub(1));
         decoded.ended_by.push(ended);
@@ -587,17 +591,7 @@ fn logits_in_batch<B: LayerBackend>(
 
 #[cfg(test)]
 mod tests {
-    use super::{Decoding, argmax, decode};
-
-    #[test]
-    fn argmax_takes_the_first_of_equal_logits() {
-        assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]).unwrap(), 1);
-        assert_eq!(argmax(&[f32::NEG_INFINITY, -3.0]).unwrap(), 1);
-        assert_eq!(
-            argmax(&[0.5, f32::NAN, 2.0]).unwrap_err().to_string(),
-            "decoded logits[1] is NaN: inputs must be finite"
-        );
-    }
+    use super::{Decoding, decode};
 
     /// A model with bf16 weights decodes through them, on 1 and 3 ranks: the first token's logits
     /// move from the f32 model's (bf16 is used), stay finite, and move by rounding's size, not a
@@ -627,6 +621,8 @@ mod tests {
                 batch: 1,
                 on_batch: None,
                 keep_logits: true,
+                sampling: Default::default(),
+                stop_reply: None,
             };
             let decoded = decode(model, &[prompt.clone().into()], &decoding).expect("a decoding");
             decoded.logits[0].clone()

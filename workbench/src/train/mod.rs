@@ -14,6 +14,7 @@ pub mod objective;
 pub mod replicas;
 pub mod resume;
 pub mod run;
+pub mod sampling;
 pub mod step;
 
 pub use error::TrainError;
@@ -24,5 +25,6 @@ pub use resume::{AfterStep, OptimizerRecord, Progress, Snapshot, TrainOptimizer}
 pub use run::{
     StepLog, TrainOptions, Trained, Training, Watched, train, train_from, train_objective, train_on,
 };
+pub use sampling::Sampling;
 pub use step::global_gradient;
 pub use strategies::padded_len;
