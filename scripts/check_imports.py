@@ -50,7 +50,7 @@ LAYERS = {
         ["results", "measure", "grid_model"],
         ["plot"],
         # Commands whose specs, datasets and measurements the experiment kinds reuse.
-        ["exorl", "line_retrieval", "bench"],
+        ["exorl", "line_retrieval", "bench", "perplexity"],
         ["kinds"],
         ["runner", "comparison"],
         ["reproduce", "attn", "hf"],

@@ -22,6 +22,7 @@ pub mod memory_model;
 pub mod mpi_rank;
 pub mod nccl_rank;
 pub mod npy;
+pub mod perplexity;
 pub mod plot;
 pub mod pretrained;
 pub mod reproduce;

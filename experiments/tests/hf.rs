@@ -146,8 +146,13 @@ fn sampled_generation_is_the_same_on_any_rank_count_and_stops_where_told() {
     assert_eq!(first[0].len(), 8);
     assert_eq!(sampled(11, 2, "zigzag", true), first);
     assert_eq!(sampled(11, 3, "striped", false), first);
-    let others: Vec<_> = (12..16).map(|seed| sampled(seed, 1, "zigzag", true)).collect();
-    assert!(others.iter().any(|o| *o != first), "five seeds drew the same tokens: {first:?}");
+    let others: Vec<_> = (12..16)
+        .map(|seed| sampled(seed, 1, "zigzag", true))
+        .collect();
+    assert!(
+        others.iter().any(|o| *o != first),
+        "five seeds drew the same tokens: {first:?}"
+    );
     let stop = |_: usize, reply: &[u32]| reply.len() >= 3;
     for cache in [true, false] {
         let mut d = decoding("zigzag", 2, &[], 8);
@@ -157,6 +162,159 @@ fn sampled_generation_is_the_same_on_any_rank_count_and_stops_where_told() {
         }
         let rows = experiments::hf::generate(&model, &prompt, &d).unwrap();
         assert!(rows.iter().all(|r| r.len() == 3), "cache {cache}: {rows:?}");
+    }
+}
+
+/// transformers' next-token NLL of every position, from its float64 logits (`logits.npy`): the loss
+/// `model(ids, labels=ids)` averages.
+fn transformers_nll(dir: &Path) -> Vec<Vec<f64>> {
+    let tokens = npy::read_ids(&dir.join("tokens.npy")).unwrap();
+    let logits = npy::read(&dir.join("logits.npy")).unwrap();
+    let vocab = *logits.shape.last().unwrap();
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(r, row)| {
+            (0..row.len() - 1)
+                .map(|p| {
+                    let at = (r * row.len() + p) * vocab;
+                    let z: Vec<f64> = logits.data[at..at + vocab]
+                        .iter()
+                        .map(|&x| x as f64)
+                        .collect();
+                    let top = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    assert!(z.iter().all(|x| x.is_finite()), "fixture logits finite");
+                    top + z.iter().map(|x| (x - top).exp()).sum::<f64>().ln()
+                        - z[row[p + 1] as usize]
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Perplexity's NLLs agree with transformers' loss on the same windows: every position's NLL
+/// within 1e-4 of the mean (the logits bound carried through logsumexp, whose error is at most
+/// twice the logits'), and the mean within 1e-4 relative, on 1, 2 and 4 ranks of every
+/// architecture and RoPE scaling.
+#[test]
+fn perplexity_matches_transformers_loss_on_every_case_and_rank_count() {
+    for case in CASES {
+        let dir = case_dir(case);
+        let (model, _) = load_model::<B>(&dir, &Default::default()).unwrap();
+        let tokens = npy::read_ids(&dir.join("tokens.npy")).unwrap();
+        let want = transformers_nll(&dir);
+        let count = want.iter().map(Vec::len).sum::<usize>() as f64;
+        let want_mean = want.iter().flatten().sum::<f64>() / count;
+        for (n, strategy) in [(1, "contiguous"), (2, "zigzag"), (4, "striped")] {
+            let d = decoding(strategy, n, &[], 0);
+            let mut sum = 0.0;
+            for (row, want_row) in tokens.iter().zip(&want) {
+                let got = workbench::train::score(&model, &Prompt::from(row.clone()), &d).unwrap();
+                assert_eq!(got.nll.len(), want_row.len());
+                assert_eq!(got.engine_peak_bytes.len(), n);
+                for (p, (g, w)) in got.nll.iter().zip(want_row).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-4 * want_mean,
+                        "{case} on {n} ranks, position {p}: {g} against {w}"
+                    );
+                }
+                sum += got.nll.iter().sum::<f64>();
+            }
+            let mean = sum / count;
+            assert!(
+                (mean - want_mean).abs() <= 1e-4 * want_mean,
+                "{case} on {n} {strategy} ranks: mean NLL {mean} against transformers' {want_mean}"
+            );
+        }
+    }
+}
+
+/// `hf ppl` writes its tables and figure, prints transformers' mean, resumes every window on a
+/// rerun (its own counter), and refuses bad settings naming them.
+#[test]
+fn hf_ppl_writes_tables_resumes_and_refuses_bad_settings() {
+    let dir = case_dir("llama_gqa");
+    let out = temp_dir("hf_ppl");
+    let want = transformers_nll(&dir);
+    let want_mean =
+        want.iter().flatten().sum::<f64>() / want.iter().map(Vec::len).sum::<usize>() as f64;
+    let args = |extra: &[&str]| {
+        let mut a: Vec<String> = ["hf", "ppl", "--model", dir.to_str().unwrap(), "--tokens"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.push(dir.join("tokens.npy").to_str().unwrap().into());
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let run = |extra: &[&str]| {
+        let o = ringbench(&args(extra));
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let common = [
+        "--context",
+        "24",
+        "--buckets",
+        "4",
+        "--ranks",
+        "2",
+        "--rope-scaling",
+        "none,linear",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let (ok, stdout, stderr) = run(&common);
+    assert!(ok, "{stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("none: mean_nll"))
+        .unwrap();
+    let mean: f64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!(
+        (mean - want_mean).abs() <= 1e-4 * want_mean,
+        "{line} against {want_mean}"
+    );
+    assert!(stdout.contains("(0 resumed;"), "{stdout}");
+    for file in [
+        "ppl.csv",
+        "ppl.md",
+        "ppl_summary.csv",
+        "ppl_summary.md",
+        "ppl.svg",
+    ] {
+        assert!(out.join(file).exists(), "{file}");
+    }
+    let csv = std::fs::read_to_string(out.join("ppl.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 2 * 4, "{csv}");
+    let (ok, stdout, stderr) = run(&common);
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.matches("(2 resumed;").count(), 2, "{stdout}");
+    for (extra, want) in [
+        (
+            vec!["--context", "25"],
+            "no window of 25 tokens: the longest document has 24",
+        ),
+        (
+            vec!["--context", "1"],
+            "--context 1 leaves fewer than 2 tokens",
+        ),
+        (
+            vec!["--context", "24", "--rope-scaling", "ntk"],
+            "--rope-scaling \"ntk\" is not one of",
+        ),
+        (
+            vec!["--context", "24", "--buckets", "30"],
+            "--buckets 30 must be between 1 and the 24 − 1",
+        ),
+        (vec!["--context", "24", "--ranks", "0"], "0"),
+    ] {
+        let (ok, _, stderr) = run(&extra);
+        assert!(!ok && stderr.contains(want), "{extra:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{extra:?}: {stderr}");
     }
 }
 

@@ -346,7 +346,7 @@ impl<B: LayerBackend> Llama<B> {
 
     /// Logits `[b, t, vocab]` of the last layer's output `[b, t, d]`: the final norm, then the head
     /// (or the embedding's transpose).
-    fn logits(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    pub(crate) fn logits(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let x = self.norm.forward(x);
         if let Some(head) = &self.head_bf16 {
             return project_bf16(x, head);
@@ -379,7 +379,7 @@ impl<B: LayerBackend> Llama<B> {
 
     /// The last layer's output `[b, t, d]` (before the final norm) in a batch whose longest
     /// sequence is `batch_len`.
-    fn layers_out(
+    pub(crate) fn layers_out(
         &self,
         tokens: Tensor<B, 2, Int>,
         positions: &[usize],
