@@ -5,12 +5,12 @@
 use crate::backend::{BackendName, OnBackend, on_backend};
 use crate::line_retrieval::load_checkpoint;
 use crate::npy;
-use crate::perplexity::{self, Scoring, Setting, rope_override, score_windows};
+use crate::perplexity::{self, Scoring, Setting, score_windows};
 use crate::pretrained::{
-    load_pretrained, pretrained_chat_template, pretrained_config, pretrained_tokenizer,
+    chat_template, load_pretrained, pretrained_config, pretrained_tokenizer, rope_override,
 };
 use anyhow::{Context, Result, bail};
-use datasets::{ChatMessage, ChatTemplate, HfTokenizer};
+use datasets::{ChatMessage, HfTokenizer};
 use indicatif::ProgressBar;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -421,30 +421,6 @@ fn prompt_ids(
             }
         })
         .collect()
-}
-
-/// The model's chat template with its BOS and EOS tokens' texts.
-pub fn chat_template(
-    model: &Path,
-    tokenizer: &HfTokenizer,
-    config: &HfConfig,
-) -> Result<ChatTemplate> {
-    let Some(source) = pretrained_chat_template(model)? else {
-        bail!(
-            "{}: the model has no chat template (tokenizer.chat_template, chat_template.jinja or \
-             tokenizer_config.json's chat_template)",
-            model.display()
-        );
-    };
-    let text = |id: Option<u32>| {
-        id.and_then(|id| tokenizer.token_text(id))
-            .unwrap_or_default()
-    };
-    Ok(ChatTemplate::new(
-        source,
-        text(config.bos),
-        text(config.eos.first().copied()),
-    ))
 }
 
 /// The continuations of `prompts` as transformers' generate returns its new tokens: the eos that

@@ -14,39 +14,8 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use workbench::LayerBackend;
-use workbench::hf::{HfConfig, rope_scaling_of};
-use workbench::model::{Llama, RopeScaling};
+use workbench::model::Llama;
 use workbench::train::{Decoding, Prompt, score};
-
-/// The RoPE scalings `--rope-scaling` names (`none`: the model's own).
-pub const SCALINGS: [&str; 5] = ["none", "linear", "dynamic", "yarn", "llama3"];
-
-/// The model's RoPE scaling replaced by `kind` at `factor` (`none`: kept as the model has it),
-/// with the defaults transformers gives the keys it omits, the model's context length as the
-/// original one (LLaMA 3.1's band edges, 1 and 4, for `llama3`).
-pub fn rope_override(kind: &str, factor: f64, config: &HfConfig) -> Result<Option<RopeScaling>> {
-    let object = match kind {
-        "none" => return Ok(None),
-        "linear" | "dynamic" | "yarn" => serde_json::json!({"rope_type": kind, "factor": factor}),
-        "llama3" => serde_json::json!({"rope_type": "llama3", "factor": factor,
-            "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
-        other => bail!(
-            "--rope-scaling {other:?} is not one of {}",
-            SCALINGS.join(", ")
-        ),
-    };
-    let serde_json::Value::Object(object) = object else {
-        unreachable!("a JSON object literal")
-    };
-    let Some(max) = config.max_positions else {
-        bail!("--rope-scaling {kind} needs the model's context length (max_position_embeddings)");
-    };
-    Ok(Some(rope_scaling_of(
-        Path::new("--rope-scaling"),
-        &object,
-        Some(max),
-    )?))
-}
 
 /// Documents cut into windows of `context` tokens, each `prefix` (the tokenizer's BOS, if it adds
 /// one) then `context − prefix` of the document's tokens; a document's remainder shorter than a

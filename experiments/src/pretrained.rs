@@ -2,11 +2,12 @@
 //! config (or the GGUF metadata as the same), its weights in f32, its tokenizer and chat template.
 
 use anyhow::{Context, Result, bail};
-use datasets::{GgufVocabulary, HfTokenizer};
+use datasets::{ChatTemplate, GgufVocabulary, HfTokenizer};
 use std::path::Path;
 use workbench::gguf::{GgufFile, GgufValue, load_gguf_model, read_gguf_model};
-use workbench::hf::{Architecture, HfConfig, load_model};
+use workbench::hf::{Architecture, HfConfig, load_model, rope_scaling_of};
 use workbench::model::Llama;
+use workbench::model::RopeScaling;
 
 /// Whether `path` names a GGUF file (by its extension) rather than a model directory.
 pub fn is_gguf(path: &Path) -> bool {
@@ -192,4 +193,58 @@ pub fn pretrained_chat_template(path: &Path) -> Result<Option<String>> {
             }
         ),
     }
+}
+
+/// The model's chat template with its BOS and EOS tokens' texts.
+pub fn chat_template(
+    model: &Path,
+    tokenizer: &HfTokenizer,
+    config: &HfConfig,
+) -> Result<ChatTemplate> {
+    let Some(source) = pretrained_chat_template(model)? else {
+        bail!(
+            "{}: the model has no chat template (tokenizer.chat_template, chat_template.jinja or \
+             tokenizer_config.json's chat_template)",
+            model.display()
+        );
+    };
+    let text = |id: Option<u32>| {
+        id.and_then(|id| tokenizer.token_text(id))
+            .unwrap_or_default()
+    };
+    Ok(ChatTemplate::new(
+        source,
+        text(config.bos),
+        text(config.eos.first().copied()),
+    ))
+}
+
+/// The RoPE scalings `--rope-scaling` names (`none`: the model's own).
+pub const SCALINGS: [&str; 5] = ["none", "linear", "dynamic", "yarn", "llama3"];
+
+/// The model's RoPE scaling replaced by `kind` at `factor` (`none`: kept as the model has it),
+/// with the defaults transformers gives the keys it omits, the model's context length as the
+/// original one (LLaMA 3.1's band edges, 1 and 4, for `llama3`).
+pub fn rope_override(kind: &str, factor: f64, config: &HfConfig) -> Result<Option<RopeScaling>> {
+    let object = match kind {
+        "none" => return Ok(None),
+        "linear" | "dynamic" | "yarn" => serde_json::json!({"rope_type": kind, "factor": factor}),
+        "llama3" => serde_json::json!({"rope_type": "llama3", "factor": factor,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
+        other => bail!(
+            "--rope-scaling {other:?} is not one of {}",
+            SCALINGS.join(", ")
+        ),
+    };
+    let serde_json::Value::Object(object) = object else {
+        unreachable!("a JSON object literal")
+    };
+    let Some(max) = config.max_positions else {
+        bail!("--rope-scaling {kind} needs the model's context length (max_position_embeddings)");
+    };
+    Ok(Some(rope_scaling_of(
+        Path::new("--rope-scaling"),
+        &object,
+        Some(max),
+    )?))
 }

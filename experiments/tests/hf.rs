@@ -981,3 +981,109 @@ fn the_projects_own_model_exports_as_llama_and_loads_back_to_the_same_logits() {
     assert!(error.contains("window_every = 2"), "{error}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `eval-lines` on a Hugging Face model through its chat template: the prompts are the template's
+/// text (longer than the raw prompt by the template's own tokens, in every row), YaRN can be put on
+/// at evaluation, and a model without a template, or a ringbench checkpoint, is refused by name.
+#[test]
+fn eval_lines_prompts_a_pretrained_model_through_its_chat_template() {
+    let work = temp_dir("eval_chat");
+    let model = work.join("llama_gqa");
+    std::fs::create_dir_all(&model).unwrap();
+    for entry in std::fs::read_dir(case_dir("llama_gqa")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), model.join(entry.file_name())).unwrap();
+    }
+    let cases = work.join("cases.jsonl");
+    ringbench_ok(&[
+        "gen-lines",
+        "--num-lines",
+        "2,3",
+        "--cases",
+        "2",
+        "--out",
+        cases.to_str().unwrap(),
+    ]);
+    let eval = |extra: &[&str], csv: &str| {
+        let out = work.join(csv);
+        let mut args = vec![
+            "eval-lines",
+            "--checkpoint",
+            model.to_str().unwrap(),
+            "--cases",
+            cases.to_str().unwrap(),
+            "--max-new",
+            "3",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let run = ringbench(&args);
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        (run, text)
+    };
+    let (run, _) = eval(&["--chat"], "none.csv");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        !run.status.success() && stderr.contains("has no chat template"),
+        "{stderr}"
+    );
+    std::fs::write(
+        model.join("chat_template.jinja"),
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+    )
+    .unwrap();
+    let tokens = |csv: &str| -> Vec<f64> {
+        csv.lines()
+            .skip(1)
+            .map(|l| l.split(',').nth(4).unwrap().parse().unwrap())
+            .collect()
+    };
+    let (plain, plain_csv) = eval(&[], "plain.csv");
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let (chat, chat_csv) = eval(
+        &[
+            "--chat",
+            "--rope-scaling",
+            "yarn",
+            "--factor",
+            "2",
+            "--ranks",
+            "2",
+        ],
+        "chat.csv",
+    );
+    assert!(
+        chat.status.success(),
+        "{}",
+        String::from_utf8_lossy(&chat.stderr)
+    );
+    let (p, c) = (tokens(&plain_csv), tokens(&chat_csv));
+    assert_eq!(p.len(), 2);
+    assert!(
+        p.iter().zip(&c).all(|(p, c)| c > p),
+        "chat prompts {c:?} not longer than plain {p:?}"
+    );
+    let own = work.join("own");
+    std::fs::create_dir_all(&own).unwrap();
+    std::fs::write(own.join("model.mpk"), b"").unwrap();
+    let run = ringbench(&[
+        "eval-lines",
+        "--checkpoint",
+        own.to_str().unwrap(),
+        "--cases",
+        cases.to_str().unwrap(),
+        "--chat",
+        "--out",
+        work.join("x.csv").to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        !run.status.success() && stderr.contains("not a ringbench checkpoint"),
+        "{stderr}"
+    );
+}

@@ -333,7 +333,7 @@ impl Plan for RetrievalPlan {
             ..decoding(partition, ranks, batch)
         };
         let mut near_ties = 0;
-        let evaluation: Evaluation = evaluate(&*loaded.tokenizer, &cases, |prompts| {
+        let evaluation: Evaluation = evaluate(&*loaded.tokenizer, None, &cases, |prompts| {
             let decoded = decode(&loaded.model, prompts, &decoding)?;
             for i in 0..prompts.len() {
                 near_ties += usize::from(has_near_tie(&decoded, i)?);

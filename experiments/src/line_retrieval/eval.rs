@@ -3,26 +3,48 @@
 
 use super::start::load_trained;
 use crate::backend::{BackendName, OnBackend, on_backend};
+use crate::pretrained::{
+    chat_template, is_gguf, pretrained_config, pretrained_tokenizer, rope_override,
+};
 use crate::results::{Record, Table};
 use anyhow::{Context, Result, bail};
 use datasets::tokenizer::EOS;
-use datasets::{Case, SplitMix64, TextTokenizer, WordSplit, generate, read_jsonl, score_reply};
+use datasets::{
+    Case, ChatMessage, ChatTemplate, SplitMix64, TextTokenizer, WordSplit, generate, read_jsonl,
+    score_reply,
+};
 use indicatif::ProgressBar;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 use workbench::LayerBackend;
-use workbench::model::Llama;
+use workbench::model::{Llama, LlamaConfig};
 use workbench::ring::decode::DecodeMerge;
 use workbench::train::{Decoded, Decoding, Prompt, decode, decode_on};
 
 /// `ringbench eval-lines`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
-    /// Checkpoint directory written by `ringbench train`.
+    /// Checkpoint directory written by `ringbench train`, a Hugging Face model directory, or a
+    /// LLaMA-family GGUF file.
     #[arg(long)]
     pub checkpoint: PathBuf,
+    /// Prompt through the model's chat template (a user message; the reply begins the
+    /// assistant's turn), as LongChat prompts an instruct model.
+    #[arg(long)]
+    pub chat: bool,
+    /// Tokens a reply has at most (8 fits the project's models: a number and EOS; a chat model's
+    /// sentence needs more).
+    #[arg(long, default_value_t = 8)]
+    pub max_new: usize,
+    /// Override the model's RoPE scaling: none (keep it), linear, dynamic, yarn or llama3, at
+    /// --factor over the model's context length (Hugging Face and GGUF models).
+    #[arg(long, default_value = "none")]
+    pub rope_scaling: String,
+    /// The scaling factor.
+    #[arg(long, default_value_t = 4.0)]
+    pub factor: f64,
     /// LongChat test cases (JSONL with prompt, expected_number, num_lines).
     #[arg(long)]
     pub cases: PathBuf,
@@ -172,8 +194,12 @@ impl OnBackend for EvalOn<'_> {
     type Output = Option<Evaluation>;
     fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<Option<Evaluation>> {
         let args = self.0;
-        let (model, tokenizer) = load_trained::<I>(&args.checkpoint, &devices[0])?;
+        let (chat, scaling) = pretrained_options(args)?;
+        let (mut model, tokenizer) = load_trained::<I>(&args.checkpoint, &devices[0])?;
         let tokenizer = &*tokenizer;
+        if let Some(config) = scaling {
+            model = model.with_trunk_of(&config);
+        }
         let cases = read_jsonl(&args.cases)?;
         let bar = ProgressBar::new(cases.len() as u64);
         let advance = |n: usize| bar.inc(n as u64);
@@ -183,25 +209,56 @@ impl OnBackend for EvalOn<'_> {
             on_batch: Some(&advance),
             stop: &stop,
             pad: tokenizer.eos(),
+            max_new: args.max_new,
             ..decoding(strategies::by_name(&args.strategy)?, args.ranks, args.batch)
         };
         if args.no_cache && workbench::transport::launched_by_mpirun() {
             bail!("--no-cache recomputes on in-process ranks: run it without mpirun");
         }
         let ranked = crate::mpi_rank::as_mpi_rank(decoding.timeout, |comm| {
-            evaluate(tokenizer, &cases, |prompts| {
+            evaluate(tokenizer, chat.as_ref(), &cases, |prompts| {
                 Ok(decode_on(comm, &model, prompts, &decoding)?)
             })
         })?;
         if let Some((rank, evaluation)) = ranked {
             return Ok((rank == 0).then_some(evaluation));
         }
-        let evaluation = evaluate(tokenizer, &cases, |prompts| {
+        let evaluation = evaluate(tokenizer, chat.as_ref(), &cases, |prompts| {
             Ok(decode(&model, prompts, &decoding)?)
         })?;
         bar.finish_and_clear();
         Ok(Some(evaluation))
     }
+}
+
+/// The chat template (`--chat`) and the model config with the RoPE scaling overridden
+/// (`--rope-scaling`), for a Hugging Face or GGUF model; the project's checkpoints have neither.
+fn pretrained_options(args: &EvalArgs) -> Result<(Option<ChatTemplate>, Option<LlamaConfig>)> {
+    if !args.chat && args.rope_scaling == "none" {
+        return Ok((None, None));
+    }
+    let path = &args.checkpoint;
+    if !is_gguf(path) && (path.join("model.mpk").exists() || !path.join("config.json").exists()) {
+        bail!(
+            "{}: --chat and --rope-scaling need a Hugging Face or GGUF model, not a ringbench checkpoint",
+            path.display()
+        );
+    }
+    let config = pretrained_config(path)?;
+    let chat = if args.chat {
+        let Some(tokenizer) = pretrained_tokenizer(path)? else {
+            bail!("{}: --chat needs the model's tokenizer", path.display());
+        };
+        Some(chat_template(path, &tokenizer, &config)?)
+    } else {
+        None
+    };
+    let scaling = rope_override(&args.rope_scaling, args.factor, &config)?.map(|scaling| {
+        let mut model = config.model.clone();
+        model.rope_scaling = scaling;
+        model
+    });
+    Ok((chat, scaling))
 }
 
 /// How evaluation decodes: up to 8 tokens a reply (a number and EOS), `batch` prompts together on
@@ -231,23 +288,28 @@ pub fn accuracy<B: LayerBackend>(
     cases: &[Case],
     decoding: &Decoding,
 ) -> Result<Vec<AccuracyRow>> {
-    Ok(evaluate(tokenizer, cases, |prompts| {
+    Ok(evaluate(tokenizer, None, cases, |prompts| {
         Ok(decode(model, prompts, decoding)?)
     })?
     .rows)
 }
 
 /// The replies `run` decodes for `cases`' prompts (BOS, when the tokenizer has one, and the
-/// prompt's tokens), scored: accuracy, prompt length and decoding's figures per number of lines, and
-/// every case's reply.
+/// prompt's tokens; with `chat`, the template's text of the prompt as a user message), scored:
+/// accuracy, prompt length and decoding's figures per number of lines, and every case's reply.
 pub fn evaluate(
     tokenizer: &dyn TextTokenizer,
+    chat: Option<&ChatTemplate>,
     cases: &[Case],
     run: impl FnOnce(&[Prompt]) -> Result<Decoded>,
 ) -> Result<Evaluation> {
     let prompts: Vec<Prompt> = cases
         .iter()
         .map(|c| -> Result<Prompt> {
+            if let Some(chat) = chat {
+                let text = chat.render(&[ChatMessage::user(&c.prompt)], true)?;
+                return Ok(Prompt::from(tokenizer.text_ids(&text)?));
+            }
             let mut tokens: Vec<u32> = tokenizer.bos().into_iter().collect();
             tokens.extend(tokenizer.text_ids(&c.prompt)?);
             Ok(Prompt::from(tokens))

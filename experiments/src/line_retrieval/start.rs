@@ -4,12 +4,14 @@
 
 use super::checkpoint::{load_checkpoint, save_checkpoint};
 use super::spec::ModelSpec;
+use crate::pretrained::{is_gguf, pretrained_config, pretrained_tokenizer};
 use anyhow::{Context, Result, bail};
 use burn::backend::Flex;
 use burn::tensor::backend::Backend;
-use datasets::{HfText, HfTokenizer, TextTokenizer, Tokenizer};
+use datasets::{HfText, TextTokenizer, Tokenizer};
 use std::path::{Path, PathBuf};
 use workbench::HostRead;
+use workbench::gguf::load_gguf_model;
 use workbench::hf::{HfConfig, export_model, load_model};
 use workbench::model::lazy::seeded;
 use workbench::model::{Llama, LlamaConfig};
@@ -43,12 +45,15 @@ const TOKENIZER_FILES: [&str; 3] = [
     "special_tokens_map.json",
 ];
 
-/// The Hugging Face tokenizer of `dir` with its BOS and EOS, as a transformers user gets them:
+/// The Hugging Face tokenizer of `dir` (a directory's tokenizer.json, or a GGUF file's vocabulary)
+/// with its BOS and EOS, as a transformers user gets them:
 /// the BOS its post-processor adds (none when it adds none, whatever config.json's `bos_token_id`
 /// says), and config.json's first `eos_token_id`, else the tokenizer's `eos_token` (a reply ends
 /// with it).
 pub fn hf_text(dir: &Path, config: &HfConfig) -> Result<HfText> {
-    let tokenizer = HfTokenizer::load(&dir.join("tokenizer.json"))?;
+    let Some(tokenizer) = pretrained_tokenizer(dir)? else {
+        bail!("{}: no tokenizer.json", dir.display());
+    };
     let eos = match config.eos.first() {
         Some(&eos) => eos,
         None => tokenizer.named_token("eos_token")?.ok_or_else(|| {
@@ -166,15 +171,20 @@ pub fn drawn_on_host<B: Backend>(config: &LlamaConfig, seed: u64, device: &B::De
     )
 }
 
-/// A trained model and its tokenizer: a `ringbench train` checkpoint (`model.mpk`), or a Hugging
-/// Face directory (one that `train` wrote from `model.hf`, or any other).
+/// A trained model and its tokenizer: a `ringbench train` checkpoint (`model.mpk`), a Hugging
+/// Face directory (one that `train` wrote from `model.hf`, or any other), or a GGUF file.
 pub fn load_trained<B: Backend>(
     dir: &Path,
     device: &B::Device,
 ) -> Result<(Llama<B>, Box<dyn TextTokenizer>)> {
+    if is_gguf(dir) && dir.is_file() {
+        let config = pretrained_config(dir)?;
+        let (model, _) = load_gguf_model::<B>(dir, device)?;
+        return Ok((model, Box::new(hf_text(dir, &config)?)));
+    }
     if !dir.is_dir() {
         bail!(
-            "{}: no such checkpoint directory (ringbench train writes one)",
+            "{}: no such checkpoint directory (ringbench train writes one) or GGUF file",
             dir.display()
         );
     }

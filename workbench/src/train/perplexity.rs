@@ -1,7 +1,8 @@
 //! The negative log-likelihood of every next token of a sequence through the ring, as perplexity
 //! evaluation needs it: each rank runs the layers on its own positions, then scores them in chunks of
 //! rows (at most `LOSS_CHUNK_ELEMENTS` logits at once), so no `[tokens × vocab]` block is held;
-//! each position's `logsumexp(z) − z[target]` is summed in float64 from the f32 logits.
+//! each position's `logsumexp(z) − z[target]` is summed in float64 from the f32 logits, rows in
+//! parallel.
 
 use crate::error::{RingError, all_or_root_cause};
 use crate::host;
@@ -12,6 +13,7 @@ use crate::ring::context::{RingConfig, RingContext, Sequence};
 use crate::train::generation::{Decoding, Prompt};
 use crate::transport::run_ranks;
 use burn::tensor::{Int, Tensor, TensorData};
+use rayon::prelude::*;
 use std::sync::Arc;
 use strategies::padded_len;
 
@@ -74,9 +76,16 @@ pub fn score<B: LayerBackend>(
             );
             let logits = host::read(model.logits(hidden.clone().select(1, index)));
             let vocab = logits.len() / chunk.len();
-            for (row, &i) in logits.chunks(vocab).zip(chunk) {
-                let p = positions[i];
-                out.push((p, row_nll(row, prompt.tokens[p + 1] as usize, p)?));
+            let scored: Vec<(usize, Result<f64, RingError>)> = logits
+                .par_chunks(vocab)
+                .zip(chunk.par_iter())
+                .map(|(row, &i)| {
+                    let p = positions[i];
+                    (p, row_nll(row, prompt.tokens[p + 1] as usize, p))
+                })
+                .collect();
+            for (p, nll) in scored {
+                out.push((p, nll?));
             }
         }
         Ok::<_, RingError>((out, ctx.ledger().peak()))
