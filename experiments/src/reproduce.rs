@@ -65,6 +65,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("train_quick", "train"),
     ("decode_quick", "decode"),
     ("retrieval_quick", "retrieval"),
+    ("ppl_quick", "ppl"),
     ("exorl_quick", "exorl"),
 ];
 

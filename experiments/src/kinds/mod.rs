@@ -15,6 +15,7 @@ mod memory_model;
 mod mfu;
 mod model;
 mod overlap;
+mod ppl;
 mod precision;
 mod retrieval;
 mod shape;
@@ -39,6 +40,7 @@ pub const KINDS: &[&dyn Experiment] = &[
     &exorl::Exorl,
     &decode::DecodeKind,
     &retrieval::Retrieval,
+    &ppl::PplKind,
 ];
 
 /// The kind called `name`, or an error listing the known kinds.
