@@ -1009,7 +1009,7 @@ fn rows_of_another_spec_are_recomputed_and_a_grown_sweep_keeps_its_rows() {
 fn every_column_of_the_committed_quick_tables_is_a_key_or_declared() {
     use experiments::comparison::compare;
     use experiments::reproduce::TABLES;
-    for (quick, _) in TABLES {
+    for (quick, _) in TABLES.iter().filter(|(quick, _)| !quick.is_empty()) {
         let spec = experiments::spec::SpecText::load(
             &workspace().join(format!("experiments/{quick}.toml")),
         )

@@ -4,12 +4,16 @@
 //! length marked.
 
 use super::experiment::{Card, Check, Column, Experiment, Plan, Point, PointContext};
-use crate::line_retrieval::{Evaluation, decoding, evaluate, start::load_trained, trained_lines};
+use crate::line_retrieval::{
+    Evaluation, decoding, evaluate, pretrained_options, start::load_trained, trained_lines,
+};
 use crate::plot::{Axis, Chart, Panel, Scale, panels};
+use crate::pretrained::is_gguf;
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
 use anyhow::{Context, Result};
 use burn::backend::Flex;
+use datasets::ChatTemplate;
 use datasets::{Case, SplitMix64, TextTokenizer, WordSplit, generate};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -83,6 +87,15 @@ struct ModelEntry {
     /// The figure's panel (default: one panel).
     #[serde(default)]
     panel: String,
+    /// Prompt through the model's chat template (a Hugging Face or GGUF instruct model).
+    #[serde(default)]
+    chat: bool,
+    /// Tokens a reply has at most (8 by default: a number and EOS).
+    max_new: Option<usize>,
+    /// The model's RoPE scaling overridden at evaluation: linear, dynamic, yarn or llama3.
+    rope_scaling: Option<String>,
+    /// Its factor (4 by default).
+    factor: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -139,6 +152,7 @@ struct Loaded {
     index: usize,
     model: Llama<Flex>,
     tokenizer: Box<dyn TextTokenizer>,
+    chat: Option<ChatTemplate>,
     trained_lines: Option<usize>,
 }
 
@@ -175,12 +189,12 @@ impl Experiment for Retrieval {
                     &format!("two [[model]] entries are named '{}'", m.name),
                 ));
             }
-            if !m.checkpoint.is_dir() {
+            if !m.checkpoint.is_dir() && !(is_gguf(&m.checkpoint) && m.checkpoint.is_file()) {
                 return Err(spec.error(
                     "",
                     "model",
                     &format!(
-                        "[[model]] '{}': checkpoint {} is not a directory",
+                        "[[model]] '{}': checkpoint {} is not a directory or GGUF file",
                         m.name,
                         m.checkpoint.display()
                     ),
@@ -289,13 +303,25 @@ impl RetrievalPlan {
     fn load(&mut self, index: usize) -> Result<&Loaded> {
         if self.loaded.as_ref().is_none_or(|l| l.index != index) {
             let entry = &self.models[index];
-            let (model, tokenizer) = load_trained::<Flex>(&entry.checkpoint, &Default::default())
-                .with_context(|| format!("[[model]] '{}'", entry.name))?;
+            let (mut model, tokenizer) =
+                load_trained::<Flex>(&entry.checkpoint, &Default::default())
+                    .with_context(|| format!("[[model]] '{}'", entry.name))?;
+            let (chat, scaled) = pretrained_options(
+                &entry.checkpoint,
+                entry.chat,
+                entry.rope_scaling.as_deref().unwrap_or("none"),
+                entry.factor.unwrap_or(4.0),
+            )
+            .with_context(|| format!("[[model]] '{}'", entry.name))?;
+            if let Some(config) = scaled {
+                model = model.with_trunk_of(&config);
+            }
             let trained_lines = trained_lines(&entry.checkpoint);
             self.loaded = Some(Loaded {
                 index,
                 model,
                 tokenizer,
+                chat,
                 trained_lines,
             });
         }
@@ -321,6 +347,7 @@ impl Plan for RetrievalPlan {
         let (ranks, batch, partition) = (self.decode.ranks, self.decode.batch, self.partition);
         let cases = self.cases[l].clone();
         let (name, panel) = (self.models[m].name.clone(), self.models[m].panel.clone());
+        let max_new = self.models[m].max_new;
         let loaded = self.load(m)?;
         let stop = [loaded.tokenizer.eos()];
         context.bar.set_message(format!("{} cases", cases.len()));
@@ -330,16 +357,22 @@ impl Plan for RetrievalPlan {
             keep_logits: true,
             sampling: Default::default(),
             stop_reply: None,
+            max_new: max_new.unwrap_or(8),
             ..decoding(partition, ranks, batch)
         };
         let mut near_ties = 0;
-        let evaluation: Evaluation = evaluate(&*loaded.tokenizer, None, &cases, |prompts| {
-            let decoded = decode(&loaded.model, prompts, &decoding)?;
-            for i in 0..prompts.len() {
-                near_ties += usize::from(has_near_tie(&decoded, i)?);
-            }
-            Ok(decoded)
-        })?;
+        let evaluation: Evaluation = evaluate(
+            &*loaded.tokenizer,
+            loaded.chat.as_ref(),
+            &cases,
+            |prompts| {
+                let decoded = decode(&loaded.model, prompts, &decoding)?;
+                for i in 0..prompts.len() {
+                    near_ties += usize::from(has_near_tie(&decoded, i)?);
+                }
+                Ok(decoded)
+            },
+        )?;
         let row = &evaluation.rows[0];
         let out = Row {
             model: name,

@@ -16,7 +16,7 @@ use datasets::{
 use indicatif::ProgressBar;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use workbench::LayerBackend;
 use workbench::model::{Llama, LlamaConfig};
@@ -194,7 +194,8 @@ impl OnBackend for EvalOn<'_> {
     type Output = Option<Evaluation>;
     fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<Option<Evaluation>> {
         let args = self.0;
-        let (chat, scaling) = pretrained_options(args)?;
+        let (chat, scaling) =
+            pretrained_options(&args.checkpoint, args.chat, &args.rope_scaling, args.factor)?;
         let (mut model, tokenizer) = load_trained::<I>(&args.checkpoint, &devices[0])?;
         let tokenizer = &*tokenizer;
         if let Some(config) = scaling {
@@ -231,13 +232,18 @@ impl OnBackend for EvalOn<'_> {
     }
 }
 
-/// The chat template (`--chat`) and the model config with the RoPE scaling overridden
-/// (`--rope-scaling`), for a Hugging Face or GGUF model; the project's checkpoints have neither.
-fn pretrained_options(args: &EvalArgs) -> Result<(Option<ChatTemplate>, Option<LlamaConfig>)> {
-    if !args.chat && args.rope_scaling == "none" {
+/// The chat template (`chat`) and the model config with the RoPE scaling overridden
+/// (`rope_scaling` at `factor`; `none` keeps it), for a Hugging Face or GGUF model at `path`; the
+/// project's checkpoints have neither.
+pub fn pretrained_options(
+    path: &Path,
+    chat: bool,
+    rope_scaling: &str,
+    factor: f64,
+) -> Result<(Option<ChatTemplate>, Option<LlamaConfig>)> {
+    if !chat && rope_scaling == "none" {
         return Ok((None, None));
     }
-    let path = &args.checkpoint;
     if !is_gguf(path) && (path.join("model.mpk").exists() || !path.join("config.json").exists()) {
         bail!(
             "{}: --chat and --rope-scaling need a Hugging Face or GGUF model, not a ringbench checkpoint",
@@ -245,7 +251,7 @@ fn pretrained_options(args: &EvalArgs) -> Result<(Option<ChatTemplate>, Option<L
         );
     }
     let config = pretrained_config(path)?;
-    let chat = if args.chat {
+    let chat = if chat {
         let Some(tokenizer) = pretrained_tokenizer(path)? else {
             bail!("{}: --chat needs the model's tokenizer", path.display());
         };
@@ -253,12 +259,12 @@ fn pretrained_options(args: &EvalArgs) -> Result<(Option<ChatTemplate>, Option<L
     } else {
         None
     };
-    let scaling = rope_override(&args.rope_scaling, args.factor, &config)?.map(|scaling| {
+    let scaled = rope_override(rope_scaling, factor, &config)?.map(|scaling| {
         let mut model = config.model.clone();
         model.rope_scaling = scaling;
         model
     });
-    Ok((chat, scaling))
+    Ok((chat, scaled))
 }
 
 /// How evaluation decodes: up to 8 tokens a reply (a number and EOS), `batch` prompts together on

@@ -15,8 +15,8 @@ mod train;
 
 pub use checkpoint::load_checkpoint;
 pub use eval::{
-    AccuracyRow, EvalArgs, Evaluation, GenArgs, Reply, accuracy, decoding, evaluate, run_eval,
-    run_gen,
+    AccuracyRow, EvalArgs, Evaluation, GenArgs, Reply, accuracy, decoding, evaluate,
+    pretrained_options, run_eval, run_gen,
 };
 pub(crate) use spec::one_question;
 pub use spec::{
