@@ -189,7 +189,8 @@ impl Experiment for Retrieval {
                     &format!("two [[model]] entries are named '{}'", m.name),
                 ));
             }
-            if !m.checkpoint.is_dir() && !(is_gguf(&m.checkpoint) && m.checkpoint.is_file()) {
+            let gguf_file = is_gguf(&m.checkpoint) && m.checkpoint.is_file();
+            if !(m.checkpoint.is_dir() || gguf_file) {
                 return Err(spec.error(
                     "",
                     "model",
