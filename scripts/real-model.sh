@@ -31,11 +31,25 @@ text = tok.apply_chat_template([{"role": "user", "content": "What is the capital
                                tokenize=False, add_generation_prompt=True)
 ids = tok(text, return_tensors="pt").input_ids
 np.save(f"{cache}/tokens.npy", ids.numpy().astype(np.int64))
+# Texts for the tokenizer check: the chat prompt, digits, spaces, newlines, bytes outside English.
+texts = [text, "line torpid-kid: REGISTER_CONTENT is <24145>\n", "  two  spaces\t\ttabs\n\nnaïve café 😀 日本語"]
+import json
+json.dump([{"text": t, "ids": tok(t).input_ids} for t in texts], open(f"{cache}/tokenized.json", "w"))
 with torch.no_grad():
     np.save(f"{cache}/logits.npy", model(ids).logits.float().numpy())
 out = model.generate(ids, max_new_tokens=20, do_sample=False)
 np.save(f"{cache}/greedy.npy", out[:, ids.shape[1]:].numpy().astype(np.int64))
 print("transformers' reply:", repr(tok.decode(out[0, ids.shape[1]:])))
+PY
+  echo "== the tokenizer rebuilt from the GGUF file against transformers' on $(python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))))" "$cache/tokenized.json") texts"
+  "$python" - "$cache" "$bin" "$gguf" <<'PY'
+import json, subprocess, sys
+cache, bin, gguf = sys.argv[1:]
+for case in json.load(open(f"{cache}/tokenized.json")):
+    ours = json.loads(subprocess.check_output([bin, "hf", "tokenize", "--model", gguf, "--text", case["text"]]))
+    if ours != case["ids"]:
+        sys.exit(f"tokenizer differs on {case['text']!r}: ours {ours}, transformers' {case['ids']}")
+print("every text: the same ids as transformers'")
 PY
   for ranks in 1 4; do
     "$bin" hf logits --model "$gguf" --tokens "$cache/tokens.npy" --ranks "$ranks" --out "$cache/logits_$ranks.npy"
