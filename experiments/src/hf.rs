@@ -347,6 +347,12 @@ struct PromptLine {
     messages: Option<Vec<ChatMessage>>,
 }
 
+/// A text prompt before tokenizing: raw text, or a conversation for the chat template.
+enum TextPrompt {
+    Raw(String),
+    Conversation(Vec<ChatMessage>),
+}
+
 /// The token ids of the text prompts (--prompt, or each line of --prompts), through the chat
 /// template where asked (--chat, or a line's messages).
 fn prompt_ids(
@@ -354,10 +360,10 @@ fn prompt_ids(
     tokenizer: &HfTokenizer,
     config: &HfConfig,
 ) -> Result<Vec<Vec<u32>>> {
-    // Each entry: a raw text, or a conversation for the template.
-    let mut entries: Vec<Result<String, Vec<ChatMessage>>> = Vec::new();
+    let user = |text: &str| TextPrompt::Conversation(vec![ChatMessage::user(text)]);
+    let mut prompts: Vec<TextPrompt> = Vec::new();
     match (&args.prompt, &args.prompts) {
-        (Some(text), _) => entries.push(Err(vec![ChatMessage::user(text)])),
+        (Some(text), _) => prompts.push(user(text)),
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -369,15 +375,17 @@ fn prompt_ids(
                 let at = || format!("{} line {}", path.display(), n + 1);
                 let line: PromptLine = serde_json::from_str(line).with_context(at)?;
                 match (line.prompt, line.messages) {
-                    (Some(text), None) => entries.push(Err(vec![ChatMessage::user(&text)])),
-                    (None, Some(messages)) if !messages.is_empty() => entries.push(Err(messages)),
+                    (Some(text), None) => prompts.push(user(&text)),
+                    (None, Some(messages)) if !messages.is_empty() => {
+                        prompts.push(TextPrompt::Conversation(messages))
+                    }
                     _ => bail!(
                         "{}: give \"prompt\" or a non-empty \"messages\", not both",
                         at()
                     ),
                 }
             }
-            if entries.is_empty() {
+            if prompts.is_empty() {
                 bail!("{}: no prompts", path.display());
             }
         }
@@ -385,25 +393,25 @@ fn prompt_ids(
     }
     // Without --chat, a lone user message is the raw text; a conversation needs the template.
     if !args.chat {
-        for entry in &mut entries {
-            if let Err(messages) = entry
+        for prompt in &mut prompts {
+            if let TextPrompt::Conversation(messages) = prompt
                 && let [only] = messages.as_slice()
                 && only.role == "user"
             {
-                *entry = Ok(only.content.clone());
+                *prompt = TextPrompt::Raw(only.content.clone());
             }
         }
     }
-    let template = entries
+    let template = prompts
         .iter()
-        .any(Result::is_err)
+        .any(|p| matches!(p, TextPrompt::Conversation(_)))
         .then(|| chat_template(&args.model, tokenizer, config))
         .transpose()?;
-    entries
+    prompts
         .into_iter()
-        .map(|entry| match entry {
-            Ok(text) => Ok(tokenizer.encode(&text, true)?),
-            Err(mut messages) => {
+        .map(|prompt| match prompt {
+            TextPrompt::Raw(text) => Ok(tokenizer.encode(&text, true)?),
+            TextPrompt::Conversation(mut messages) => {
                 if let Some(system) = &args.system {
                     messages.insert(
                         0,
