@@ -35,7 +35,7 @@ enum Command {
     /// ExoRL-layout offline RL: collect episodes, print their stats, build the Table 5 analog.
     #[command(subcommand)]
     Exorl(exorl::ExorlCommand),
-    /// Hugging Face LLaMA-family models: logits, greedy generation, tokenization, export.
+    /// Hugging Face LLaMA-family models and GGUF files: logits, generation (chat, sampling), tokenization, perplexity by position, export.
     #[command(subcommand)]
     Hf(hf::HfCommand),
     /// Regenerate the paper-analog tables: `quick` (minutes on a laptop CPU) or `full`.
