@@ -525,14 +525,14 @@ pub fn full_logits<B: LayerBackend>(
     logits_in_batch(model, prompt, decoding, prompt.tokens.len())
 }
 
-/// [`full_logits`] of `prompt` run in a batch whose longest sequence is `batch_len` (what dynamic
-/// NTK scaling reads).
-fn logits_in_batch<B: LayerBackend>(
-    model: &Llama<B>,
+/// `work` on each of `decoding.ranks` thread ranks of `prompt`'s causal layout: its context, the
+/// global positions it holds and their token ids `[1, t]` (padding past the prompt: `decoding.pad`).
+/// Returns each rank's result, in rank order, and the layout; a failed rank's root cause is the error.
+pub(crate) fn on_each_rank<B: LayerBackend, T: Send>(
     prompt: &Prompt,
     decoding: &Decoding,
-    batch_len: usize,
-) -> Result<Vec<f32>, RingError> {
+    work: impl Fn(&Arc<RingContext>, &[usize], Tensor<B, 2, Int>) -> Result<T, RingError> + Sync,
+) -> Result<(Vec<T>, Arc<strategies::Layout>), RingError> {
     let (ranks, partition) = (decoding.ranks, decoding.partition);
     let len = prompt.tokens.len();
     let layout = Arc::new(partition.layout(padded_len(partition, len, ranks)?, ranks)?);
@@ -558,10 +558,24 @@ fn logits_in_batch<B: LayerBackend>(
             TensorData::new(ids, [1, positions.len()]),
             &Default::default(),
         );
-        let logits = model.forward_in_batch(tokens, positions, &ctx, batch_len)?;
-        Ok::<_, RingError>(host::read(logits))
+        work(&ctx, positions, tokens)
     });
-    let mut per_rank = all_or_root_cause(per_rank, RingError::echo_level)?;
+    Ok((all_or_root_cause(per_rank, RingError::echo_level)?, layout))
+}
+
+/// [`full_logits`] of `prompt` run in a batch whose longest sequence is `batch_len` (what dynamic
+/// NTK scaling reads).
+fn logits_in_batch<B: LayerBackend>(
+    model: &Llama<B>,
+    prompt: &Prompt,
+    decoding: &Decoding,
+    batch_len: usize,
+) -> Result<Vec<f32>, RingError> {
+    let len = prompt.tokens.len();
+    let (mut per_rank, layout) = on_each_rank(prompt, decoding, |ctx, positions, tokens| {
+        let logits = model.forward_in_batch(tokens, positions, ctx, batch_len)?;
+        Ok(host::read(logits))
+    })?;
     // One rank holding every position in order: its logits are the answer as they are (no copy of
     // a [len, vocab] block, which is large for a real vocabulary).
     if let [only] = &layout.positions[..]

@@ -4,18 +4,14 @@
 //! each position's `logsumexp(z) − z[target]` is summed in float64 from the f32 logits, rows in
 //! parallel.
 
-use crate::error::{RingError, all_or_root_cause};
+use crate::error::RingError;
 use crate::host;
 use crate::model::Llama;
 use crate::model::layer::LayerBackend;
 use crate::model::loss::LOSS_CHUNK_ELEMENTS;
-use crate::ring::context::{RingConfig, RingContext, Sequence};
-use crate::train::generation::{Decoding, Prompt};
-use crate::transport::run_ranks;
+use crate::train::generation::{Decoding, Prompt, on_each_rank};
 use burn::tensor::{Int, Tensor, TensorData};
 use rayon::prelude::*;
-use std::sync::Arc;
-use strategies::padded_len;
 
 /// What scoring a sequence gave.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,35 +30,12 @@ pub fn score<B: LayerBackend>(
     prompt: &Prompt,
     decoding: &Decoding,
 ) -> Result<Scored, RingError> {
-    let (ranks, partition) = (decoding.ranks, decoding.partition);
     let len = prompt.tokens.len();
     if len < 2 {
         return Err(RingError::EmptyPrompt { row: 0 });
     }
-    let layout = Arc::new(partition.layout(padded_len(partition, len, ranks)?, ranks)?);
-    let sequence = Sequence {
-        len,
-        doc_lens: prompt.doc_lens.clone(),
-    };
-    let per_rank = run_ranks(ranks, decoding.timeout, |comm| {
-        let rank = comm.rank();
-        let config = RingConfig {
-            causal: true,
-            ..Default::default()
-        };
-        let ctx = Arc::new(
-            RingContext::new(comm, layout.clone(), config)?.with_sequence(sequence.clone())?,
-        );
-        let positions = &layout.positions[rank];
-        let ids: Vec<i64> = positions
-            .iter()
-            .map(|&p| i64::from(*prompt.tokens.get(p).unwrap_or(&decoding.pad)))
-            .collect();
-        let tokens = Tensor::<B, 2, Int>::from_data(
-            TensorData::new(ids, [1, positions.len()]),
-            &Default::default(),
-        );
-        let hidden = model.layers_out(tokens, positions, &ctx, len)?;
+    let (per_rank, _) = on_each_rank(prompt, decoding, |ctx, positions, tokens| {
+        let hidden = model.layers_out(tokens, positions, ctx, len)?;
         // The positions this rank scores: those with a next token.
         let scored: Vec<usize> = (0..positions.len())
             .filter(|&i| positions[i] + 1 < len)
@@ -88,11 +61,10 @@ pub fn score<B: LayerBackend>(
                 out.push((p, nll?));
             }
         }
-        Ok::<_, RingError>((out, ctx.ledger().peak()))
-    });
-    let per_rank = all_or_root_cause(per_rank, RingError::echo_level)?;
+        Ok((out, ctx.ledger().peak()))
+    })?;
     let mut nll = vec![f64::NAN; len - 1];
-    let mut engine_peak_bytes = Vec::with_capacity(ranks);
+    let mut engine_peak_bytes = Vec::with_capacity(decoding.ranks);
     for (scored, peak) in per_rank {
         for (p, v) in scored {
             nll[p] = v;
