@@ -317,9 +317,10 @@ fn write_outputs(args: &AttnArgs, result: &AttentionResult) -> Result<()> {
             written.push("dsinks.npy");
         }
     }
-    // Under MPI or NCCL only this process's rank is counted.
-    let bytes: u64 = result.traffic.iter().map(|t| t.total_bytes()).sum();
-    let host_device: u64 = result.traffic.iter().map(|t| t.host_device_bytes()).sum();
+    // Under MPI or NCCL every process holds every rank's traffic; this process's ranks are counted.
+    let here = || result.ranks_here.iter().map(|&r| &result.traffic[r]);
+    let bytes: u64 = here().map(|t| t.total_bytes()).sum();
+    let host_device: u64 = here().map(|t| t.host_device_bytes()).sum();
     let seq = result.out.shape[1];
     let padded = if result.padded_len == seq {
         String::new()

@@ -103,7 +103,9 @@ pub fn on_backend<W: OnBackend>(
     }
 }
 
-/// Ring attention (with the backward when the job has dO) on the default device of backend `name`.
+/// Ring attention (with the backward when the job has dO) on the default device of backend `name`:
+/// every rank on a thread, or, in a process launched as one rank of a job (`ringbench run
+/// --launcher`), this process's rank over MPI.
 pub fn run_attention_on(
     name: BackendName,
     job: &workbench::ring::jobs::AttentionJob,
@@ -112,9 +114,21 @@ pub fn run_attention_on(
     impl OnBackend for Attention<'_, '_> {
         type Output = workbench::ring::jobs::AttentionResult;
         fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<Self::Output> {
-            Ok(workbench::ring::jobs::run_attention_on_devices::<
-                burn::backend::Autodiff<I>,
-            >(self.0, &devices)?)
+            type B<I> = burn::backend::Autodiff<I>;
+            // In a process launched as one rank of a job (a sweep point under mpirun or srun), this
+            // process runs its rank and every process gets the whole job's results.
+            if let Some(comm) = crate::mpi_rank::world_comm(self.0.timeout)? {
+                let device = match devices.len() {
+                    0 => Default::default(),
+                    n => devices[comm.rank() % n].clone(),
+                };
+                return Ok(workbench::ring::jobs::run_attention_on::<B<I>>(
+                    comm, self.0, &device,
+                )?);
+            }
+            Ok(workbench::ring::jobs::run_attention_on_devices::<B<I>>(
+                self.0, &devices,
+            )?)
         }
     }
     on_backend(name, &[], Attention(job))

@@ -5,7 +5,7 @@
 //! rows and every measured cell is a number where the reference has one.
 
 use crate::kinds::{Check, Experiment};
-use crate::results::{Record, SPEC_HASH, Table, VERSION, significant};
+use crate::results::{Record, SPEC_HASH, TRANSPORT, Table, VERSION, significant};
 
 /// A measured cell strays when its ratio to the reference is this far (either way) from its
 /// column's median ratio.
@@ -205,7 +205,11 @@ pub fn compare(
     result.undeclared = ours
         .columns()
         .into_iter()
-        .filter(|c| !keys.contains(&c.as_str()) && c != SPEC_HASH && c != VERSION && !declared(c))
+        .filter(|c| {
+            !keys.contains(&c.as_str())
+                && ![SPEC_HASH, VERSION, TRANSPORT].contains(&c.as_str())
+                && !declared(c)
+        })
         .collect();
     let id = |r: &Record| r.id(keys);
     for (table, whose) in [(reference, "reference"), (ours, "this run")] {

@@ -40,6 +40,9 @@ enum Command {
     Hf(hf::HfCommand),
     /// Regenerate the paper-analog tables: `quick` (minutes on a laptop CPU) or `full`.
     Reproduce(reproduce::ReproduceArgs),
+    /// One point of a spec as this process's rank of a launched job (started by `run --launcher`).
+    #[command(hide = true)]
+    Point(runner::worker::PointArgs),
 }
 
 fn main() {
@@ -55,6 +58,7 @@ fn main() {
         Command::Exorl(command) => exorl::run(command),
         Command::Hf(command) => hf::run(command),
         Command::Reproduce(args) => reproduce::run(args),
+        Command::Point(args) => runner::worker::run_point(args),
     };
     if let Err(error) = result {
         eprintln!("error: {error:#}");

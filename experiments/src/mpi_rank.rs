@@ -69,3 +69,98 @@ pub fn launcher_rank() -> Option<usize> {
         .iter()
         .find_map(|v| std::env::var(v).ok()?.parse().ok())
 }
+
+/// MPI held for a whole process that runs many jobs as one rank (a sweep point launched as a job of
+/// processes): started once, each job's ranks get a communicator of their own from
+/// [`world_comm`], and MPI is finalized when this is dropped.
+pub struct ProcessWorld {
+    #[cfg(feature = "mpi")]
+    _universe: mpi::environment::Universe,
+    /// This process's rank.
+    pub rank: usize,
+    /// The processes of the job.
+    pub size: usize,
+}
+
+#[cfg(feature = "mpi")]
+static PROCESS_WORLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl ProcessWorld {
+    /// Starts MPI for this process (MPI_THREAD_SERIALIZED, as [`as_mpi_rank`]). An error without
+    /// the `mpi` feature, or when MPI cannot start.
+    pub fn start() -> Result<ProcessWorld> {
+        #[cfg(feature = "mpi")]
+        {
+            use mpi::Threading;
+            use mpi::traits::Communicator;
+            let (universe, provided) = mpi::initialize_with_threading(Threading::Serialized)
+                .ok_or_else(|| anyhow::anyhow!("MPI was already initialized in this process"))?;
+            if matches!(provided, Threading::Single | Threading::Funneled) {
+                bail_serialized(provided)?;
+            }
+            let world = universe.world();
+            let (rank, size) = (world.rank() as usize, world.size() as usize);
+            PROCESS_WORLD.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(ProcessWorld {
+                _universe: universe,
+                rank,
+                size,
+            })
+        }
+        #[cfg(not(feature = "mpi"))]
+        bail!(
+            "a launched point runs over MPI, but this ringbench was built without the `mpi` feature \
+             (cargo build --release --features mpi)"
+        )
+    }
+
+    /// Ends the whole job at once after printing `error` as this rank's (one line, so that the
+    /// launcher's banner cannot split it), so that its peers do not wait for a timeout.
+    pub fn abort(&self, error: &dyn std::fmt::Display) -> ! {
+        use std::io::Write;
+        let line = format!("error: MPI rank {}: {error}\n", self.rank);
+        let mut stderr = std::io::stderr().lock();
+        let _ = stderr
+            .write_all(line.as_bytes())
+            .and_then(|()| stderr.flush());
+        drop(stderr);
+        #[cfg(feature = "mpi")]
+        {
+            use mpi::traits::Communicator;
+            mpi::topology::SimpleCommunicator::world().abort(1)
+        }
+        #[cfg(not(feature = "mpi"))]
+        std::process::exit(1)
+    }
+}
+
+#[cfg(feature = "mpi")]
+impl Drop for ProcessWorld {
+    fn drop(&mut self) {
+        PROCESS_WORLD.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn bail_serialized(provided: mpi::Threading) -> Result<()> {
+    anyhow::bail!("this MPI library provides threading level {provided:?}; ringbench needs Serialized")
+}
+
+/// While a [`ProcessWorld`] is held: a communicator of every process of the job, its own (a
+/// duplicate of the world, so that no message of one job can match a receive of another), after a
+/// barrier, so that the job's ranks start together. `None` otherwise: the caller runs its ranks on
+/// threads.
+pub fn world_comm(timeout: Duration) -> Result<Option<Comm>> {
+    #[cfg(feature = "mpi")]
+    if PROCESS_WORLD.load(std::sync::atomic::Ordering::SeqCst) {
+        use mpi::topology::SimpleCommunicator;
+        use mpi::traits::Communicator;
+        use workbench::transport::mpi::MpiTransport;
+        let own = SimpleCommunicator::world().duplicate();
+        let mut comm = Comm::new(Box::new(MpiTransport::new(own, timeout)));
+        comm.barrier()?;
+        return Ok(Some(comm));
+    }
+    let _ = timeout;
+    Ok(None)
+}

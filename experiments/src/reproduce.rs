@@ -158,6 +158,7 @@ pub fn run(args: &ReproduceArgs) -> Result<()> {
             &RunOptions {
                 force: args.force && !fresh,
                 quiet: true,
+                ..Default::default()
             },
         )?;
         let kind = kinds::by_name(&SpecText::load(spec)?.kind).map_err(anyhow::Error::msg)?;

@@ -12,6 +12,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub const SPEC_HASH: &str = "spec_hash";
 /// The column naming the ringbench version that computed a row.
 pub const VERSION: &str = "ringbench_version";
+/// The column naming what carried a row's ring between its ranks: `threads` (one process) or `mpi`
+/// (a job of processes); the runner stamps it on the rows of kinds whose points run a ring.
+pub const TRANSPORT: &str = "transport";
 
 /// One row: cells in column order. Values are kept as written, so a table read back and written
 /// again is byte-identical.

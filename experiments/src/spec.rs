@@ -9,6 +9,9 @@ use serde::de::DeserializeOwned;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+/// The table that says where a spec's points run (`runner::launch`), beside every kind's own.
+const LAUNCHER: &str = "launcher";
+
 /// The text of a spec file, its `kind` and `description`.
 #[derive(Debug, Clone)]
 pub struct SpecText {
@@ -68,6 +71,8 @@ impl SpecText {
         let mut table: toml::Table = toml::from_str(&self.text).unwrap_or_default();
         table.remove("sweep");
         table.remove("description");
+        // Where points run does not change what they compute.
+        table.remove(LAUNCHER);
         let mut canonical = String::new();
         canonical_toml(&toml::Value::Table(table), &mut canonical);
         // FNV-1a (64 bits): stable across Rust versions and machines, unlike `DefaultHasher`.
@@ -77,11 +82,22 @@ impl SpecText {
         format!("{hash:016x}")
     }
 
-    /// The spec as `T`, read without its top-level `kind` and `description` (every kind's spec
-    /// has them; `T` declares only its own sections). A TOML error becomes one line:
-    /// `path:line: section.key: message`.
+    /// The spec as `T`, read without its top-level `kind` and `description` and its `[launcher]`
+    /// table (every kind's spec may have them; `T` declares only its own sections). A TOML error
+    /// becomes one line: `path:line: section.key: message`.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T> {
-        self.parse_text(&self.without_header())
+        self.parse_text(&blank_table(&self.without_header(), LAUNCHER))
+    }
+
+    /// The `[launcher]` table as `T` (the runner's: where points run), if the spec has one.
+    pub fn launcher_section<T: DeserializeOwned>(&self) -> Result<Option<T>> {
+        #[derive(serde::Deserialize)]
+        struct Only<T> {
+            launcher: Option<T>,
+            #[serde(flatten)]
+            _rest: toml::Table,
+        }
+        Ok(self.parse_text::<Only<T>>(&self.text)?.launcher)
     }
 
     /// `text` (this spec's, lines in place) as `T`, errors as one line naming line and key.
@@ -361,4 +377,24 @@ mod tests {
         let e = s.parse::<Only>().unwrap_err().to_string();
         assert!(e.starts_with("s.toml:6: m: unknown field `m`"), "{e}");
     }
+}
+
+/// `text` with the `[name]` table's lines blanked (kept as empty lines, so that line numbers hold):
+/// from its header to the next header.
+fn blank_table(text: &str, name: &str) -> String {
+    let mut inside = false;
+    text.lines()
+        .map(|line| {
+            let trimmed = line.trim();
+            if trimmed.starts_with('[') {
+                inside = trimmed
+                    .trim_start_matches('[')
+                    .split(']')
+                    .next()
+                    .is_some_and(|h| h.trim() == name);
+            }
+            if inside { "" } else { line }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

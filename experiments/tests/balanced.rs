@@ -31,6 +31,7 @@ fn balanced_is_never_more_than_one_percent_slower_than_the_best_fixed_layout() {
         let options = experiments::runner::RunOptions {
             force: false,
             quiet: true,
+            ..Default::default()
         };
         let summary = experiments::runner::run_with(&spec, &out, &options).unwrap();
         assert_eq!(summary.kept, 0, "{table}: every point computed here");

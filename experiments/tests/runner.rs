@@ -879,6 +879,7 @@ fn a_zeroed_checkpoint_fails_the_committed_retrieval_table() {
             &experiments::runner::RunOptions {
                 force: false,
                 quiet: true,
+                ..Default::default()
             },
         )
         .unwrap();

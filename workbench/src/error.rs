@@ -175,6 +175,12 @@ pub enum RingError {
         /// Ranks of the layout.
         layout: usize,
     },
+    /// A rank's accounts (traffic, tiles) did not read back from the words gathered from it.
+    #[error("the accounts gathered from rank {rank} are not a valid list (a corrupted gather)")]
+    Accounts {
+        /// The rank whose words did not decode.
+        rank: usize,
+    },
     /// An input holds a NaN or an infinity.
     #[error("{what}{index:?} is {value}: inputs must be finite")]
     NonFinite {

@@ -152,4 +152,19 @@ pub trait Plan {
 
     /// The rows of `points()[index]`.
     fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>>;
+
+    /// The processes `points()[index]` runs as when a launcher starts it (its ranks), or `None`
+    /// when the kind computes in one process only (simulations; kinds not yet ported). A kind that
+    /// says `Some` runs its ring through [`crate::backend`], which takes this process's rank when
+    /// launched.
+    fn processes(&self, _index: usize) -> Option<usize> {
+        None
+    }
+
+    /// What keeps points together when a sweep is split into shards: points of one group run in
+    /// the same shard, in plan order. A point that reads another's row as its baseline (the
+    /// one-rank row of `ring_over_single`) groups with it. Default: every point alone.
+    fn shard_group(&self, point: &Point) -> Record {
+        point.key.clone()
+    }
 }

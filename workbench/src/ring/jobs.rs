@@ -19,6 +19,7 @@ use strategies::{Layout, Partition};
 
 pub use super::fault::{Fault, FaultKind};
 pub use super::host_tensor::HostTensor;
+use super::accounts::RankAccounts;
 use super::host_tensor::{gather_rank, scatter_rank};
 
 /// Inputs in the (batch, seq, heads, head_dim) layout NumPy and PyTorch users have.
@@ -404,8 +405,9 @@ where
 }
 
 /// Runs this process's rank of the job over `comm` (one process per rank, e.g. under `mpirun`), then
-/// gathers every rank's results so that each process returns the whole job's outputs. Traffic and
-/// events are this rank's only; the other ranks' entries are empty.
+/// gathers every rank's results so that each process returns the whole job's outputs, traffic,
+/// events and host↔device bytes, as [`run_attention_on_devices`] does (`ranks_here` names this
+/// process's rank).
 pub fn run_attention_on<B>(
     comm: Comm,
     job: &AttentionJob,
@@ -445,25 +447,30 @@ where
             )
         }
     };
+    let accounts = RankAccounts {
+        traffic: mine.traffic.clone(),
+        events: mine.events.clone(),
+        host_device_bytes: mine.host_device_bytes,
+    };
+    let gathered = ctx.with_comm(|c| c.all_gather_words(&accounts.to_words()))?;
     let outputs = (0..job.ranks)
-        .map(|r| RankOutput {
-            out: outs[r].clone(),
-            lse: lses[r].clone(),
-            grads: grads.as_ref().map(|g| g[r].clone()),
-            dsinks: dsinks.as_ref().map(|d| d[r].clone()),
-            traffic: if r == rank {
-                mine.traffic.clone()
-            } else {
-                Traffic::default()
-            },
-            events: if r == rank {
-                mine.events.clone()
-            } else {
-                Vec::new()
-            },
-            host_device_bytes: if r == rank { mine.host_device_bytes } else { 0 },
+        .map(|r| {
+            let theirs = match r == rank {
+                true => Some(accounts.clone()),
+                false => RankAccounts::from_words(&gathered[r]),
+            }
+            .ok_or(RingError::Accounts { rank: r })?;
+            Ok(RankOutput {
+                out: outs[r].clone(),
+                lse: lses[r].clone(),
+                grads: grads.as_ref().map(|g| g[r].clone()),
+                dsinks: dsinks.as_ref().map(|d| d[r].clone()),
+                traffic: theirs.traffic,
+                events: theirs.events,
+                host_device_bytes: theirs.host_device_bytes,
+            })
         })
-        .collect();
+        .collect::<Result<_, RingError>>()?;
     let kernel_impl = implementation_on::<B>(job, device)?;
     Ok(assemble(job, &plan, outputs, vec![rank], kernel_impl))
 }

@@ -6,6 +6,7 @@
 //! ([`cache`]) and merges the ranks' [`partial`] attention of each new token ([`decode`]).
 //! What travels is [`crate::block`]; what computes a tile is a [`crate::kernels::TileKernel`].
 
+mod accounts;
 pub mod cache;
 pub mod context;
 pub mod decode;

@@ -316,3 +316,55 @@ pub fn kill_this_process() -> ! {
     }
     std::process::abort()
 }
+
+impl Comm {
+    /// Every rank's `words`, on every rank (rank order), exactly: each word travels as four 16-bit
+    /// pieces in an f32 all-reduce over rank-indexed slots (adding zeros to a whole number below
+    /// 2^16 is exact). Ranks may give different lengths.
+    pub fn all_gather_words(&mut self, words: &[u64]) -> Result<Vec<Vec<u64>>, TransportError> {
+        let (rank, world) = (self.rank(), self.world());
+        let lengths = self.all_gather_fixed(rank, world, &[words.len() as u64])?;
+        let longest = lengths.iter().map(|l| l[0] as usize).max().unwrap_or(0);
+        let mut padded = words.to_vec();
+        padded.resize(longest, 0);
+        let gathered = self.all_gather_fixed(rank, world, &padded)?;
+        Ok(gathered
+            .into_iter()
+            .zip(lengths)
+            .map(|(mut w, l)| {
+                w.truncate(l[0] as usize);
+                w
+            })
+            .collect())
+    }
+
+    /// [`Comm::all_gather_words`] for a length every rank shares.
+    fn all_gather_fixed(
+        &mut self,
+        rank: usize,
+        world: usize,
+        words: &[u64],
+    ) -> Result<Vec<Vec<u64>>, TransportError> {
+        const PIECES: usize = 4;
+        let n = words.len() * PIECES;
+        let mut slots = vec![0.0f32; n * world];
+        for (i, w) in words.iter().enumerate() {
+            for p in 0..PIECES {
+                slots[rank * n + i * PIECES + p] = ((w >> (16 * p)) & 0xffff) as f32;
+            }
+        }
+        self.all_reduce_sum(&mut slots)?;
+        Ok((0..world)
+            .map(|r| {
+                slots[r * n..(r + 1) * n]
+                    .chunks(PIECES)
+                    .map(|c| {
+                        c.iter()
+                            .enumerate()
+                            .fold(0u64, |w, (p, &x)| w | ((x as u64) << (16 * p)))
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+}

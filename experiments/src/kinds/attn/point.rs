@@ -189,6 +189,23 @@ impl Plan for AttnPlan {
         self.points.iter().map(|p| Point::single(key(p))).collect()
     }
 
+    fn processes(&self, index: usize) -> Option<usize> {
+        Some(self.points[index].ranks)
+    }
+
+    /// A point and its one-rank baseline (the same key at ranks = 1 and U = 1) share a shard.
+    fn shard_group(&self, point: &Point) -> Record {
+        Record(
+            point
+                .key
+                .0
+                .iter()
+                .filter(|(c, _)| c != "ranks" && c != "ulysses")
+                .cloned()
+                .collect(),
+        )
+    }
+
     fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
         let p = self.points[index];
         let Shape {

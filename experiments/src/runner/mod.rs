@@ -3,12 +3,24 @@
 //! kept (resume), so a rerun computes nothing and changes no byte of it. Each row carries the hash
 //! of the spec's settings and the ringbench version that computed it: rows of another spec's
 //! settings are recomputed. One run at a time writes a directory (its lock file).
+//!
+//! Points run in this process ([`launch`]: threads) or each as a job of processes (mpirun, srun),
+//! whose failures become `failed` rows that a rerun retries; `--shard I/N` computes one slice of the
+//! points ([`shard`]) and `--merge` joins slices ([`merge`]); a launched job's processes run
+//! [`worker`].
+
+pub mod launch;
+pub mod merge;
+pub mod shard;
+pub mod worker;
 
 use crate::dir_lock::DirLock;
 use crate::kinds::{self, Experiment, Point, PointContext};
-use crate::results::{Record, SPEC_HASH, Table, VERSION, write_whole};
+use crate::results::{Record, SPEC_HASH, TRANSPORT, Table, VERSION, write_whole};
 use crate::spec::SpecText;
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
+use launch::{Launcher, LauncherName, PointJob};
+use shard::Shard;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 
@@ -32,6 +44,19 @@ pub struct RunArgs {
     /// List the registered partition strategies, one name a line, and exit.
     #[arg(long)]
     pub strategies: bool,
+    /// What starts each point's ranks: threads (in this process), mpirun or srun (each point one
+    /// job of `ranks` processes; the spec's `[launcher]` table sets the command). Default: the
+    /// spec's `[launcher] name`, else threads.
+    #[arg(long)]
+    pub launcher: Option<LauncherName>,
+    /// Compute only the I-th of N disjoint slices of the points (1 <= I <= N), into
+    /// RESULTS/NAME.shard-I-of-N (a job array's task).
+    #[arg(long, conflicts_with = "merge")]
+    pub shard: Option<Shard>,
+    /// Join the tables of these slice directories into RESULTS/NAME instead of computing: refused
+    /// for rows of another spec or a point in two slices; missing points are listed.
+    #[arg(long, num_args = 1..)]
+    pub merge: Vec<PathBuf>,
 }
 
 /// How a run goes.
@@ -41,6 +66,10 @@ pub struct RunOptions {
     pub force: bool,
     /// Print nothing (a caller that reports the run its own way): no per-point lines, no table.
     pub quiet: bool,
+    /// The launcher the command line names (`None`: the spec's, else threads).
+    pub launcher: Option<LauncherName>,
+    /// Only this slice of the points.
+    pub shard: Option<Shard>,
 }
 
 /// What a run did.
@@ -52,6 +81,8 @@ pub struct RunSummary {
     pub computed: usize,
     /// Points kept from an earlier run.
     pub kept: usize,
+    /// Points whose launched job failed (each a `failed` row).
+    pub failed: usize,
 }
 
 /// `ringbench run`.
@@ -68,7 +99,47 @@ pub fn run_command(args: &RunArgs) -> Result<()> {
     }
     let spec = args.spec.as_ref().ok_or_else(|| anyhow!("no spec given"))?;
     let results = args.results.clone().unwrap_or_else(crate::results::run_dir);
-    run(spec, &results, args.force).map(|_| ())
+    if !args.merge.is_empty() {
+        return merge::merge(spec, &args.merge, &results).map(|_| ());
+    }
+    let summary = run_with(
+        spec,
+        &results,
+        &RunOptions {
+            force: args.force,
+            quiet: false,
+            launcher: args.launcher,
+            shard: args.shard,
+        },
+    )?;
+    if summary.failed > 0 {
+        bail!(
+            "{} of the points failed (their rows say why; `ringbench run` again retries only them)",
+            summary.failed
+        );
+    }
+    Ok(())
+}
+
+/// The `status` of a point whose launched job failed begins with this.
+pub const FAILED: &str = "failed: ";
+
+/// Whether `row` records a failed job (a rerun computes its point again).
+pub fn is_failed(row: &Record) -> bool {
+    row.get("status").is_some_and(|s| s.starts_with(FAILED))
+}
+
+/// The rows of a point whose job failed: each of its row keys with the reason as `status`.
+fn failed_rows(point: &Point, reason: &str) -> Vec<Record> {
+    point
+        .rows
+        .iter()
+        .map(|key| {
+            let mut row = key.clone();
+            row.0.push(("status".into(), format!("{FAILED}{reason}")));
+            row
+        })
+        .collect()
 }
 
 /// What every row of a run carries besides its kind's columns.
@@ -99,8 +170,14 @@ impl Stamp {
         hash == Some(self.spec_hash.as_str())
     }
 
-    fn put_on(&self, row: &mut Record) {
-        row.0.retain(|(c, _)| c != SPEC_HASH && c != VERSION);
+    /// Stamps `row` with the hash and version, and, for a kind whose points run a ring of ranks,
+    /// what carried it.
+    fn put_on(&self, row: &mut Record, transport: Option<&str>) {
+        row.0
+            .retain(|(c, _)| c != SPEC_HASH && c != VERSION && c != TRANSPORT);
+        if let Some(transport) = transport {
+            row.0.push((TRANSPORT.into(), transport.into()));
+        }
         row.0.push((SPEC_HASH.into(), self.spec_hash.clone()));
         row.0.push((VERSION.into(), self.version.into()));
     }
@@ -137,7 +214,7 @@ pub fn run(path: &Path, results: &Path, force: bool) -> Result<RunSummary> {
         results,
         &RunOptions {
             force,
-            quiet: false,
+            ..RunOptions::default()
         },
     )
 }
@@ -148,11 +225,13 @@ pub fn run_with(path: &Path, results: &Path, options: &RunOptions) -> Result<Run
     let spec = SpecText::load(path)?;
     let kind = kinds::by_name(&spec.kind).map_err(|e| spec.error("", "kind", &e))?;
     let mut plan = kind.plan(&spec)?;
-    let name = path
+    let launcher = Launcher::of(&spec, options.launcher)?;
+    let stem = path
         .file_stem()
         .and_then(|s| s.to_str())
         .ok_or_else(|| anyhow!("{}: no file name", path.display()))?;
-    let dir = results.join(name);
+    let name = options.shard.map_or(stem.to_owned(), |s| s.dir_name(stem));
+    let dir = results.join(&name);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let _lock = DirLock::take(&dir)?;
     let csv_path = dir.join("results.csv");
@@ -174,6 +253,14 @@ pub fn run_with(path: &Path, results: &Path, options: &RunOptions) -> Result<Run
         );
         table.rows.retain(|r| stamp.stamped(r));
     }
+    let retried = table.rows.iter().filter(|r| is_failed(r)).count();
+    if retried > 0 {
+        eprintln!(
+            "{}: {retried} rows record a failed job: computing their points again",
+            dir.display()
+        );
+        table.rows.retain(|r| !is_failed(r));
+    }
     if force {
         // A kind's side files (training curves) belong to the rows being discarded.
         for side in kind.side_files() {
@@ -191,25 +278,66 @@ pub fn run_with(path: &Path, results: &Path, options: &RunOptions) -> Result<Run
     }
     let points = plan.points();
     check_keys(kind, &points)?;
+    let mine = match options.shard {
+        Some(shard) => shard.members(plan.as_ref(), &points),
+        None => vec![true; points.len()],
+    };
     let todo: Vec<usize> = (0..points.len())
-        .filter(|&i| !table.has_all(&points[i].rows))
+        .filter(|&i| mine[i] && !table.has_all(&points[i].rows))
         .collect();
     let bar = ProgressBar::new(todo.len() as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed_precise} eta {eta} {msg}")
             .context("progress template")?,
     );
+    let mut failed = 0;
+    let mut said_in_process = false;
     for &i in &todo {
         bar.set_message(points[i].label.clone());
-        let mut rows = plan.compute(
-            i,
-            &PointContext {
-                table: &table,
-                dir: &dir,
-                bar: &bar,
-            },
-        )?;
+        let processes = plan.processes(i);
+        let launched = !launcher.in_process() && processes.is_some();
+        if !launcher.in_process() && processes.is_none() && !said_in_process {
+            bar.suspend(|| {
+                eprintln!(
+                    "kind {} computes in one process: its points run here, not under {}",
+                    spec.kind,
+                    launcher.name.name()
+                )
+            });
+            said_in_process = true;
+        }
+        let mut rows = match (launched, processes) {
+            (true, Some(ranks)) => {
+                let job = PointJob {
+                    spec: path,
+                    index: i,
+                    ranks,
+                    dir: &dir,
+                    spec_hash: &stamp.spec_hash,
+                };
+                match launcher.launch(&job)? {
+                    Ok(rows) => rows,
+                    Err(reason) => {
+                        failed += 1;
+                        bar.suspend(|| eprintln!("{}: failed: {reason}", points[i].label));
+                        failed_rows(&points[i], &reason)
+                    }
+                }
+            }
+            _ => plan.compute(
+                i,
+                &PointContext {
+                    table: &table,
+                    dir: &dir,
+                    bar: &bar,
+                },
+            )?,
+        };
+        let transport = processes.map(|_| match launched {
+            true => launcher.transport(),
+            false => "threads",
+        });
         for row in &mut rows {
-            stamp.put_on(row);
+            stamp.put_on(row, transport);
         }
         table.replace(&points[i].key, rows);
         // Written whole after every point: a run that stops, even killed mid-write, resumes here.
@@ -220,30 +348,26 @@ pub fn run_with(path: &Path, results: &Path, options: &RunOptions) -> Result<Run
         }
     }
     bar.finish_and_clear();
-    if stale > 0 || !csv_path.exists() {
+    if stale > 0 || retried > 0 || !csv_path.exists() {
         table.write_csv(&csv_path)?;
     }
-    let about = if spec.description.is_empty() {
-        kind.card().about.to_owned()
-    } else {
-        spec.description.clone()
-    };
-    let md = format!(
-        "# {name}\n\n{about}\n\nRegenerate: `ringbench run {} --results {}`\n\n{}",
+    let mut command = format!(
+        "ringbench run {} --results {}",
         path.display(),
-        results.display(),
-        table.markdown()
+        results.display()
     );
-    write_whole(&dir.join("results.md"), md.as_bytes())?;
-    write_whole(&dir.join("spec.toml"), spec.text.as_bytes())?;
-    if !table.rows.is_empty() {
-        kind.figure(&table, &dir)?;
+    if !launcher.in_process() {
+        command += &format!(" --launcher {}", launcher.name.name());
     }
-    let kept = points.len() - todo.len();
+    if let Some(shard) = options.shard {
+        command += &format!(" --shard {}/{}", shard.index, shard.count);
+    }
+    let md = write_tables(kind, &spec, &name, &command, &table, &dir)?;
+    let kept = mine.iter().filter(|&&m| m).count() - todo.len();
     if !options.quiet {
         println!("{md}");
         println!(
-            "{}: {} points computed, {kept} kept from an earlier run",
+            "{}: {} points computed ({failed} failed), {kept} kept from an earlier run",
             dir.display(),
             todo.len()
         );
@@ -252,5 +376,33 @@ pub fn run_with(path: &Path, results: &Path, options: &RunOptions) -> Result<Run
         dir,
         computed: todo.len(),
         kept,
+        failed,
     })
+}
+
+/// Writes a run's results.md (its text returned), spec.toml copy and figure into `dir` (results.csv
+/// is written as points finish).
+fn write_tables(
+    kind: &dyn Experiment,
+    spec: &SpecText,
+    name: &str,
+    command: &str,
+    table: &Table,
+    dir: &Path,
+) -> Result<String> {
+    let about = if spec.description.is_empty() {
+        kind.card().about.to_owned()
+    } else {
+        spec.description.clone()
+    };
+    let md = format!(
+        "# {name}\n\n{about}\n\nRegenerate: `{command}`\n\n{}",
+        table.markdown()
+    );
+    write_whole(&dir.join("results.md"), md.as_bytes())?;
+    write_whole(&dir.join("spec.toml"), spec.text.as_bytes())?;
+    if !table.rows.is_empty() {
+        kind.figure(table, dir)?;
+    }
+    Ok(md)
 }
