@@ -1,0 +1,254 @@
+//! Sweeps past one process: every point of a spec as a job of processes under mpirun (feature
+//! `mpi`), failed jobs as failed rows a rerun retries, and sharded runs merged into the unsharded
+//! table.
+
+mod common;
+
+use common::{ringbench, temp_dir};
+use experiments::kinds::{self, Check};
+use experiments::results::{Record, Table};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+#[cfg(feature = "mpi")]
+use std::time::{Duration, Instant};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().into()
+}
+
+/// The rows of `dir/NAME/results.csv`.
+fn rows(dir: &Path, name: &str) -> Vec<Record> {
+    Table::read(&dir.join(name).join("results.csv")).unwrap().rows
+}
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_ringbench"));
+    command.arg("run").args(args);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command.output().expect("running ringbench")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// The two tables have the same keys in the same order and equal values in every column the attn
+/// kind calls exact; each of `ours` rows has `transport`.
+fn same_exact_columns(theirs: &[Record], ours: &[Record], transport: &str) {
+    let card = kinds::by_name("attn").unwrap().card();
+    assert_eq!(theirs.len(), ours.len());
+    for (a, b) in theirs.iter().zip(ours) {
+        assert_eq!(a.id(card.key_columns), b.id(card.key_columns));
+        for column in card.columns.iter().filter(|c| c.check == Check::Exact) {
+            assert_eq!(
+                a.get(column.name),
+                b.get(column.name),
+                "{}: {}",
+                column.name,
+                b.id(card.key_columns)
+            );
+        }
+        assert_eq!(b.get("transport"), Some(transport), "{b:?}");
+        assert_eq!(b.get("status"), Some("ok"), "{b:?}");
+        // The exactness table's bound holds on the processes' own float64 check too.
+        let error = b.num("max_rel_error");
+        assert!(error <= 1e-5, "max_rel_error {error}: {b:?}");
+    }
+}
+
+/// A small spec: 2 strategies × 1 and 4 ranks (the 4-rank points are indices 2 and 3).
+fn small_spec(dir: &Path, deadline_seconds: u32) -> PathBuf {
+    let spec = dir.join("small.toml");
+    std::fs::write(
+        &spec,
+        format!(
+            "kind = \"attn\"\n[sweep]\nstrategies = [\"striped\", \"zigzag\"]\nranks = [1, 4]\n\
+             seq_lens = [128]\n[measure]\nrepeats = 1\n[launcher]\ndeadline_seconds = {deadline_seconds}\n"
+        ),
+    )
+    .unwrap();
+    spec
+}
+
+/// The acceptance run: the ablation spec with every point a job of 1 or 4 processes (mpirun,
+/// oversubscribed on 2 cores) writes the thread run's exact columns (bytes and messages per rank
+/// from the processes' own counters, gathered to rank 0), `transport = mpi` on every row.
+#[cfg(feature = "mpi")]
+#[test]
+fn ablation_under_mpirun_has_the_thread_runs_exact_columns() {
+    let dir = temp_dir("launch-ablation");
+    let spec = workspace().join("experiments/ablation_quick.toml");
+    let (spec, out) = (spec.to_str().unwrap(), dir.to_str().unwrap());
+    let threads = run(&[spec, "--results", &format!("{out}/threads")], &[]);
+    assert!(threads.status.success(), "{}", text(&threads));
+    let mpi = run(
+        &[spec, "--results", &format!("{out}/mpi"), "--launcher", "mpirun"],
+        &[],
+    );
+    assert!(mpi.status.success(), "{}", text(&mpi));
+    let theirs = rows(&dir.join("threads"), "ablation_quick");
+    assert_eq!(theirs.len(), 72);
+    assert!(theirs.iter().all(|r| r.get("transport") == Some("threads")));
+    same_exact_columns(&theirs, &rows(&dir.join("mpi"), "ablation_quick"), "mpi");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A rank SIGKILLed in the middle of the sweep: its point becomes a failed row naming the rank, the
+/// other points are computed, the run ends with an error; the rerun computes that point only.
+#[cfg(feature = "mpi")]
+#[test]
+fn a_killed_rank_fails_its_point_and_the_rerun_computes_only_it() {
+    let dir = temp_dir("launch-killed");
+    let deadline = 120;
+    let spec = small_spec(&dir, deadline);
+    let (spec, out) = (spec.to_str().unwrap(), dir.to_str().unwrap());
+    let start = Instant::now();
+    let first = run(
+        &[spec, "--results", out, "--launcher", "mpirun"],
+        &[("RINGBENCH_KILL_POINT", "2:3")],
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(deadline.into()),
+        "the killed job ended only at the deadline"
+    );
+    assert!(!first.status.success(), "{}", text(&first));
+    assert!(text(&first).contains("1 of the points failed"), "{}", text(&first));
+    let table = rows(&dir, "small");
+    assert_eq!(table.len(), 4);
+    let failed = &table[2];
+    let status = failed.get("status").unwrap();
+    assert!(
+        status.starts_with("failed: rank 3 died on signal 9"),
+        "{status}"
+    );
+    assert_eq!(failed.get("fwd_bwd_seconds"), Some(""), "nothing partial");
+    for (i, row) in table.iter().enumerate().filter(|(i, _)| *i != 2) {
+        assert_eq!(row.get("status"), Some("ok"), "point {i}");
+    }
+    let second = run(&[spec, "--results", out, "--launcher", "mpirun"], &[]);
+    assert!(second.status.success(), "{}", text(&second));
+    assert!(
+        text(&second).contains("1 points computed (0 failed), 3 kept from an earlier run"),
+        "{}",
+        text(&second)
+    );
+    let table = rows(&dir, "small");
+    assert!(table.iter().all(|r| r.get("status") == Some("ok")));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A rank that hangs: its job is stopped at the spec's deadline and recorded as failed.
+#[cfg(feature = "mpi")]
+#[test]
+fn a_hung_rank_is_stopped_at_the_deadline() {
+    let dir = temp_dir("launch-hung");
+    let deadline = 10;
+    let spec = small_spec(&dir, deadline);
+    let (spec, out) = (spec.to_str().unwrap(), dir.to_str().unwrap());
+    let start = Instant::now();
+    let run = run(
+        &[spec, "--results", out, "--launcher", "mpirun"],
+        &[("RINGBENCH_HANG_POINT", "3:1")],
+    );
+    // The other three points plus the deadline, and the 5 s a stopped job gets before SIGKILL.
+    assert!(start.elapsed() < Duration::from_secs(deadline as u64 + 5 + 60));
+    assert!(!run.status.success());
+    let table = rows(&dir, "small");
+    let status = table[3].get("status").unwrap();
+    assert!(
+        status.starts_with("failed: no result within the deadline of 10 s"),
+        "{status}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `--shard 1/3, 2/3, 3/3` then `--merge`: the unsharded table, row for row; each point's one-rank
+/// baseline in its shard (ring_over_single filled as unsharded). A slice of another spec is refused
+/// naming its hash; a slice given twice is refused naming the point.
+#[test]
+fn shards_merge_into_the_unsharded_table() {
+    let dir = temp_dir("launch-shards");
+    let spec = small_spec(&dir, 60);
+    let (spec, out) = (spec.to_str().unwrap(), dir.to_str().unwrap());
+    let whole = run(&[spec, "--results", &format!("{out}/whole")], &[]);
+    assert!(whole.status.success(), "{}", text(&whole));
+    let mut slices = Vec::new();
+    let mut counted = 0;
+    for i in 1..=3 {
+        let shard = format!("{i}/3");
+        let o = run(&[spec, "--results", out, "--shard", &shard], &[]);
+        assert!(o.status.success(), "{}", text(&o));
+        let slice = dir.join(format!("small.shard-{i}-of-3"));
+        counted += rows(&dir, &format!("small.shard-{i}-of-3")).len();
+        slices.push(slice.to_str().unwrap().to_owned());
+    }
+    assert_eq!(counted, 4, "disjoint slices cover the points");
+    let mut args = vec![spec, "--results", out, "--merge"];
+    args.extend(slices.iter().map(String::as_str));
+    let merged = run(&args, &[]);
+    assert!(merged.status.success(), "{}", text(&merged));
+    let theirs = rows(&dir.join("whole"), "small");
+    let ours = rows(&dir, "small");
+    same_exact_columns(&theirs, &ours, "threads");
+    for (a, b) in theirs.iter().zip(&ours) {
+        assert_eq!(
+            a.get("ring_over_single").is_some_and(|v| v.is_empty()),
+            b.get("ring_over_single").is_some_and(|v| v.is_empty()),
+        );
+    }
+    // Another spec (another repeat count: another settings hash).
+    let other = dir.join("other.toml");
+    let text_of = std::fs::read_to_string(spec).unwrap();
+    std::fs::write(&other, text_of.replace("repeats = 1", "repeats = 2")).unwrap();
+    let mut refused = vec![other.to_str().unwrap(), "--results", out, "--merge"];
+    refused.extend(slices.iter().map(String::as_str));
+    let o = run(&refused, &[]);
+    assert!(!o.status.success());
+    let said = text(&o);
+    let hash = rows(&dir, "small")[0].get("spec_hash").unwrap().to_owned();
+    assert!(
+        said.contains(&format!("spec_hash {hash}")) && said.contains("another spec"),
+        "{said}"
+    );
+    let twice = run(
+        &[spec, "--results", out, "--merge", &slices[0], &slices[0]],
+        &[],
+    );
+    assert!(!twice.status.success());
+    assert!(text(&twice).contains("is in two slices"), "{}", text(&twice));
+    // Slices missing: the points are listed.
+    let part = run(&[spec, "--results", out, "--merge", &slices[0]], &[]);
+    assert!(part.status.success());
+    assert!(text(&part).contains("missing: "), "{}", text(&part));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Bad input: a shard outside 1..=N and an unknown placeholder are refused naming the value.
+#[test]
+fn bad_shards_and_launcher_commands_are_refused() {
+    let dir = temp_dir("launch-bad");
+    let spec = small_spec(&dir, 60);
+    for shard in ["0/3", "4/3", "1/0", "x"] {
+        let o = ringbench(&["run", spec.to_str().unwrap(), "--shard", shard]);
+        assert!(!o.status.success());
+        assert!(text(&o).contains(&format!("'{shard}'")), "{}", text(&o));
+    }
+    let bad = dir.join("bad.toml");
+    let mut t = std::fs::read_to_string(&spec).unwrap();
+    t += "mpirun = [\"mpirun\", \"-n\", \"{rank}\"]\n";
+    std::fs::write(&bad, t).unwrap();
+    let o = ringbench(&["run", bad.to_str().unwrap(), "--launcher", "mpirun"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("launcher.mpirun: '{rank}': unknown placeholder"),
+        "{}",
+        text(&o)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
