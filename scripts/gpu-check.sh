@@ -32,7 +32,9 @@
 #  5. with 2+ GPUs, under mpirun over NCCL: `attn` on the cuda backend, compared with the NumPy
 #     fixture; 5 training steps (gradients all-reduced in GPU memory) from the same host-seeded
 #     weights as the same spec trained on the CPU's threads, losses compared. The dry run makes the
-#     same comparisons with 2 in-process wgpu ranks.
+#     same comparisons with 2 in-process wgpu ranks. Then a small attn sweep with each point launched
+#     under mpirun (`ringbench run --launcher mpirun`), one process a GPU by its local rank, its ring
+#     over MPI (staged through the host; launched points do not use NCCL yet). Not in the dry run.
 # Without a GPU, `run` says so in one line and exits 2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -255,6 +257,13 @@ stages() {
     "${train_args[@]}" 2>&1 | tail -2
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   same_losses "$out/train_flex/metrics.csv" "$out/train_$backend/metrics.csv" || status=1
+  if [ "$mode" = run ]; then
+    echo "== a sweep with each point launched under mpirun: attn on $backend, 1 and $gpus ranks, one process a GPU"
+    printf 'kind = "attn"\n[sweep]\nstrategies = ["zigzag", "striped"]\nranks = [1, %s]\nseq_lens = [4096]\nkernels = ["fused", "generic"]\nbackends = ["%s"]\n[launcher]\nmpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "{ranks}"]\ndeadline_seconds = 300\n' \
+      "$gpus" "$backend" >"$out/launched_sweep.toml"
+    timeout "$t_multi" "$bin" run "$out/launched_sweep.toml" --launcher mpirun --results "$out" 2>&1 | tail -3
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
   finish "$status"
 }
 

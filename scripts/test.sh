@@ -15,7 +15,7 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
 fi
 
 # apt packages: Open MPI (found through pkg-config) and clang (bindgen) for the `mpi` feature and its
-# multi-process tests; Mesa's software Vulkan device (llvmpipe) and the Vulkan loader for the `wgpu`
+# multi-process tests (sweeps under mpirun among them); Mesa's software Vulkan device (llvmpipe) and the Vulkan loader for the `wgpu`
 # backend's tests on a machine without a GPU. The SVG figures need no font packages: their text is SVG text.
 missing=()
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
@@ -25,6 +25,8 @@ ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || missing+=(mesa-vulk
 # grep reads all of ldconfig's list: with -q it would stop early, and under pipefail ldconfig's
 # SIGPIPE made the check fail at random (a run reinstalled libvulkan1).
 ldconfig -p | grep 'libvulkan.so.1 ' >/dev/null || missing+=(libvulkan1)
+# SLURM and munge: a real one-node cluster (scripts/slurm-local.sh) for the srun launcher and a job array.
+command -v slurmctld >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 || missing+=(slurm-wlm munge)
 if [ ${#missing[@]} -gt 0 ]; then
   step "installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -74,6 +76,9 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 # The wide-head check on the software device (~2 minutes) runs once, in the GPU check's dry run below.
 cargo test --locked --workspace --no-fail-fast --features "$test_features" \
   -- --skip wgpu_wide_heads_forward_and_backward 2>&1 | tee target/test.log || status=$?
+
+step "sweeps on a real one-node SLURM cluster: the srun launcher, and sbatch --array=1-3 merged (scripts/cluster-check.sh)"
+bash scripts/cluster-check.sh target/debug/ringbench 2>&1 | tee target/cluster-check.log || status=1
 
 step "the GPU check's dry run: its stages, files and comparisons on wgpu at tiny sizes (scripts/gpu-check.sh)"
 bash scripts/gpu-check.sh dry-run 2>&1 | tee target/gpu-check-dry-run.log || status=1

@@ -131,7 +131,12 @@ pub fn run_attention_on(
             )?)
         }
     }
-    on_backend(name, &[], Attention(job))
+    // A launched rank on a GPU backend takes its machine's local-rank-th device (one process a GPU).
+    let devices = match crate::mpi_rank::in_process_world() && name != BackendName::Flex {
+        true => vec![crate::mpi_rank::local_rank().unwrap_or(0)],
+        false => Vec::new(),
+    };
+    on_backend(name, &devices, Attention(job))
 }
 
 /// A first small computation on each device, with the panic a missing device raises turned into an

@@ -146,6 +146,23 @@ fn bail_serialized(provided: mpi::Threading) -> Result<()> {
     anyhow::bail!("this MPI library provides threading level {provided:?}; ringbench needs Serialized")
 }
 
+/// Whether this process holds a [`ProcessWorld`] (it is one rank of a launched job).
+pub fn in_process_world() -> bool {
+    #[cfg(feature = "mpi")]
+    return PROCESS_WORLD.load(std::sync::atomic::Ordering::SeqCst);
+    #[cfg(not(feature = "mpi"))]
+    false
+}
+
+/// This process's rank among those of its job on the same machine, as the launcher says
+/// (`LOCAL_RANK`, Open MPI's `OMPI_COMM_WORLD_LOCAL_RANK`, SLURM's `SLURM_LOCALID`): the GPU a
+/// launched rank takes. `None` outside a launcher.
+pub fn local_rank() -> Option<usize> {
+    ["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+}
+
 /// While a [`ProcessWorld`] is held: a communicator of every process of the job, its own (a
 /// duplicate of the world, so that no message of one job can match a receive of another), after a
 /// barrier, so that the job's ranks start together. `None` otherwise: the caller runs its ranks on
