@@ -41,7 +41,8 @@ pub struct LauncherSection {
     /// The launcher this spec runs with when the command line names none (default: threads).
     name: Option<LauncherName>,
     /// The mpirun command before ringbench's own arguments; `{ranks}` and `{nodes}` are filled
-    /// from the point (default: `["mpirun", "--oversubscribe", "-n", "{ranks}"]`).
+    /// from the point (default: `["mpirun", "--oversubscribe", "--bind-to", "none", "-n",
+    /// "{ranks}"]`, and `--allow-run-as-root` as root).
     mpirun: Option<Vec<String>>,
     /// The srun command likewise (default: `["srun", "--mpi=pmix", "-n", "{ranks}"]`).
     srun: Option<Vec<String>>,
@@ -96,7 +97,10 @@ impl Launcher {
         let prefix = match name {
             LauncherName::Threads => Vec::new(),
             LauncherName::Mpirun => section.mpirun.clone().unwrap_or_else(|| {
-                let mut default: Vec<String> = words(&["mpirun", "--oversubscribe"]);
+                // Unbound: a rank's kernels use a thread pool, and Open MPI would pin a job of one
+                // or two processes to one core each (measured: 1.8x slower on one rank).
+                let mut default: Vec<String> =
+                    words(&["mpirun", "--oversubscribe", "--bind-to", "none"]);
                 // Open MPI refuses root unless told; containers and CI runners are often root.
                 #[cfg(unix)]
                 if unsafe { libc::geteuid() } == 0 {
@@ -110,6 +114,14 @@ impl Launcher {
                 .clone()
                 .unwrap_or_else(|| words(&["srun", "--mpi=pmix", "-n", "{ranks}"])),
         };
+        #[cfg(not(feature = "mpi"))]
+        if name != LauncherName::Threads {
+            anyhow::bail!(
+                "--launcher {}: a launched point's processes talk over MPI, and this ringbench was \
+                 built without the `mpi` feature (cargo build --release --features mpi)",
+                name.name()
+            );
+        }
         if name != LauncherName::Threads && prefix.is_empty() {
             return Err(spec.error("launcher", name.name(), "the command is empty"));
         }
