@@ -42,8 +42,10 @@ LAYERS = {
     "experiments": [
         # NaN-aware extremes, for every table and model that folds numbers.
         ["extremes"],
+        # A process's MPI: one command's rank, or a launched sweep point's world.
+        ["mpi_rank"],
         ["units", "markdown", "alloc", "hardware", "npy", "spec", "simulator", "memory_model",
-         "dir_lock", "backend", "mpi_rank", "pretrained"],
+         "dir_lock", "backend", "pretrained"],
         # A process's rank over NCCL: its devices on the chosen backend.
         ["nccl_rank"],
         # Cost models on the simulator and the hardware profiles.

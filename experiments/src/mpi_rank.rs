@@ -143,7 +143,9 @@ impl Drop for ProcessWorld {
 
 #[cfg(feature = "mpi")]
 fn bail_serialized(provided: mpi::Threading) -> Result<()> {
-    anyhow::bail!("this MPI library provides threading level {provided:?}; ringbench needs Serialized")
+    anyhow::bail!(
+        "this MPI library provides threading level {provided:?}; ringbench needs Serialized"
+    )
 }
 
 /// Whether this process holds a [`ProcessWorld`] (it is one rank of a launched job).

@@ -307,6 +307,26 @@ fn canonical_toml(value: &toml::Value, out: &mut String) {
     }
 }
 
+/// `text` with the `[name]` table's lines blanked (kept as empty lines, so that line numbers hold):
+/// from its header to the next header.
+fn blank_table(text: &str, name: &str) -> String {
+    let mut inside = false;
+    text.lines()
+        .map(|line| {
+            let trimmed = line.trim();
+            if trimmed.starts_with('[') {
+                inside = trimmed
+                    .trim_start_matches('[')
+                    .split(']')
+                    .next()
+                    .is_some_and(|h| h.trim() == name);
+            }
+            if inside { "" } else { line }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,24 +397,4 @@ mod tests {
         let e = s.parse::<Only>().unwrap_err().to_string();
         assert!(e.starts_with("s.toml:6: m: unknown field `m`"), "{e}");
     }
-}
-
-/// `text` with the `[name]` table's lines blanked (kept as empty lines, so that line numbers hold):
-/// from its header to the next header.
-fn blank_table(text: &str, name: &str) -> String {
-    let mut inside = false;
-    text.lines()
-        .map(|line| {
-            let trimmed = line.trim();
-            if trimmed.starts_with('[') {
-                inside = trimmed
-                    .trim_start_matches('[')
-                    .split(']')
-                    .next()
-                    .is_some_and(|h| h.trim() == name);
-            }
-            if inside { "" } else { line }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }

@@ -12,13 +12,19 @@ use std::process::Output;
 #[cfg(feature = "mpi")]
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "mpi")]
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().into()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .into()
 }
 
 /// The rows of `dir/NAME/results.csv`.
 fn rows(dir: &Path, name: &str) -> Vec<Record> {
-    Table::read(&dir.join(name).join("results.csv")).unwrap().rows
+    Table::read(&dir.join(name).join("results.csv"))
+        .unwrap()
+        .rows
 }
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -88,7 +94,13 @@ fn ablation_under_mpirun_has_the_thread_runs_exact_columns() {
     let threads = run(&[spec, "--results", &format!("{out}/threads")], &[]);
     assert!(threads.status.success(), "{}", text(&threads));
     let mpi = run(
-        &[spec, "--results", &format!("{out}/mpi"), "--launcher", "mpirun"],
+        &[
+            spec,
+            "--results",
+            &format!("{out}/mpi"),
+            "--launcher",
+            "mpirun",
+        ],
         &[],
     );
     assert!(mpi.status.success(), "{}", text(&mpi));
@@ -118,7 +130,11 @@ fn a_killed_rank_fails_its_point_and_the_rerun_computes_only_it() {
         "the killed job ended only at the deadline"
     );
     assert!(!first.status.success(), "{}", text(&first));
-    assert!(text(&first).contains("1 of the points failed"), "{}", text(&first));
+    assert!(
+        text(&first).contains("1 of the points failed"),
+        "{}",
+        text(&first)
+    );
     let table = rows(&dir, "small");
     assert_eq!(table.len(), 4);
     let failed = &table[2];
@@ -221,7 +237,11 @@ fn shards_merge_into_the_unsharded_table() {
         &[],
     );
     assert!(!twice.status.success());
-    assert!(text(&twice).contains("is in two slices"), "{}", text(&twice));
+    assert!(
+        text(&twice).contains("is in two slices"),
+        "{}",
+        text(&twice)
+    );
     // Slices missing: the points are listed.
     let part = run(&[spec, "--results", out, "--merge", &slices[0]], &[]);
     assert!(part.status.success());
@@ -251,4 +271,25 @@ fn bad_shards_and_launcher_commands_are_refused() {
         text(&o)
     );
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Where points run is not what they compute: a `[launcher]` table leaves the settings hash (and so
+/// the rows a rerun keeps) as it was, and kinds read the spec as if it were not there.
+#[test]
+fn the_launcher_table_is_not_part_of_the_settings_hash() {
+    use experiments::spec::SpecText;
+    let base = "kind = \"attn\"\n[sweep]\nranks = [1]\nseq_lens = [64]\n";
+    let with = format!(
+        "{base}[launcher]\nname = \"mpirun\"\nmpirun = [\"mpirun\", \"-n\", \"{{ranks}}\"]\n\
+         deadline_seconds = 10\n[measure]\nrepeats = 1\n"
+    );
+    let without = format!("{base}[measure]\nrepeats = 1\n");
+    let hash = |text: &str| {
+        SpecText::from_text(Path::new("t.toml"), text.to_owned())
+            .unwrap()
+            .settings_hash()
+    };
+    assert_eq!(hash(&with), hash(&without));
+    let spec = SpecText::from_text(Path::new("t.toml"), with).unwrap();
+    assert!(kinds::by_name("attn").unwrap().plan(&spec).is_ok());
 }

@@ -302,8 +302,7 @@ pub fn failure_reason(log: &str, status: ExitStatus, launcher: LauncherName) -> 
         return format!("rank {task} ({})", launcher.name());
     }
     let last = lines()
-        .filter(|l| !l.starts_with("--------"))
-        .last()
+        .rfind(|l| !l.starts_with("--------"))
         .unwrap_or("no output");
     format!("{} exited with {status}: {last}", launcher.name())
 }

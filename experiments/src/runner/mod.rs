@@ -19,9 +19,9 @@ use crate::kinds::{self, Experiment, Point, PointContext};
 use crate::results::{Record, SPEC_HASH, TRANSPORT, Table, VERSION, write_whole};
 use crate::spec::SpecText;
 use anyhow::{Context, Result, anyhow, bail};
+use indicatif::{ProgressBar, ProgressStyle};
 use launch::{Launcher, LauncherName, PointJob};
 use shard::Shard;
-use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 
 /// `ringbench run`'s arguments.

@@ -42,7 +42,9 @@ pub struct RankAccounts {
 }
 
 fn code<T: PartialEq>(all: &[T], value: &T) -> u64 {
-    all.iter().position(|v| v == value).expect("every variant is listed") as u64
+    all.iter()
+        .position(|v| v == value)
+        .expect("every variant is listed") as u64
 }
 
 impl RankAccounts {

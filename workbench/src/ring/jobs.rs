@@ -17,9 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use strategies::{Layout, Partition};
 
+use super::accounts::RankAccounts;
 pub use super::fault::{Fault, FaultKind};
 pub use super::host_tensor::HostTensor;
-use super::accounts::RankAccounts;
 use super::host_tensor::{gather_rank, scatter_rank};
 
 /// Inputs in the (batch, seq, heads, head_dim) layout NumPy and PyTorch users have.
@@ -77,9 +77,9 @@ pub struct AttentionResult {
     pub lse: HostTensor,
     /// With `d_out`: the gradients.
     pub grads: Option<Grads>,
-    /// Per rank.
+    /// Per rank (under MPI too: every rank's, gathered).
     pub traffic: Vec<Traffic>,
-    /// Per rank.
+    /// Per rank (under MPI too: every rank's, gathered).
     pub events: Vec<Vec<StepEvent>>,
     /// The ranks this process ran: all of them in thread mode, its own under MPI.
     pub ranks_here: Vec<usize>,
@@ -90,7 +90,7 @@ pub struct AttentionResult {
     pub kernel_impl: &'static str,
     /// Per rank, every byte the call moved between host and the rank's device: its inputs placed,
     /// its outputs and gradients read, and whatever the ring's steps moved (on the CPU backend,
-    /// copies between host arrays and tensors). Under MPI, this process's rank only.
+    /// copies between host arrays and tensors). Under MPI too, every rank's, gathered.
     pub host_device_bytes: Vec<u64>,
 }
 
