@@ -293,3 +293,44 @@ fn the_launcher_table_is_not_part_of_the_settings_hash() {
     let spec = SpecText::from_text(Path::new("t.toml"), with).unwrap();
     assert!(kinds::by_name("attn").unwrap().plan(&spec).is_ok());
 }
+
+/// Training points launched as processes (a rank a process, the gradients all-reduced over MPI)
+/// give the thread run's losses bit for bit, and its memory column.
+#[cfg(feature = "mpi")]
+#[test]
+fn training_points_under_mpirun_give_the_thread_runs_losses() {
+    let dir = temp_dir("launch-train");
+    let spec = workspace().join("experiments/train_quick.toml");
+    let (spec, out) = (spec.to_str().unwrap(), dir.to_str().unwrap());
+    let threads = run(&[spec, "--results", &format!("{out}/threads")], &[]);
+    assert!(threads.status.success(), "{}", text(&threads));
+    let mpi = run(
+        &[
+            spec,
+            "--results",
+            &format!("{out}/mpi"),
+            "--launcher",
+            "mpirun",
+        ],
+        &[],
+    );
+    assert!(mpi.status.success(), "{}", text(&mpi));
+    let theirs = rows(&dir.join("threads"), "train_quick");
+    let ours = rows(&dir.join("mpi"), "train_quick");
+    assert_eq!(theirs.len(), 12);
+    assert_eq!(theirs.len(), ours.len());
+    let keys = kinds::by_name("train").unwrap().card().key_columns;
+    for (a, b) in theirs.iter().zip(&ours) {
+        assert_eq!(a.id(keys), b.id(keys));
+        for column in [
+            "first_loss",
+            "final_loss",
+            "max_rel_loss_diff",
+            "engine_peak_mib_per_rank",
+        ] {
+            assert_eq!(a.get(column), b.get(column), "{column}: {}", b.id(keys));
+        }
+        assert_eq!(b.get("transport"), Some("mpi"));
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

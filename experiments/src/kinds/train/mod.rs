@@ -25,7 +25,7 @@ use std::time::Instant;
 use strategies::Partition;
 use workbench::dtype::{Dtype, Precision};
 use workbench::model::lazy::seeded;
-use workbench::train::train;
+use workbench::train::{Progress, StepLog, Watched, train, train_on};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
 type Train = Autodiff<Flex>;

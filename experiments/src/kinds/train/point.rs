@@ -59,6 +59,24 @@ impl Plan for TrainPlan {
         self.runs.iter().map(|r| Point::single(key(r))).collect()
     }
 
+    fn processes(&self, index: usize) -> Option<usize> {
+        Some(self.runs[index].ranks)
+    }
+
+    /// A run and the sweep's first run of its seed and element type (its loss baseline) share a
+    /// shard.
+    fn shard_group(&self, point: &Point) -> Record {
+        Record(
+            point
+                .key
+                .0
+                .iter()
+                .filter(|(c, _)| c == "seed" || c == "dtype")
+                .cloned()
+                .collect(),
+        )
+    }
+
     fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
         let run = self.runs[index];
         let tokenizer = Tokenizer::line_retrieval();
@@ -98,28 +116,39 @@ impl Plan for TrainPlan {
         let tokens = Mutex::new(0usize);
         let engine_peak = Mutex::new(0u64);
         let start = Instant::now();
-        let trained = train(
-            model,
-            run.strategy,
-            &options,
-            |step| {
-                prompts
-                    .batch(&tokenizer, step)
-                    .expect("the piece tokenizer encodes any text")
-            },
-            |log| {
-                *tokens.lock().expect("tokens") += log.tokens;
-                let mut peak = engine_peak.lock().expect("peak");
-                *peak = (*peak).max(log.engine_peak_bytes);
-                context.bar.set_message(format!(
-                    "{} step {} loss {:.4}",
-                    key(&run).id(KEYS),
-                    log.step,
-                    log.loss
-                ));
-            },
-            &AtomicBool::new(false),
-        )?;
+        let batch_for = |step| {
+            prompts
+                .batch(&tokenizer, step)
+                .expect("the piece tokenizer encodes any text")
+        };
+        let on_step = |log: &StepLog| {
+            *tokens.lock().expect("tokens") += log.tokens;
+            let mut peak = engine_peak.lock().expect("peak");
+            *peak = (*peak).max(log.engine_peak_bytes);
+            context.bar.set_message(format!(
+                "{} step {} loss {:.4}",
+                key(&run).id(KEYS),
+                log.step,
+                log.loss
+            ));
+        };
+        let never = AtomicBool::new(false);
+        // In a process launched as one rank of the point's job, this rank's share of the run; rank 0
+        // alone gets the model back and writes the row (and the curves).
+        let trained = match crate::mpi_rank::world_comm(options.timeout)? {
+            Some(comm) => {
+                let watched = Watched {
+                    on_step: &on_step,
+                    stop: &never,
+                    progress: Progress::default(),
+                };
+                match train_on(comm, model, run.strategy, &options, batch_for, watched)? {
+                    Some(trained) => trained,
+                    None => return Ok(Vec::new()),
+                }
+            }
+            None => train(model, run.strategy, &options, batch_for, on_step, &never)?,
+        };
         let wall = start.elapsed().as_secs_f64();
         let losses = trained.losses;
         let curves_path = context.dir.join(CURVES);
