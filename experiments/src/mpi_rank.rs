@@ -183,3 +183,41 @@ pub fn world_comm(timeout: Duration) -> Result<Option<Comm>> {
     let _ = timeout;
     Ok(None)
 }
+
+/// This process's rank while it holds a [`ProcessWorld`] (a launched point's process); `None` in a
+/// process whose ranks are threads. A launched kind computes its row's local parts (baselines on
+/// threads, float64 checks) on rank 0 only: the other ranks' rows are not written.
+pub fn launched_rank() -> Option<usize> {
+    #[cfg(feature = "mpi")]
+    if in_process_world() {
+        use mpi::traits::Communicator;
+        return Some(mpi::topology::SimpleCommunicator::world().rank() as usize);
+    }
+    None
+}
+
+/// `prompts` decoded as `decoding` says: its ranks on threads, or, in a launched point's process and
+/// with a KV cache, this process's rank over MPI, every rank's merge and cache bytes then gathered
+/// to every process so that the result reads as the threads' does.
+pub fn decode_here<B: workbench::LayerBackend>(
+    model: &workbench::model::Llama<B>,
+    prompts: &[workbench::train::Prompt],
+    decoding: &workbench::train::Decoding,
+) -> Result<workbench::train::Decoded> {
+    if decoding.cache.is_some()
+        && let Some(comm) = world_comm(decoding.timeout)?
+    {
+        let rank = comm.rank();
+        let mut decoded = workbench::train::decode_on(comm, model, prompts, decoding)?;
+        let mut gather = world_comm(decoding.timeout)?
+            .ok_or_else(|| anyhow::anyhow!("the process world ended during a decoding"))?;
+        let words = gather.all_gather_words(&[
+            decoded.decode_bytes.get(rank).copied().unwrap_or(0),
+            decoded.cache_bytes.get(rank).copied().unwrap_or(0),
+        ])?;
+        decoded.decode_bytes = words.iter().map(|w| w[0]).collect();
+        decoded.cache_bytes = words.iter().map(|w| w[1]).collect();
+        return Ok(decoded);
+    }
+    Ok(workbench::train::decode(model, prompts, decoding)?)
+}

@@ -12,7 +12,6 @@ use std::process::Output;
 #[cfg(feature = "mpi")]
 use std::time::{Duration, Instant};
 
-#[cfg(feature = "mpi")]
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -29,7 +28,8 @@ fn rows(dir: &Path, name: &str) -> Vec<Record> {
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_ringbench"));
-    command.arg("run").args(args);
+    // Specs name checkpoints relative to the repository root, as the README's commands run.
+    command.current_dir(workspace()).arg("run").args(args);
     for (k, v) in env {
         command.env(k, v);
     }
@@ -331,6 +331,91 @@ fn training_points_under_mpirun_give_the_thread_runs_losses() {
             assert_eq!(a.get(column), b.get(column), "{column}: {}", b.id(keys));
         }
         assert_eq!(b.get("transport"), Some("mpi"));
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Without the `mpi` feature, a launcher is refused before any point runs, naming the feature.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn a_launcher_needs_the_mpi_feature() {
+    let dir = temp_dir("launch-no-mpi");
+    let spec = small_spec(&dir, 60);
+    let o = ringbench(&["run", spec.to_str().unwrap(), "--launcher", "srun"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("`mpi` feature"), "{}", text(&o));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Decoding points launched as processes (the KV cache sharded over processes, merged over MPI)
+/// count the thread run's bytes and cache, and stay within the decode bound of the recompute's
+/// logits; retrieval points give the thread run's replies, scored alike.
+#[cfg(feature = "mpi")]
+#[test]
+fn decoding_and_retrieval_points_under_mpirun_match_the_thread_runs() {
+    let dir = temp_dir("launch-decode");
+    for (name, columns) in [
+        (
+            "decode_quick",
+            &[
+                "bytes_per_token_per_rank",
+                "cache_bytes_per_rank",
+                "cache_keys_max_over_mean",
+            ][..],
+        ),
+        (
+            "retrieval_quick",
+            &["cases", "correct", "accuracy", "near_ties", "prompt_tokens"][..],
+        ),
+    ] {
+        let spec = workspace().join(format!("experiments/{name}.toml"));
+        let (spec, out) = (spec.to_str().unwrap(), dir.to_str().unwrap());
+        let threads = run(&[spec, "--results", &format!("{out}/threads")], &[]);
+        assert!(threads.status.success(), "{}", text(&threads));
+        let mpi = run(
+            &[
+                spec,
+                "--results",
+                &format!("{out}/mpi"),
+                "--launcher",
+                "mpirun",
+            ],
+            &[],
+        );
+        assert!(mpi.status.success(), "{}", text(&mpi));
+        let theirs = rows(&dir.join("threads"), name);
+        let ours = rows(&dir.join("mpi"), name);
+        assert!(!theirs.is_empty());
+        assert_eq!(theirs.len(), ours.len());
+        let keys = kinds::by_name(if name == "decode_quick" {
+            "decode"
+        } else {
+            "retrieval"
+        })
+        .unwrap()
+        .card()
+        .key_columns;
+        for (a, b) in theirs.iter().zip(&ours) {
+            assert_eq!(a.id(keys), b.id(keys));
+            for column in columns {
+                assert_eq!(
+                    a.get(column),
+                    b.get(column),
+                    "{name} {column}: {}",
+                    b.id(keys)
+                );
+            }
+            assert_eq!(b.get("transport"), Some("mpi"));
+            if name == "decode_quick" {
+                // The decode suite's bound on the cached logits against the recompute.
+                let error = b.num("max_rel_error");
+                assert!(
+                    error <= reference::bounds::F32_ATTENTION,
+                    "{error}: {}",
+                    b.id(keys)
+                );
+            }
+        }
     }
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -5,6 +5,7 @@
 
 use super::experiment::{Card, Check, Column, Experiment, Plan, Point, PointContext};
 use crate::line_retrieval::ModelSpec;
+use crate::mpi_rank::{decode_here, launched_rank};
 use crate::plot::{Axis, Chart, Panel, Scale, panels};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
@@ -347,24 +348,36 @@ impl Plan for DecodePlan {
             .collect()
     }
 
+    fn processes(&self, index: usize) -> Option<usize> {
+        Some(self.points[index].ranks)
+    }
+
     fn compute(&mut self, index: usize, _: &PointContext) -> Result<Vec<Record>> {
         let point = self.points[index];
         let decoding = self.decoding(&point);
+        // Launched as processes, the cached decodings run over MPI on every rank; the recompute
+        // baseline and the float64 check run on rank 0's threads alone (its row is the one written).
+        let rank0 = launched_rank().is_none_or(|r| r == 0);
         if !self.warmed {
             let short = prompt(point.prompt_len.min(256), self.measure.vocab);
-            decode(&self.model, std::slice::from_ref(&short), &decoding)?;
-            decode(
-                &self.model,
-                &[short],
-                &Decoding {
-                    cache: None,
-                    ..decoding
-                },
-            )?;
+            decode_here(&self.model, std::slice::from_ref(&short), &decoding)?;
+            if rank0 {
+                decode(
+                    &self.model,
+                    &[short],
+                    &Decoding {
+                        cache: None,
+                        ..decoding
+                    },
+                )?;
+            }
             self.warmed = true;
         }
         let prompt = prompt(point.prompt_len, self.measure.vocab);
-        let cached = decode(&self.model, std::slice::from_ref(&prompt), &decoding)?;
+        let cached = decode_here(&self.model, std::slice::from_ref(&prompt), &decoding)?;
+        if !rank0 {
+            return Ok(Vec::new());
+        }
         let steps = cached.decoded_tokens[0];
         let decode_rate = if steps == 0 {
             0.0

@@ -7,6 +7,7 @@ use super::experiment::{Card, Check, Column, Experiment, Plan, Point, PointConte
 use crate::line_retrieval::{
     Evaluation, decoding, evaluate, pretrained_options, start::load_trained, trained_lines,
 };
+use crate::mpi_rank::decode_here;
 use crate::plot::{Axis, Chart, Panel, Scale, panels};
 use crate::pretrained::is_gguf;
 use crate::results::{Record, Table};
@@ -20,7 +21,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use strategies::Partition;
 use workbench::model::Llama;
-use workbench::train::{Decoded, Decoding, decode};
+use workbench::train::{Decoded, Decoding};
 
 /// The kind.
 pub struct Retrieval;
@@ -343,6 +344,10 @@ impl Plan for RetrievalPlan {
             .collect()
     }
 
+    fn processes(&self, _index: usize) -> Option<usize> {
+        Some(self.decode.ranks)
+    }
+
     fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
         let (m, l) = self.points[index];
         let (ranks, batch, partition) = (self.decode.ranks, self.decode.batch, self.partition);
@@ -367,7 +372,7 @@ impl Plan for RetrievalPlan {
             loaded.chat.as_ref(),
             &cases,
             |prompts| {
-                let decoded = decode(&loaded.model, prompts, &decoding)?;
+                let decoded = decode_here(&loaded.model, prompts, &decoding)?;
                 for i in 0..prompts.len() {
                     near_ties += usize::from(has_near_tie(&decoded, i)?);
                 }
