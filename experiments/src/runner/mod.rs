@@ -366,8 +366,12 @@ pub fn run_with(path: &Path, results: &Path, options: &RunOptions) -> Result<Run
     let kept = mine.iter().filter(|&&m| m).count() - todo.len();
     if !options.quiet {
         println!("{md}");
+        let failed = match failed {
+            0 => String::new(),
+            n => format!(" ({n} of them failed)"),
+        };
         println!(
-            "{}: {} points computed ({failed} failed), {kept} kept from an earlier run",
+            "{}: {} points computed{failed}, {kept} kept from an earlier run",
             dir.display(),
             todo.len()
         );
