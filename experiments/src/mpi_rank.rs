@@ -165,20 +165,36 @@ pub fn local_rank() -> Option<usize> {
         .find_map(|v| std::env::var(v).ok()?.parse().ok())
 }
 
+/// The longest a launched rank waits for a peer, whatever a job asks ([`set_rank_timeout`]).
+static RANK_TIMEOUT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+/// Caps every wait of this process's ranks for a peer at `timeout`: a launched point's processes
+/// wait less than the launcher's deadline, so that a silent rank is named by its peers' timeout
+/// before the whole job is stopped.
+pub fn set_rank_timeout(timeout: Duration) {
+    let _ = RANK_TIMEOUT.set(timeout);
+}
+
 /// While a [`ProcessWorld`] is held: a communicator of every process of the job, its own (a
-/// duplicate of the world, so that no message of one job can match a receive of another), after a
-/// barrier, so that the job's ranks start together. `None` otherwise: the caller runs its ranks on
-/// threads.
+/// duplicate of the world, so that no message of one job can match a receive of another), made
+/// after a barrier with a timeout, so that the job's ranks start together and a rank that never
+/// arrives is named. `None` otherwise: the caller runs its ranks on threads.
 pub fn world_comm(timeout: Duration) -> Result<Option<Comm>> {
+    let timeout = RANK_TIMEOUT.get().map_or(timeout, |cap| timeout.min(*cap));
     #[cfg(feature = "mpi")]
     if PROCESS_WORLD.load(std::sync::atomic::Ordering::SeqCst) {
         use mpi::topology::SimpleCommunicator;
         use mpi::traits::Communicator;
         use workbench::transport::mpi::MpiTransport;
+        // MPI's own collectives wait forever: the barrier goes through the transport's deadline
+        // first, and the duplicate (collective) is made once every rank is known to be there.
+        let mut arrival = Comm::new(Box::new(MpiTransport::new(
+            SimpleCommunicator::world(),
+            timeout,
+        )));
+        arrival.barrier()?;
         let own = SimpleCommunicator::world().duplicate();
-        let mut comm = Comm::new(Box::new(MpiTransport::new(own, timeout)));
-        comm.barrier()?;
-        return Ok(Some(comm));
+        return Ok(Some(Comm::new(Box::new(MpiTransport::new(own, timeout)))));
     }
     let _ = timeout;
     Ok(None)

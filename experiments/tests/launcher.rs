@@ -159,10 +159,11 @@ fn a_killed_rank_fails_its_point_and_the_rerun_computes_only_it() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// A rank that hangs: its job is stopped at the spec's deadline and recorded as failed.
+/// A rank that hangs: its peers stop waiting for it before the spec's deadline (their wait is
+/// capped at 3/4 of it), naming it, and the point is recorded as failed.
 #[cfg(feature = "mpi")]
 #[test]
-fn a_hung_rank_is_stopped_at_the_deadline() {
+fn a_hung_rank_is_named_by_its_peers_before_the_deadline() {
     let dir = temp_dir("launch-hung");
     let deadline = 10;
     let spec = small_spec(&dir, deadline);
@@ -177,8 +178,10 @@ fn a_hung_rank_is_stopped_at_the_deadline() {
     assert!(!run.status.success());
     let table = rows(&dir, "small");
     let status = table[3].get("status").unwrap();
+    // Whichever peer's wait ends first says it.
     assert!(
-        status.starts_with("failed: no result within the deadline of 10 s"),
+        status.starts_with("failed: rank ")
+            && status.contains(": no message from rank 1 within 7.5 s"),
         "{status}"
     );
     std::fs::remove_dir_all(dir).unwrap();

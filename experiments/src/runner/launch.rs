@@ -60,6 +60,10 @@ pub const KILL_POINT: &str = "RINGBENCH_KILL_POINT";
 /// stalled rank.
 pub const HANG_POINT: &str = "RINGBENCH_HANG_POINT";
 
+/// The share of the deadline a launched rank waits for a peer: a rank that goes silent is named by
+/// its peers' timeout before the deadline stops the job.
+const RANK_TIMEOUT_SHARE: f64 = 0.75;
+
 /// How a run's points are started.
 #[derive(Debug, Clone)]
 pub struct Launcher {
@@ -207,6 +211,11 @@ impl Launcher {
             .arg("--out")
             .arg(absolute(&rows_path)?)
             .args(["--spec-hash", job.spec_hash])
+            // Peers give up on a silent rank, naming it, before the deadline stops the job.
+            .args([
+                "--rank-timeout",
+                &(self.deadline.as_secs_f64() * RANK_TIMEOUT_SHARE).to_string(),
+            ])
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -285,8 +294,14 @@ fn stop_group(child: &mut std::process::Child) {
 /// signal S`; srun: `task R: Killed`), else the output's last line and the exit status.
 pub fn failure_reason(log: &str, status: ExitStatus, launcher: LauncherName) -> String {
     let lines = || log.lines().map(str::trim).filter(|l| !l.is_empty());
-    if let Some(line) = lines().find_map(|l| l.split_once("error: MPI rank ")) {
-        return format!("rank {}", line.1);
+    if let Some((_, said)) = lines().find_map(|l| l.split_once("error: MPI rank ")) {
+        // `R: message`; a transport error already starts with `rank R:`.
+        let (rank, message) = said.split_once(':').unwrap_or((said, ""));
+        let message = message.trim_start();
+        return match message.starts_with(&format!("rank {rank}:")) {
+            true => message.to_owned(),
+            false => format!("rank {rank}: {message}"),
+        };
     }
     // "mpirun noticed that process rank 2 with PID 77 on node n exited on signal 9 (Killed)."
     if let Some(line) = lines().find(|l| l.contains("process rank") && l.contains("on signal")) {
@@ -320,4 +335,42 @@ pub fn fault_here(variable: &str, index: usize) -> Option<usize> {
     (point.trim().parse::<usize>().ok()? == index)
         .then(|| rank.trim().parse().ok())
         .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    /// The reason names the rank once, from the first rank's own line, the launcher's line about a
+    /// dead rank, or the last line.
+    #[test]
+    fn a_failed_jobs_reason_names_its_rank() {
+        let failed = ExitStatus::from_raw(1 << 8);
+        for (log, reason) in [
+            (
+                "noise\nerror: MPI rank 2: rank 2: no message from rank 1 within 7.5 s\n",
+                "rank 2: no message from rank 1 within 7.5 s",
+            ),
+            (
+                "error: MPI rank 3: point 9 asked for; the spec has 4\n",
+                "rank 3: point 9 asked for; the spec has 4",
+            ),
+            (
+                "-----\nmpirun noticed that process rank 2 with PID 0 on node vm exited on signal 9 (Killed).\n-----\n",
+                "rank 2 died on signal 9 (Killed) (mpirun)",
+            ),
+            ("srun: error: vm: task 1: Killed\n", "rank 1: Killed (srun)"),
+            (
+                "something\nlast words\n",
+                "mpirun exited with exit status: 1: last words",
+            ),
+        ] {
+            let launcher = match log.starts_with("srun") {
+                true => LauncherName::Srun,
+                false => LauncherName::Mpirun,
+            };
+            assert_eq!(failure_reason(log, failed, launcher), reason, "{log}");
+        }
+    }
 }

@@ -27,11 +27,18 @@ pub struct PointArgs {
     /// The settings hash the runner planned with; another spec's is refused.
     #[arg(long)]
     pub spec_hash: String,
+    /// Seconds a rank waits for a peer at most (below the launcher's deadline, so that the peers
+    /// of a silent rank name it).
+    #[arg(long)]
+    pub rank_timeout: Option<f64>,
 }
 
 /// Computes the point as this process's rank. A rank that fails prints its error and ends the job
 /// at once ([`ProcessWorld::abort`]).
 pub fn run_point(args: &PointArgs) -> Result<()> {
+    if let Some(seconds) = args.rank_timeout.filter(|s| s.is_finite() && *s > 0.0) {
+        crate::mpi_rank::set_rank_timeout(std::time::Duration::from_secs_f64(seconds));
+    }
     let world = ProcessWorld::start()?;
     let rows = match compute(args, &world) {
         Ok(rows) => rows,
