@@ -1,4 +1,5 @@
-//! Where a command's ranks run: in-process threads, or one process per rank under `mpirun`.
+//! Where ranks run: in-process threads, or one process per rank under a launcher (`mpirun`,
+//! `srun`), for one command or for every job of a launched sweep point ([`ProcessWorld`]).
 
 use anyhow::Result;
 #[cfg(not(feature = "mpi"))]
@@ -34,15 +35,7 @@ pub fn as_mpi_rank<T, E: std::fmt::Display>(
         return match body(comm) {
             Ok(output) => Ok(Some((rank, output))),
             Err(e) => {
-                // One write: `eprintln!` writes each formatted piece separately, and mpirun may
-                // print the abort's banner between two of them, splitting the line.
-                use std::io::Write;
-                let line = format!("error: MPI rank {rank}: {e}\n");
-                let mut stderr = std::io::stderr().lock();
-                let _ = stderr
-                    .write_all(line.as_bytes())
-                    .and_then(|()| stderr.flush());
-                drop(stderr);
+                say_rank_error(rank, &e);
                 universe.world().abort(1)
             }
         };
@@ -56,6 +49,18 @@ pub fn as_mpi_rank<T, E: std::fmt::Display>(
         );
     }
     Ok(None)
+}
+
+/// Prints `error: MPI rank R: ...` in one write: `eprintln!` writes each formatted piece
+/// separately, and mpirun may print an abort's banner between two of them, splitting the line (the
+/// runner reads a failed job's reason from it).
+fn say_rank_error(rank: usize, error: &dyn std::fmt::Display) {
+    use std::io::Write;
+    let line = format!("error: MPI rank {rank}: {error}\n");
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr
+        .write_all(line.as_bytes())
+        .and_then(|()| stderr.flush());
 }
 
 /// This process's rank as an MPI launcher says in the environment (Open MPI, MPICH, PMIx), read
@@ -117,13 +122,7 @@ impl ProcessWorld {
     /// Ends the whole job at once after printing `error` as this rank's (one line, so that the
     /// launcher's banner cannot split it), so that its peers do not wait for a timeout.
     pub fn abort(&self, error: &dyn std::fmt::Display) -> ! {
-        use std::io::Write;
-        let line = format!("error: MPI rank {}: {error}\n", self.rank);
-        let mut stderr = std::io::stderr().lock();
-        let _ = stderr
-            .write_all(line.as_bytes())
-            .and_then(|()| stderr.flush());
-        drop(stderr);
+        say_rank_error(self.rank, error);
         #[cfg(feature = "mpi")]
         {
             use mpi::traits::Communicator;
