@@ -68,6 +68,23 @@ fn same_exact_columns(theirs: &[Record], ours: &[Record], transport: &str) {
     }
 }
 
+/// The committed spec `experiments/NAME.toml` run on threads, then with every point under
+/// mpirun, into `dir/threads` and `dir/mpi`: both tables, each run having exited 0.
+#[cfg(feature = "mpi")]
+fn threads_then_mpirun(dir: &Path, name: &str) -> (Vec<Record>, Vec<Record>) {
+    let spec = workspace().join(format!("experiments/{name}.toml"));
+    let (spec, out) = (spec.to_str().unwrap(), dir.to_str().unwrap());
+    for (sub, launcher) in [("threads", "threads"), ("mpi", "mpirun")] {
+        let results = format!("{out}/{sub}");
+        let o = run(&[spec, "--results", &results, "--launcher", launcher], &[]);
+        assert!(o.status.success(), "{launcher}: {}", text(&o));
+    }
+    (
+        rows(&dir.join("threads"), name),
+        rows(&dir.join("mpi"), name),
+    )
+}
+
 /// A small spec: 2 strategies × 1 and 4 ranks (the 4-rank points are indices 2 and 3).
 fn small_spec(dir: &Path, deadline_seconds: u32) -> PathBuf {
     let spec = dir.join("small.toml");
@@ -89,25 +106,10 @@ fn small_spec(dir: &Path, deadline_seconds: u32) -> PathBuf {
 #[test]
 fn ablation_under_mpirun_has_the_thread_runs_exact_columns() {
     let dir = temp_dir("launch-ablation");
-    let spec = workspace().join("experiments/ablation_quick.toml");
-    let (spec, out) = (spec.to_str().unwrap(), dir.to_str().unwrap());
-    let threads = run(&[spec, "--results", &format!("{out}/threads")], &[]);
-    assert!(threads.status.success(), "{}", text(&threads));
-    let mpi = run(
-        &[
-            spec,
-            "--results",
-            &format!("{out}/mpi"),
-            "--launcher",
-            "mpirun",
-        ],
-        &[],
-    );
-    assert!(mpi.status.success(), "{}", text(&mpi));
-    let theirs = rows(&dir.join("threads"), "ablation_quick");
+    let (theirs, ours) = threads_then_mpirun(&dir, "ablation_quick");
     assert_eq!(theirs.len(), 72);
     assert!(theirs.iter().all(|r| r.get("transport") == Some("threads")));
-    same_exact_columns(&theirs, &rows(&dir.join("mpi"), "ablation_quick"), "mpi");
+    same_exact_columns(&theirs, &ours, "mpi");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -303,23 +305,7 @@ fn the_launcher_table_is_not_part_of_the_settings_hash() {
 #[test]
 fn training_points_under_mpirun_give_the_thread_runs_losses() {
     let dir = temp_dir("launch-train");
-    let spec = workspace().join("experiments/train_quick.toml");
-    let (spec, out) = (spec.to_str().unwrap(), dir.to_str().unwrap());
-    let threads = run(&[spec, "--results", &format!("{out}/threads")], &[]);
-    assert!(threads.status.success(), "{}", text(&threads));
-    let mpi = run(
-        &[
-            spec,
-            "--results",
-            &format!("{out}/mpi"),
-            "--launcher",
-            "mpirun",
-        ],
-        &[],
-    );
-    assert!(mpi.status.success(), "{}", text(&mpi));
-    let theirs = rows(&dir.join("threads"), "train_quick");
-    let ours = rows(&dir.join("mpi"), "train_quick");
+    let (theirs, ours) = threads_then_mpirun(&dir, "train_quick");
     assert_eq!(theirs.len(), 12);
     assert_eq!(theirs.len(), ours.len());
     let keys = kinds::by_name("train").unwrap().card().key_columns;
@@ -371,23 +357,7 @@ fn decoding_and_retrieval_points_under_mpirun_match_the_thread_runs() {
             &["cases", "correct", "accuracy", "near_ties", "prompt_tokens"][..],
         ),
     ] {
-        let spec = workspace().join(format!("experiments/{name}.toml"));
-        let (spec, out) = (spec.to_str().unwrap(), dir.to_str().unwrap());
-        let threads = run(&[spec, "--results", &format!("{out}/threads")], &[]);
-        assert!(threads.status.success(), "{}", text(&threads));
-        let mpi = run(
-            &[
-                spec,
-                "--results",
-                &format!("{out}/mpi"),
-                "--launcher",
-                "mpirun",
-            ],
-            &[],
-        );
-        assert!(mpi.status.success(), "{}", text(&mpi));
-        let theirs = rows(&dir.join("threads"), name);
-        let ours = rows(&dir.join("mpi"), name);
+        let (theirs, ours) = threads_then_mpirun(&dir.join(name), name);
         assert!(!theirs.is_empty());
         assert_eq!(theirs.len(), ours.len());
         let keys = kinds::by_name(if name == "decode_quick" {

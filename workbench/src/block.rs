@@ -43,6 +43,51 @@ pub enum BlockKind {
     DSinks,
 }
 
+impl BlockKind {
+    /// Every kind, at its code ([`BlockKind::code`] is the inverse): how a kind travels on a wire
+    /// or in gathered accounts.
+    pub const ALL: [BlockKind; 13] = [
+        BlockKind::K,
+        BlockKind::V,
+        BlockKind::Q,
+        BlockKind::DOut,
+        BlockKind::Lse,
+        BlockKind::Delta,
+        BlockKind::DK,
+        BlockKind::DV,
+        BlockKind::DQ,
+        BlockKind::Reduce,
+        BlockKind::Sinks,
+        BlockKind::DSinks,
+        BlockKind::Out,
+    ];
+
+    /// Its code: its index in [`BlockKind::ALL`]. The match is exhaustive, so that a new kind
+    /// cannot travel as another.
+    pub fn code(self) -> usize {
+        match self {
+            BlockKind::K => 0,
+            BlockKind::V => 1,
+            BlockKind::Q => 2,
+            BlockKind::DOut => 3,
+            BlockKind::Lse => 4,
+            BlockKind::Delta => 5,
+            BlockKind::DK => 6,
+            BlockKind::DV => 7,
+            BlockKind::DQ => 8,
+            BlockKind::Reduce => 9,
+            BlockKind::Sinks => 10,
+            BlockKind::DSinks => 11,
+            BlockKind::Out => 12,
+        }
+    }
+
+    /// The kind of `code`, if it is one.
+    pub fn from_code(code: usize) -> Option<BlockKind> {
+        BlockKind::ALL.get(code).copied()
+    }
+}
+
 /// Where a block's values live.
 #[derive(Clone)]
 enum Values {

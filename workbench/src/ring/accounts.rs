@@ -14,22 +14,6 @@ const PHASES: [Phase; 5] = [
     Phase::Decode,
 ];
 
-const KINDS: [BlockKind; 13] = [
-    BlockKind::K,
-    BlockKind::V,
-    BlockKind::Q,
-    BlockKind::DOut,
-    BlockKind::Out,
-    BlockKind::Lse,
-    BlockKind::Delta,
-    BlockKind::DK,
-    BlockKind::DV,
-    BlockKind::DQ,
-    BlockKind::Reduce,
-    BlockKind::Sinks,
-    BlockKind::DSinks,
-];
-
 /// What one rank accounted for in a job.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RankAccounts {
@@ -66,7 +50,7 @@ impl RankAccounts {
             w.extend([
                 code(&PHASES, &s.phase),
                 s.step as u64,
-                code(&KINDS, &s.kind),
+                s.kind.code() as u64,
                 s.bytes,
             ]);
         }
@@ -109,7 +93,7 @@ impl RankAccounts {
             traffic.sends.push(SendRecord {
                 phase: phase(next()?)?,
                 step: next()? as usize,
-                kind: KINDS.get(next()? as usize).copied()?,
+                kind: BlockKind::from_code(next()? as usize)?,
                 bytes: next()?,
             });
         }

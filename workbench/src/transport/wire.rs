@@ -9,43 +9,6 @@ use crate::error::TransportError;
 use half::bf16;
 use std::sync::Arc;
 
-/// Every kind, at its code on the wire ([`code`] is the inverse).
-const KINDS: [BlockKind; 13] = [
-    BlockKind::K,
-    BlockKind::V,
-    BlockKind::Q,
-    BlockKind::DOut,
-    BlockKind::Lse,
-    BlockKind::Delta,
-    BlockKind::DK,
-    BlockKind::DV,
-    BlockKind::DQ,
-    BlockKind::Reduce,
-    BlockKind::Sinks,
-    BlockKind::DSinks,
-    BlockKind::Out,
-];
-
-/// A kind's code on the wire: its index in [`KINDS`]. The match is exhaustive, so that a new kind
-/// cannot travel as another.
-fn code(kind: BlockKind) -> usize {
-    match kind {
-        BlockKind::K => 0,
-        BlockKind::V => 1,
-        BlockKind::Q => 2,
-        BlockKind::DOut => 3,
-        BlockKind::Lse => 4,
-        BlockKind::Delta => 5,
-        BlockKind::DK => 6,
-        BlockKind::DV => 7,
-        BlockKind::DQ => 8,
-        BlockKind::Reduce => 9,
-        BlockKind::Sinks => 10,
-        BlockKind::DSinks => 11,
-        BlockKind::Out => 12,
-    }
-}
-
 /// Words a block's values take: one an f32, one a pair of bf16 (the last one half empty when the
 /// count is odd).
 fn words(dtype: Dtype, len: usize) -> usize {
@@ -80,7 +43,7 @@ impl Head {
 pub(crate) fn header(payload: &Payload) -> Vec<f32> {
     let mut header = vec![payload.len() as f32];
     for b in payload {
-        header.push(code(b.kind) as f32);
+        header.push(b.kind.code() as f32);
         header.push(Dtype::ALL.iter().position(|d| *d == b.dtype()).unwrap_or(0) as f32);
         header.push(b.shape.len() as f32);
         header.extend(b.shape.iter().map(|&d| d as f32));
@@ -130,7 +93,7 @@ pub(crate) fn read_header(
     let blocks = next()?;
     let mut heads = Vec::with_capacity(blocks.min(message.len()));
     for _ in 0..blocks {
-        let kind = *KINDS.get(next()?).ok_or_else(bad)?;
+        let kind = BlockKind::from_code(next()?).ok_or_else(bad)?;
         let dtype = *Dtype::ALL.get(next()?).ok_or_else(bad)?;
         let ndim = next()?;
         let shape = (0..ndim).map(|_| next()).collect::<Result<Vec<_>, _>>()?;
@@ -202,8 +165,9 @@ mod tests {
 
     #[test]
     fn every_kind_has_its_own_code() {
-        for (at, &kind) in KINDS.iter().enumerate() {
-            assert_eq!(code(kind), at, "{kind:?}");
+        for (at, &kind) in BlockKind::ALL.iter().enumerate() {
+            assert_eq!(kind.code(), at, "{kind:?}");
+            assert_eq!(BlockKind::from_code(at), Some(kind));
         }
     }
 }
