@@ -1,12 +1,15 @@
 //! `balanced`: a layout solver for any mask. The sequence is cut into equal chunks (`chunks_per_rank`
 //! a rank; by default the most, up to 8, that divide a rank's share) and the chunks are assigned to
 //! ranks to minimize the ring's simulated time ([`crate::ring_time`]) for the workload's documents,
-//! window, causality and costs. It trades balance against the steps a pass needs: a windowed or
-//! packed mask keeps a rank's chunks near each other so the ring stops early, a plain causal one
-//! spreads them.
+//! masks, causality and costs, summed over the model's layers when they mask differently. It trades
+//! balance against the steps a pass needs: a windowed or packed mask keeps a rank's chunks near each
+//! other so the ring stops early, a plain causal one spreads them, and a model mixing the two (Gemma's
+//! local and global layers) gets one layout for both.
 //!
-//! The solve: three starts (contiguous and zig-zag as chunk assignments, and a longest-processing-
-//! time greedy that gives each chunk, heaviest first, to the least loaded rank with room), each
+//! The solve: four starts (contiguous, zig-zag and chunk-striped (chunk c on rank c mod N: a window
+//! no wider than a chunk needs 2 steps while the causal work spreads) as chunk assignments, and a
+//! longest-processing-time greedy that gives each chunk, heaviest first, to the least loaded rank
+//! with room), each
 //! improved by the best swap of a chunk of the busiest rank with a chunk of one of the least loaded
 //! ranks while a swap shortens the simulated pass; then the fastest of those and of the fixed layouts
 //! the length also accepts at token granularity (striped; zig-zag when its chunks do not line up with
@@ -14,8 +17,8 @@
 //! shards, as NCCL needs). Deterministic.
 
 use crate::partition::{Layout, Partition, Workload, check_ranks, require_divisible};
-use crate::ring_time::{Pass, cw_owner, simulate};
-use crate::visibility::windows;
+use crate::ring_time::{Pass, cw_owner, workload_time};
+use crate::visibility::{Mask, windows};
 use crate::{PartitionError, Striped, ZigZag};
 
 /// The most chunks a rank gets by default.
@@ -70,8 +73,7 @@ impl Balanced {
             }
             for partition in fixed {
                 if let Ok(layout) = partition.layout(seq_len, ranks) {
-                    let time = Pass::of(&layout, workload).simulate(workload).makespan;
-                    consider(time, layout.positions);
+                    consider(workload_time(&layout, workload), layout.positions);
                 }
             }
         }
@@ -146,11 +148,19 @@ impl Partition for Balanced {
         workload: &Workload,
     ) -> Result<Layout, PartitionError> {
         self.validate_packed(seq_len, workload.doc_lens, ranks)?;
+        workload.check(self.name())?;
         Ok(self.solve(seq_len, ranks, workload))
     }
 }
 
-/// The chunks' work: `pairs[i · k + j]` visible pairs of chunk i's queries against chunk j's keys.
+/// One mask's chunk work: `pairs[i · k + j]` visible pairs of chunk i's queries against chunk j's
+/// keys, and how many layers attend by it.
+struct MaskWork {
+    pairs: Vec<u64>,
+    layers: usize,
+}
+
+/// The chunks' work under every mask of the workload.
 struct Problem<'a> {
     ranks: usize,
     /// Chunks a rank holds.
@@ -159,61 +169,83 @@ struct Problem<'a> {
     k: usize,
     /// Tokens a chunk.
     size: usize,
-    pairs: Vec<u64>,
+    masks: Vec<MaskWork>,
     workload: &'a Workload<'a>,
+}
+
+/// Visible pairs of every chunk's queries against every chunk's keys under `mask`: per query window,
+/// whole key chunks inside it get `size` each (a difference array over chunks) and the chunks at its
+/// ends what they hold of it.
+fn chunk_pairs(seq_len: usize, k: usize, doc_lens: &[usize], mask: Mask) -> Vec<u64> {
+    let size = seq_len / k;
+    let mut pairs = vec![0u64; k * k];
+    for i in 0..k {
+        let queries: Vec<usize> = (i * size..(i + 1) * size).collect();
+        let row = &mut pairs[i * k..(i + 1) * k];
+        let mut whole = vec![0i64; k + 1];
+        for w in windows(&queries, seq_len, doc_lens, mask) {
+            let (first, last) = (w.lo / size, w.hi / size);
+            if first == last {
+                row[first] += (w.hi - w.lo + 1) as u64;
+                continue;
+            }
+            row[first] += ((first + 1) * size - w.lo) as u64;
+            row[last] += (w.hi - last * size + 1) as u64;
+            if first + 1 < last {
+                whole[first + 1] += size as i64;
+                whole[last] -= size as i64;
+            }
+        }
+        let mut running = 0i64;
+        for (cell, step) in row.iter_mut().zip(&whole) {
+            running += step;
+            *cell += running as u64;
+        }
+    }
+    pairs
 }
 
 impl<'a> Problem<'a> {
     fn new(seq_len: usize, ranks: usize, per_rank: usize, workload: &'a Workload<'a>) -> Self {
         let k = ranks * per_rank;
-        let size = seq_len / k;
-        let mut pairs = vec![0u64; k * k];
-        // Per query window, whole key chunks inside it get `size` each (a difference array over
-        // chunks) and the chunks at its ends what they hold of it.
-        for i in 0..k {
-            let queries: Vec<usize> = (i * size..(i + 1) * size).collect();
-            let row = &mut pairs[i * k..(i + 1) * k];
-            let mut whole = vec![0i64; k + 1];
-            for w in windows(&queries, seq_len, workload.doc_lens, workload.mask) {
-                let (first, last) = (w.lo / size, w.hi / size);
-                if first == last {
-                    row[first] += (w.hi - w.lo + 1) as u64;
-                    continue;
-                }
-                row[first] += ((first + 1) * size - w.lo) as u64;
-                row[last] += (w.hi - last * size + 1) as u64;
-                if first + 1 < last {
-                    whole[first + 1] += size as i64;
-                    whole[last] -= size as i64;
-                }
-            }
-            let mut running = 0i64;
-            for (cell, step) in row.iter_mut().zip(&whole) {
-                running += step;
-                *cell += running as u64;
-            }
-        }
+        let masks = workload
+            .masks
+            .iter()
+            .filter(|m| m.layers > 0)
+            .map(|m| MaskWork {
+                pairs: chunk_pairs(seq_len, k, workload.doc_lens, m.mask),
+                layers: m.layers,
+            })
+            .collect();
         Problem {
             ranks,
             per_rank,
             k,
-            size,
-            pairs,
+            size: seq_len / k,
+            masks,
             workload,
         }
     }
 
-    /// Chunk i's queries against chunk j's keys.
-    fn w(&self, i: usize, j: usize) -> u64 {
-        self.pairs[i * self.k + j]
+    /// Chunk i's queries against chunk j's keys under mask `m`.
+    fn w(&self, m: usize, i: usize, j: usize) -> u64 {
+        self.masks[m].pairs[i * self.k + j]
     }
 
-    /// The starts: contiguous chunks, zig-zag chunks (when a rank's chunks split in two), and the
-    /// longest-processing-time greedy; each as the chunks of every rank.
+    /// The starts: contiguous chunks, zig-zag chunks (when a rank's chunks split in two),
+    /// chunk-striped (when a rank has several), and the longest-processing-time greedy; each as the
+    /// chunks of every rank.
     fn starts(&self) -> Vec<Vec<Vec<usize>>> {
         let (n, m) = (self.ranks, self.per_rank);
         let contiguous = (0..n).map(|r| (r * m..(r + 1) * m).collect()).collect();
         let mut starts = vec![contiguous];
+        if m > 1 {
+            starts.push(
+                (0..n)
+                    .map(|r| (0..m).map(|i| i * n + r).collect())
+                    .collect(),
+            );
+        }
         if m.is_multiple_of(2) {
             let half = m / 2;
             starts.push(
@@ -227,8 +259,17 @@ impl<'a> Problem<'a> {
                     .collect(),
             );
         }
+        // A chunk's work: its pairs under every mask, times the layers that attend by it.
         let mut by_work: Vec<(u64, usize)> = (0..self.k)
-            .map(|i| ((0..self.k).map(|j| self.w(i, j)).sum(), i))
+            .map(|i| {
+                let work = (0..self.masks.len())
+                    .map(|m| {
+                        self.masks[m].layers as u64
+                            * (0..self.k).map(|j| self.w(m, i, j)).sum::<u64>()
+                    })
+                    .sum();
+                (work, i)
+            })
             .collect();
         by_work.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         let mut greedy: Vec<Vec<usize>> = vec![Vec::with_capacity(m); n];
@@ -264,23 +305,27 @@ impl<'a> Problem<'a> {
 /// A rank and the index of one of its chunks.
 type Slot = (usize, usize);
 
-/// An assignment and what it costs: `queries[r][j]`, rank r's queries against chunk j's keys, and
-/// `steps[r][s]`, its pairs at step s.
+/// An assignment and what it costs under each mask m: `queries[m][r][j]`, rank r's queries
+/// against chunk j's keys, and `steps[m][r][s]`, its pairs at step s.
 struct State<'a> {
     problem: &'a Problem<'a>,
     chunks: Vec<Vec<usize>>,
-    queries: Vec<Vec<u64>>,
-    steps: Vec<Vec<u64>>,
+    queries: Vec<Vec<Vec<u64>>>,
+    steps: Vec<Vec<Vec<u64>>>,
 }
 
 impl<'a> State<'a> {
     fn new(problem: &'a Problem<'a>, chunks: Vec<Vec<usize>>) -> Self {
         let k = problem.k;
-        let queries = chunks
-            .iter()
-            .map(|mine| {
-                (0..k)
-                    .map(|j| mine.iter().map(|&i| problem.w(i, j)).sum())
+        let queries = (0..problem.masks.len())
+            .map(|m| {
+                chunks
+                    .iter()
+                    .map(|mine| {
+                        (0..k)
+                            .map(|j| mine.iter().map(|&i| problem.w(m, i, j)).sum())
+                            .collect()
+                    })
                     .collect()
             })
             .collect();
@@ -290,37 +335,44 @@ impl<'a> State<'a> {
             queries,
             steps: Vec::new(),
         };
-        state.steps = (0..problem.ranks).map(|r| state.row(r)).collect();
+        state.steps = (0..problem.masks.len())
+            .map(|m| (0..problem.ranks).map(|r| state.row(m, r)).collect())
+            .collect();
         state
     }
 
-    /// Rank r's pairs at every step.
-    fn row(&self, r: usize) -> Vec<u64> {
+    /// Rank r's pairs at every step under mask m.
+    fn row(&self, m: usize, r: usize) -> Vec<u64> {
         let n = self.problem.ranks;
         (0..n)
             .map(|s| {
                 self.chunks[cw_owner(r, s, n)]
                     .iter()
-                    .map(|&j| self.queries[r][j])
+                    .map(|&j| self.queries[m][r][j])
                     .sum()
             })
             .collect()
     }
 
-    /// The simulated seconds of this assignment's pass.
+    /// The simulated seconds of this assignment: each mask's pass times its layers, summed.
     fn time(&self) -> f64 {
-        let pass = Pass::from_pairs(self.steps.clone());
-        let costs = self.problem.workload.costs;
-        let compute: Vec<Vec<f64>> = pass
-            .pairs
+        let costs = &self.problem.workload.costs;
+        self.steps
             .iter()
-            .map(|row| {
-                row.iter()
-                    .map(|&p| p as f64 * costs.seconds_per_pair)
-                    .collect()
+            .zip(&self.problem.masks)
+            .map(|(steps, mask)| {
+                mask.layers as f64 * Pass::from_pairs(steps.clone()).simulate(costs).makespan
             })
-            .collect();
-        simulate(&compute, costs.link_seconds).makespan
+            .sum()
+    }
+
+    /// Rank r's pairs over a pass, weighted by the layers of each mask.
+    fn load(&self, r: usize) -> u64 {
+        self.steps
+            .iter()
+            .zip(&self.problem.masks)
+            .map(|(steps, mask)| mask.layers as u64 * steps[r].iter().sum::<u64>())
+            .sum()
     }
 
     /// Swaps chunk slot `a` of rank `p` with slot `b` of rank `q` (its own inverse).
@@ -329,22 +381,29 @@ impl<'a> State<'a> {
         let (x, y) = (self.chunks[p][a], self.chunks[q][b]);
         self.chunks[p][a] = y;
         self.chunks[q][b] = x;
-        for j in 0..self.problem.k {
-            let (wx, wy) = (self.problem.w(x, j), self.problem.w(y, j));
-            self.queries[p][j] = self.queries[p][j] + wy - wx;
-            self.queries[q][j] = self.queries[q][j] + wx - wy;
-        }
-        // As keys: every rank holding p's or q's block at some step.
-        for r in 0..n {
-            if r == p || r == q {
-                continue;
+        for m in 0..self.problem.masks.len() {
+            let k = self.problem.k;
+            let pairs = &self.problem.masks[m].pairs;
+            let (row_x, row_y) = (&pairs[x * k..(x + 1) * k], &pairs[y * k..(y + 1) * k]);
+            for (j, (wx, wy)) in row_x.iter().zip(row_y).enumerate() {
+                let queries = &mut self.queries[m];
+                queries[p][j] = queries[p][j] + wy - wx;
+                queries[q][j] = queries[q][j] + wx - wy;
             }
-            let (sp, sq) = ((r + n - p) % n, (r + n - q) % n);
-            self.steps[r][sp] = self.steps[r][sp] + self.queries[r][y] - self.queries[r][x];
-            self.steps[r][sq] = self.steps[r][sq] + self.queries[r][x] - self.queries[r][y];
+            // As keys: every rank holding p's or q's block at some step.
+            for r in 0..n {
+                if r == p || r == q {
+                    continue;
+                }
+                let (sp, sq) = ((r + n - p) % n, (r + n - q) % n);
+                let (qx, qy) = (self.queries[m][r][x], self.queries[m][r][y]);
+                let steps = &mut self.steps[m][r];
+                steps[sp] = steps[sp] + qy - qx;
+                steps[sq] = steps[sq] + qx - qy;
+            }
+            self.steps[m][p] = self.row(m, p);
+            self.steps[m][q] = self.row(m, q);
         }
-        self.steps[p] = self.row(p);
-        self.steps[q] = self.row(q);
     }
 
     /// Applies the best swap between the busiest rank and the least loaded ones while it shortens
@@ -356,7 +415,7 @@ impl<'a> State<'a> {
         }
         let mut time = self.time();
         for _ in 0..MAX_ROUNDS {
-            let totals: Vec<u64> = self.steps.iter().map(|row| row.iter().sum()).collect();
+            let totals: Vec<u64> = (0..n).map(|r| self.load(r)).collect();
             let busiest = (0..n).max_by_key(|&r| (totals[r], n - r)).expect("ranks");
             let mut lightest: Vec<usize> = (0..n).filter(|&r| r != busiest).collect();
             lightest.sort_by_key(|&r| (totals[r], r));
@@ -389,8 +448,7 @@ impl<'a> State<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ring_time::makespan;
-    use crate::{Contiguous, work_per_rank};
+    use crate::{Contiguous, RingCosts, ZigZag, work_per_rank};
 
     /// Every position exactly once, the same number on every rank.
     fn assert_partition(layout: &Layout) {
@@ -408,10 +466,10 @@ mod tests {
         let problem = Problem::new(32, 2, 4, &workload);
         let chunk = |c: usize| (c * 4..(c + 1) * 4).collect::<Vec<_>>();
         for i in 0..8 {
-            let w = windows(&chunk(i), 32, &docs, workload.mask);
+            let w = windows(&chunk(i), 32, &docs, workload.masks[0].mask);
             for j in 0..8 {
                 assert_eq!(
-                    problem.w(i, j),
+                    problem.w(0, i, j),
                     crate::visible_pairs(&w, &chunk(j)),
                     "chunks {i}, {j}"
                 );
@@ -421,7 +479,13 @@ mod tests {
 
     #[test]
     fn a_swap_updates_the_steps_as_a_recount_would() {
-        let workload = Workload::causal(&[9, 23], Some(10), 8);
+        // Two masks: windowed layers and full ones, 3 to 1.
+        let window = Mask {
+            causal: true,
+            window: Some(10),
+        };
+        let layers = [window, window, Mask::causal(true), window];
+        let workload = Workload::of_layers(&[9, 23], layers, RingCosts::at_the_knee(8));
         let problem = Problem::new(32, 4, 2, &workload);
         let mut state = State::new(&problem, problem.starts().pop().unwrap());
         state.swap((1, 0), (3, 1));
@@ -435,9 +499,11 @@ mod tests {
             seq_len: 32,
             positions: problem.positions(&state.chunks),
         };
-        let pass = Pass::of(&layout, &workload);
-        let cut = Pass::from_pairs(state.steps.clone());
-        assert_eq!(pass, cut);
+        for (m, masked) in workload.masks.iter().enumerate() {
+            let pass = Pass::of(&layout, workload.doc_lens, masked.mask);
+            assert_eq!(pass, Pass::from_pairs(state.steps[m].clone()));
+        }
+        assert_eq!(state.time(), workload_time(&layout, &workload));
     }
 
     #[test]
@@ -454,9 +520,9 @@ mod tests {
                     .layout_for(512, ranks, &workload)
                     .unwrap();
                 assert_partition(&layout);
-                let ours = makespan(&layout, &workload);
+                let ours = workload_time(&layout, &workload);
                 for fixed in [&Contiguous as &dyn Partition, &Striped] {
-                    let theirs = makespan(&fixed.layout(512, ranks).unwrap(), &workload);
+                    let theirs = workload_time(&fixed.layout(512, ranks).unwrap(), &workload);
                     assert!(
                         ours <= theirs * (1.0 + 1e-12),
                         "{docs:?} {window:?} N={ranks}: {ours} against {} {theirs}",
@@ -469,15 +535,54 @@ mod tests {
 
     #[test]
     fn plain_causal_is_balanced_and_a_window_keeps_the_ring_short() {
-        let plain = Workload::causal(&[], None, 256);
+        // Compute-bound (a link 10× faster than a block's compute): balance is what counts. (At the
+        // knee the pass is link-bound and a slightly less even layout can finish first.)
+        let fast_link = RingCosts {
+            seconds_per_pair: 1.0,
+            link_seconds: 0.1 * 256.0 * 256.0,
+        };
+        let plain = Workload::single(&[], Mask::causal(true), fast_link);
         let layout = Balanced::default().layout_for(2048, 8, &plain).unwrap();
-        let work = work_per_rank(&layout, &[], plain.mask);
+        let work = work_per_rank(&layout, &[], plain.masks[0].mask);
         let (max, min) = (work.iter().max().unwrap(), work.iter().min().unwrap());
         assert!(*max as f64 <= 1.02 * *min as f64, "{work:?}");
         // A window of 1/16 of the sequence: a few steps, not all 8.
         let windowed = Workload::causal(&[], Some(128), 256);
         let layout = Balanced::default().layout_for(2048, 8, &windowed).unwrap();
-        assert!(Pass::of(&layout, &windowed).steps < 8);
+        assert!(Pass::of(&layout, &[], windowed.masks[0].mask).steps < 8);
+    }
+
+    #[test]
+    fn one_layout_for_windowed_and_full_layers_beats_every_fixed_one() {
+        // Gemma 2's 1:1 and Gemma 3's 5:1, a window of 1/32 of the sequence: contiguous is best for
+        // the windowed layers, zig-zag for the full ones, and one layout must serve both.
+        let window = Mask {
+            causal: true,
+            window: Some(64),
+        };
+        for windowed_per_full in [1, 5] {
+            let mut layers = vec![window; windowed_per_full];
+            layers.push(Mask::causal(true));
+            let workload = Workload::of_layers(&[], layers, RingCosts::at_the_knee(512));
+            let layout = Balanced::default().layout_for(2048, 4, &workload).unwrap();
+            assert_partition(&layout);
+            let ours = workload_time(&layout, &workload);
+            for fixed in [&Contiguous as &dyn Partition, &Striped, &ZigZag] {
+                let theirs = workload_time(&fixed.layout(2048, 4).unwrap(), &workload);
+                assert!(
+                    ours < 0.99 * theirs,
+                    "{windowed_per_full}:1: balanced {ours} against {} {theirs}",
+                    fixed.name()
+                );
+            }
+        }
+        let none = Workload::of_layers(&[], [], RingCosts::at_the_knee(512));
+        assert_eq!(
+            Balanced::default().layout_for(2048, 4, &none),
+            Err(PartitionError::NoLayers {
+                strategy: "balanced"
+            })
+        );
     }
 
     #[test]

@@ -5,6 +5,12 @@ use thiserror::Error;
 /// Why a layout cannot be made, or a strategy not found.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PartitionError {
+    /// A workload whose masks cover no layer: nothing for a work-aware strategy to balance.
+    #[error("{strategy} was given a workload of 0 layers (every mask has a layer count of 0)")]
+    NoLayers {
+        /// The strategy's name.
+        strategy: &'static str,
+    },
     /// Zero ranks: the one rule every layout checks first.
     #[error("ranks must be at least 1, got {ranks}")]
     NoRanks {

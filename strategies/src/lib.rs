@@ -23,7 +23,7 @@ pub use contiguous::Contiguous;
 pub use doc_zigzag::DocZigZag;
 pub use error::PartitionError;
 pub use partition::{
-    Layout, Partition, RingCosts, Workload, check_ranks, padded_grid_len, padded_len,
+    Layout, MaskedLayers, Partition, RingCosts, Workload, check_ranks, padded_grid_len, padded_len,
 };
 pub use registry::{by_name, names, register};
 pub use striped::Striped;

@@ -26,30 +26,88 @@ impl RingCosts {
     }
 }
 
-/// What a layout will be asked to compute: the documents packed in the sequence, the mask, and the
-/// ring's costs. A fixed strategy ignores it; a work-aware one ([`crate::Balanced`]) balances the
-/// ring's simulated time for it ([`crate::ring_time`]).
-#[derive(Debug, Clone, Copy)]
+/// Layers of a model that attend by one mask: the unit a model's attention is described in (a
+/// Gemma 3 is 5 windowed layers to 1 full one; a Mistral is all windowed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MaskedLayers {
+    /// What these layers' queries see.
+    pub mask: Mask,
+    /// How many layers attend by it.
+    pub layers: usize,
+}
+
+impl MaskedLayers {
+    /// Every layer's mask, in layer order, grouped into distinct masks (in order of first
+    /// appearance) with how many layers use each: a pass's time is a sum over layers, so the
+    /// order of layers does not change it.
+    pub fn group(masks: impl IntoIterator<Item = Mask>) -> Vec<MaskedLayers> {
+        let mut groups: Vec<MaskedLayers> = Vec::new();
+        for mask in masks {
+            match groups.iter_mut().find(|g| g.mask == mask) {
+                Some(group) => group.layers += 1,
+                None => groups.push(MaskedLayers { mask, layers: 1 }),
+            }
+        }
+        groups
+    }
+}
+
+/// What a layout will be asked to compute: the documents packed in the sequence, the masks of the
+/// model's layers, and the ring's costs. A fixed strategy ignores it; a work-aware one
+/// ([`crate::Balanced`]) minimizes the ring's simulated time summed over the layers
+/// ([`crate::ring_time::workload_time`]).
+#[derive(Debug, Clone)]
 pub struct Workload<'a> {
     /// Documents laid end to end (empty: one).
     pub doc_lens: &'a [usize],
-    /// Causality and the sliding window.
-    pub mask: Mask,
+    /// The model's masks and how many layers attend by each (one entry: every layer alike). A
+    /// layer count of 0 contributes nothing; a workload needs at least one layer.
+    pub masks: Vec<MaskedLayers>,
     /// The machine's costs.
     pub costs: RingCosts,
 }
 
 impl<'a> Workload<'a> {
-    /// A causal pass over documents `doc_lens` with an optional sliding `window`, at the knee for
-    /// blocks of `block` tokens.
+    /// One causal mask over documents `doc_lens` with an optional sliding `window`, at the knee
+    /// for blocks of `block` tokens.
     pub fn causal(doc_lens: &'a [usize], window: Option<usize>, block: usize) -> Self {
-        Workload {
+        Workload::single(
             doc_lens,
-            mask: Mask {
+            Mask {
                 causal: true,
                 window,
             },
-            costs: RingCosts::at_the_knee(block),
+            RingCosts::at_the_knee(block),
+        )
+    }
+
+    /// Every layer attending by `mask`.
+    pub fn single(doc_lens: &'a [usize], mask: Mask, costs: RingCosts) -> Self {
+        Workload {
+            doc_lens,
+            masks: vec![MaskedLayers { mask, layers: 1 }],
+            costs,
+        }
+    }
+
+    /// Layers attending by `masks`, grouped ([`MaskedLayers::group`]).
+    pub fn of_layers(
+        doc_lens: &'a [usize],
+        masks: impl IntoIterator<Item = Mask>,
+        costs: RingCosts,
+    ) -> Self {
+        Workload {
+            doc_lens,
+            masks: MaskedLayers::group(masks),
+            costs,
+        }
+    }
+
+    /// Layers in all: an error when there are none (nothing to balance for).
+    pub fn check(&self, strategy: &'static str) -> Result<usize, PartitionError> {
+        match self.masks.iter().map(|m| m.layers).sum() {
+            0 => Err(PartitionError::NoLayers { strategy }),
+            layers => Ok(layers),
         }
     }
 }

@@ -1,16 +1,17 @@
 //! The ring's simulated time for a layout: which rank's keys a rank holds at each step, the steps a
 //! pass needs (it stops once no rank can see the blocks further along, as the engine does), each
 //! (rank, step)'s visible pairs, and the discrete-event model of one pass that turns them into a
-//! makespan (the paper's §3 overlap argument made executable). The `balance` experiments report this
-//! time and the `balanced` strategy minimizes it: one definition for both.
+//! makespan (the paper's §3 overlap argument made executable). A model whose layers mask differently
+//! takes the sum over its layers ([`workload_time`]). The `balance` experiments report this time and
+//! the `balanced` strategy minimizes it: one definition for both.
 //!
 //! Rank r starts step s + 1 when its compute of step s is done and the block for step s + 1 has
 //! arrived; that block left rank r − 1 (clockwise) when r − 1 started step s, and takes the link's
 //! seconds to cross.
 
 use crate::Layout;
-use crate::partition::Workload;
-use crate::visibility::{Window, visible_pairs, windows};
+use crate::partition::{RingCosts, Workload};
+use crate::visibility::{Mask, Window, visible_pairs, windows};
 
 /// The rank whose keys rank `rank` holds at step `step` of a clockwise ring of `world` ranks (blocks
 /// travel to rank + 1).
@@ -83,12 +84,12 @@ pub struct Pass {
 }
 
 impl Pass {
-    /// The pass of `layout` under `workload`'s documents and mask (clockwise).
-    pub fn of(layout: &Layout, workload: &Workload) -> Pass {
+    /// The pass of `layout` over documents `doc_lens` under `mask` (clockwise).
+    pub fn of(layout: &Layout, doc_lens: &[usize], mask: Mask) -> Pass {
         let win: Vec<Vec<Window>> = layout
             .positions
             .iter()
-            .map(|mine| windows(mine, layout.seq_len, workload.doc_lens, workload.mask))
+            .map(|mine| windows(mine, layout.seq_len, doc_lens, mask))
             .collect();
         let n = layout.ranks();
         let all: Vec<Vec<u64>> = (0..n)
@@ -114,9 +115,9 @@ impl Pass {
         Pass { pairs: all, steps }
     }
 
-    /// The simulated pass with `workload`'s costs.
-    pub fn simulate(&self, workload: &Workload) -> Simulation {
-        let c = workload.costs;
+    /// The simulated pass with `costs`.
+    pub fn simulate(&self, costs: &RingCosts) -> Simulation {
+        let c = costs;
         let compute: Vec<Vec<f64>> = self
             .pairs
             .iter()
@@ -126,9 +127,21 @@ impl Pass {
     }
 }
 
-/// The simulated seconds of `layout`'s pass under `workload`.
-pub fn makespan(layout: &Layout, workload: &Workload) -> f64 {
-    Pass::of(layout, workload).simulate(workload).makespan
+/// The simulated seconds of `layout`'s pass under `mask` with `workload`'s documents and costs.
+pub fn makespan(layout: &Layout, workload: &Workload, mask: Mask) -> f64 {
+    Pass::of(layout, workload.doc_lens, mask)
+        .simulate(&workload.costs)
+        .makespan
+}
+
+/// The simulated seconds of one forward through every layer of `workload`: each mask's pass times
+/// the layers that attend by it, summed (layers run one after another).
+pub fn workload_time(layout: &Layout, workload: &Workload) -> f64 {
+    workload
+        .masks
+        .iter()
+        .map(|m| m.layers as f64 * makespan(layout, workload, m.mask))
+        .sum()
 }
 
 #[cfg(test)]
@@ -172,12 +185,39 @@ mod tests {
         // Causal, contiguous on 4 ranks: rank r sees ranks 0..=r, so every step is needed; a window
         // of one block: only the own block and the one before.
         let layout = crate::Partition::layout(&crate::Contiguous, 16, 4).unwrap();
-        let plain = Workload::causal(&[], None, 4);
-        assert_eq!(Pass::of(&layout, &plain).steps, 4);
-        let windowed = Workload::causal(&[], Some(4), 4);
-        let pass = Pass::of(&layout, &windowed);
+        assert_eq!(Pass::of(&layout, &[], Mask::causal(true)).steps, 4);
+        let windowed = Mask {
+            causal: true,
+            window: Some(4),
+        };
+        let pass = Pass::of(&layout, &[], windowed);
         assert_eq!(pass.steps, 2);
         // Rank 1 at step 1 holds rank 0's keys 0..4 and its queries 4..8 see 1 + 2 + 3 of them.
         assert_eq!(pass.pairs[1], [10, 6]);
+    }
+
+    #[test]
+    fn a_model_of_several_masks_sums_its_layers_passes() {
+        let layout = crate::Partition::layout(&crate::Contiguous, 16, 4).unwrap();
+        let windowed = Mask {
+            causal: true,
+            window: Some(4),
+        };
+        let costs = RingCosts::at_the_knee(4);
+        let single = |mask| workload_time(&layout, &Workload::single(&[], mask, costs));
+        // Gemma 3's 5 windowed layers to 1 full one, in any order.
+        let mut layers = vec![windowed; 5];
+        layers.insert(2, Mask::causal(true));
+        let gemma = Workload::of_layers(&[], layers, costs);
+        assert_eq!(gemma.masks.len(), 2);
+        assert_eq!(gemma.check("test"), Ok(6));
+        let summed = workload_time(&layout, &gemma);
+        assert_eq!(summed, 5.0 * single(windowed) + single(Mask::causal(true)));
+        assert!(single(windowed) < single(Mask::causal(true)));
+        let empty = Workload::of_layers(&[], [], costs);
+        assert_eq!(
+            empty.check("test"),
+            Err(crate::PartitionError::NoLayers { strategy: "test" })
+        );
     }
 }

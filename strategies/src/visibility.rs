@@ -40,17 +40,47 @@ impl Window {
     }
 }
 
-/// Visible (q, k) pairs of queries with windows `win_q` against keys at `pos_k`.
+/// Visible (q, k) pairs of queries with windows `win_q` against keys at `pos_k`. Keys already in
+/// ascending order are not copied, and windows whose bounds never decrease (queries in ascending
+/// order, as every layout keeps them) are counted in one merge-like sweep, O(q + k); anything else
+/// by binary search.
 pub fn visible_pairs(win_q: &[Window], pos_k: &[usize]) -> u64 {
-    let mut sorted = pos_k.to_vec();
-    sorted.sort_unstable();
-    win_q
-        .iter()
-        .map(|w| {
-            let end = sorted.partition_point(|&k| k <= w.hi);
-            end.saturating_sub(sorted.partition_point(|&k| k < w.lo)) as u64
-        })
-        .sum()
+    let copy;
+    let sorted = if pos_k.is_sorted() {
+        pos_k
+    } else {
+        let mut keys = pos_k.to_vec();
+        keys.sort_unstable();
+        copy = keys;
+        &copy
+    };
+    let monotone = win_q
+        .windows(2)
+        .all(|w| w[0].lo <= w[1].lo && w[0].hi <= w[1].hi);
+    if monotone {
+        // `first`: the first key at or past the window's start; `end`: one past its last key.
+        let (mut first, mut end) = (0, 0);
+        win_q
+            .iter()
+            .map(|w| {
+                while first < sorted.len() && sorted[first] < w.lo {
+                    first += 1;
+                }
+                while end < sorted.len() && sorted[end] <= w.hi {
+                    end += 1;
+                }
+                end.saturating_sub(first) as u64
+            })
+            .sum()
+    } else {
+        win_q
+            .iter()
+            .map(|w| {
+                let end = sorted.partition_point(|&k| k <= w.hi);
+                end.saturating_sub(sorted.partition_point(|&k| k < w.lo)) as u64
+            })
+            .sum()
+    }
 }
 
 /// The windows of queries at `positions` in a sequence of `len` real tokens made of documents of
@@ -91,6 +121,27 @@ pub fn windows(positions: &[usize], len: usize, doc_lens: &[usize], mask: Mask) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sweep_and_the_binary_search_count_alike() {
+        // Documents, a window, padding; keys in order, shuffled, and queries out of order.
+        let mask = Mask {
+            causal: false,
+            window: Some(5),
+        };
+        let queries: Vec<usize> = (0..40).step_by(3).collect();
+        let keys: Vec<usize> = (0..40).filter(|k| k % 4 != 1).collect();
+        let shuffled: Vec<usize> = keys.iter().rev().copied().collect();
+        let win = windows(&queries, 36, &[7, 20, 9], mask);
+        let brute: u64 = win
+            .iter()
+            .map(|w| keys.iter().filter(|&&k| w.sees(k)).count() as u64)
+            .sum();
+        assert_eq!(visible_pairs(&win, &keys), brute);
+        assert_eq!(visible_pairs(&win, &shuffled), brute);
+        let backwards: Vec<Window> = win.iter().rev().copied().collect();
+        assert_eq!(visible_pairs(&backwards, &keys), brute);
+    }
 
     #[test]
     fn windows_follow_documents_causality_and_padding() {

@@ -221,7 +221,8 @@ fn checkpointed_gradients_equal_plain_ones() {
 
 /// The attention of current models: a sliding window of 6 on every other layer (alternating with full
 /// attention, as Gemma 2 and gpt-oss do), learned sinks (gpt-oss) and a logit cap (Gemma 2). It
-/// trains the same on 4 zig-zag ranks as on 1 (losses within 1e-4, for the reason above), the
+/// trains the same on 4 zig-zag ranks, and on 4 ranks of `balanced` laid out for both masks, as on 1
+/// (losses within 1e-4, for the reason above), the
 /// sinks get a gradient, and checkpointing whole layers (the layer op, sinks among its weights)
 /// gives plain autodiff's gradient (within 1e-6, as above).
 #[test]
@@ -243,12 +244,11 @@ fn windows_sinks_and_softcap_train_alike_on_one_and_four_ranks() {
         let c: LlamaConfig = config(checkpoint);
         workbench::model::lazy::seeded::<B, _>(11, &device, || c.init::<B>(&device))
     };
-    let losses = |ranks, strategy| {
+    let losses = |ranks, partition: &dyn strategies::Partition| {
         let options = TrainOptions {
             steps: 10,
             ..options(ranks, BackwardScheme::Kv)
         };
-        let partition = strategies::by_name(strategy).unwrap();
         let stop = AtomicBool::new(false);
         train(
             model(Checkpoint::None),
@@ -261,13 +261,36 @@ fn windows_sinks_and_softcap_train_alike_on_one_and_four_ranks() {
         .unwrap()
         .losses
     };
-    let (one, four) = (losses(1, "contiguous"), losses(4, "zigzag"));
-    for (step, (a, b)) in one.iter().zip(&four).enumerate() {
-        assert!(
-            (a - b).abs() <= 1e-4 * a.abs(),
-            "step {step}: 1 rank {a}, 4 ranks {b}"
-        );
+    let named = |name| strategies::by_name(name).unwrap();
+    // `balanced` is laid out for the model's two masks, a layer each (the recording shows what
+    // training asked it for).
+    let balanced = Recording::default();
+    let one = losses(1, named("contiguous"));
+    for (partition, four) in [
+        ("zigzag", losses(4, named("zigzag"))),
+        ("balanced", losses(4, &balanced)),
+    ] {
+        for (step, (a, b)) in one.iter().zip(&four).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * a.abs(),
+                "step {step}: 1 rank {a}, 4 ranks of {partition} {b}"
+            );
+        }
     }
+    let window = strategies::Mask {
+        causal: true,
+        window: Some(6),
+    };
+    let asked = balanced.asked.lock().unwrap();
+    assert!(
+        !asked.is_empty(),
+        "training never asked balanced for a layout"
+    );
+    for masks in asked.iter() {
+        let masks: Vec<_> = masks.iter().map(|m| (m.mask, m.layers)).collect();
+        assert_eq!(masks, [(window, 1), (strategies::Mask::causal(true), 1)]);
+    }
+    drop(asked);
     let (loss, plain) = gradient(&model(Checkpoint::None), 4, "zigzag");
     let (l, block) = gradient(&model(Checkpoint::Block), 4, "zigzag");
     assert!((l - loss).abs() <= 1e-6 * loss.abs(), "loss {l} vs {loss}");
@@ -595,5 +618,35 @@ fn training_on_wgpu_gives_flex_losses() {
             (a - b).abs() <= 1e-4 * a.abs(),
             "step {step}: flex {a} wgpu {b}"
         );
+    }
+}
+
+/// `balanced`, remembering the masks of every workload a layout was asked for.
+#[derive(Debug, Default)]
+struct Recording {
+    asked: std::sync::Mutex<Vec<Vec<strategies::MaskedLayers>>>,
+}
+
+impl strategies::Partition for Recording {
+    fn name(&self) -> &'static str {
+        "balanced"
+    }
+
+    fn validate(&self, seq_len: usize, ranks: usize) -> Result<(), strategies::PartitionError> {
+        strategies::Balanced::default().validate(seq_len, ranks)
+    }
+
+    fn owned_positions(&self, seq_len: usize, ranks: usize, rank: usize) -> Vec<usize> {
+        strategies::Balanced::default().owned_positions(seq_len, ranks, rank)
+    }
+
+    fn layout_for(
+        &self,
+        seq_len: usize,
+        ranks: usize,
+        workload: &strategies::Workload,
+    ) -> Result<strategies::Layout, strategies::PartitionError> {
+        self.asked.lock().unwrap().push(workload.masks.clone());
+        strategies::Balanced::default().layout_for(seq_len, ranks, workload)
     }
 }

@@ -1,9 +1,11 @@
 //! Kind `balance`: the causal load balance of the partition strategies, one forward ring pass
-//! simulated on a hardware profile, with tile costs from exact FLOP counts or timed on this machine.
+//! simulated on a hardware profile, with tile costs from exact FLOP counts or timed on this machine;
+//! for a model whose layers mask differently (the `models` axis), the pass of every layer.
 
 use super::axes::grid;
 use super::documents::Documents;
 use super::experiment::{Card, Check, Column, Experiment, Plan, Point, PointContext};
+use super::layer_mix::LayerMix;
 use super::shape::{ModelShape, TileCosts};
 use super::window::WindowSpec;
 use crate::hardware::{Profile, profile, profile_names};
@@ -15,7 +17,7 @@ use anyhow::{Result, anyhow};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
-use strategies::{Mask, Partition, RingCosts, Workload, ring_time, work_per_rank};
+use strategies::{Mask, MaskedLayers, Partition, RingCosts, Workload, ring_time, work_per_rank};
 use workbench::kernels::flops::FORWARD_PER_PAIR_DIM;
 
 /// The kind.
@@ -42,6 +44,9 @@ struct Sweep {
     documents: Option<Vec<String>>,
     /// Sliding windows: `"none"`, a number of tokens, or `"S/n"` ([`WindowSpec`]).
     windows: Option<Vec<String>>,
+    /// Which layers the window applies to: `"full"` (none), `"window"` (all) or `"K:1"` (K
+    /// windowed layers to one full one) ([`LayerMix`]); without it every layer is windowed.
+    models: Option<Vec<String>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -58,7 +63,10 @@ struct Row {
     window: Option<String>,
     /// The window in tokens (empty: none).
     window_tokens: Option<usize>,
-    /// The steps the causal forward pass needs: N, or fewer when no rank can see further.
+    /// Empty unless the sweep has models: which layers are windowed.
+    model: Option<String>,
+    /// The steps the causal forward pass needs: N, or fewer when no rank can see further (the
+    /// longest of the model's layers' passes).
     ring_steps: usize,
     tile_costs: &'static str,
     work_max_over_mean: f64,
@@ -96,6 +104,8 @@ struct BalancePoint {
     documents: Option<Documents>,
     /// `None` when the sweep has no windows axis.
     window: Option<WindowSpec>,
+    /// `None` when the sweep has no models axis (every layer windowed).
+    model: Option<LayerMix>,
 }
 
 impl BalancePoint {
@@ -114,6 +124,11 @@ impl BalancePoint {
             causal: true,
             window: self.window.and_then(|w| w.tokens(self.len())),
         }
+    }
+
+    /// The masks of the model's layers (one period of them), with how many layers use each.
+    fn masks(&self) -> Vec<MaskedLayers> {
+        self.model.unwrap_or(LayerMix::Window).masks(self.mask())
     }
 
     fn doc_lens(&self) -> Vec<usize> {
@@ -138,6 +153,7 @@ const CARD: Card = Card {
         "profiles",
         "documents",
         "windows",
+        "models",
     ],
     key_columns: &[
         "strategy",
@@ -146,6 +162,7 @@ const CARD: Card = Card {
         "profile",
         "documents",
         "window",
+        "model",
     ],
     columns: &[
         Column::exact("document_count"),
@@ -195,6 +212,7 @@ impl Experiment for Balance {
         let profiles = profiles(spec, spec.list("sweep", "profiles", &s.profiles)?)?;
         let documents = Documents::axis(spec, &s.documents)?;
         let windows = WindowSpec::axis(spec, &s.windows)?;
+        let models = LayerMix::axis(spec, &s.models)?;
         let measured = parsed.model.tile_costs == TileCosts::Measured;
         if measured
             && documents
@@ -214,10 +232,18 @@ impl Experiment for Balance {
                 "sliding windows need tile_costs = \"flops\" (tiles are timed without them)",
             ));
         }
+        if measured && s.models.is_some() {
+            return Err(spec.error(
+                "sweep",
+                "models",
+                "models of several masks need tile_costs = \"flops\" (tiles are timed with one)",
+            ));
+        }
         // Contiguous first: it is every other strategy's baseline.
         let mut order = strategies.clone();
         order.sort_by_key(|s| s.name() != strategies::Contiguous.name());
         let lens = [
+            models.len(),
             documents.len(),
             windows.len(),
             profiles.len(),
@@ -228,12 +254,13 @@ impl Experiment for Balance {
         let points = grid(&lens)
             .into_iter()
             .map(|i| BalancePoint {
-                documents: documents[i[0]],
-                window: windows[i[1]],
-                profile: profiles[i[2]],
-                block: blocks[i[3]],
-                ranks: ranks[i[4]],
-                strategy: order[i[5]],
+                model: models[i[0]],
+                documents: documents[i[1]],
+                window: windows[i[2]],
+                profile: profiles[i[3]],
+                block: blocks[i[4]],
+                ranks: ranks[i[5]],
+                strategy: order[i[6]],
             })
             .collect();
         Ok(Box::new(BalancePlan {
@@ -257,6 +284,9 @@ impl Experiment for Balance {
             }
             if let Some(w) = row.get("window").filter(|w| !w.is_empty()) {
                 panel += &format!(", window {w}");
+            }
+            if let Some(m) = row.get("model").filter(|m| !m.is_empty()) {
+                panel += &format!(", layers {m}");
             }
             lines
                 .entry((panel, row.get("strategy").unwrap_or("").to_owned()))
@@ -286,6 +316,9 @@ fn key(point: &BalancePoint) -> Record {
     if let Some(window) = point.window {
         key.0.push(("window".into(), window.name()));
     }
+    if let Some(model) = point.model {
+        key.0.push(("model".into(), model.name()));
+    }
     key
 }
 
@@ -298,7 +331,7 @@ impl Plan for BalancePlan {
         let point = self.points[index];
         let (strategy, ranks, block, p) = (point.strategy, point.ranks, point.block, point.profile);
         let doc_lens = point.doc_lens();
-        let mask = point.mask();
+        let (mask, masks) = (point.mask(), point.masks());
         let contiguous = &strategies::Contiguous;
         // Contiguous is its own baseline; any other strategy reads contiguous's makespan from the
         // table when it is there (measured tiles are noisy: one baseline per point), else
@@ -321,11 +354,12 @@ impl Plan for BalancePlan {
         let max = *work.iter().max().unwrap_or(&0) as f64;
         // Contiguous's busiest rank: (2N − 1)/N of the mean for one sequence; counted when packed
         // or windowed.
-        let contiguous_max = if doc_lens.is_empty() && mask.window.is_none() {
+        let plain = masks.iter().all(|m| m.mask.window.is_none());
+        let contiguous_max = if doc_lens.is_empty() && plain {
             (2 * ranks - 1) as f64 / ranks as f64 * mean
         } else {
             let layout = contiguous.layout(ranks * block, ranks)?;
-            *work_per_rank(&layout, &doc_lens, mask)
+            *layer_work(&layout, &doc_lens, &masks)
                 .iter()
                 .max()
                 .unwrap_or(&0) as f64
@@ -339,6 +373,7 @@ impl Plan for BalancePlan {
             document_count: doc_lens.len().max(1),
             window: point.window.map(WindowSpec::name),
             window_tokens: mask.window,
+            model: point.model.map(LayerMix::name),
             ring_steps: steps,
             tile_costs: match self.model.tile_costs {
                 TileCosts::Flops => "flops",
@@ -354,40 +389,49 @@ impl Plan for BalancePlan {
     }
 }
 
-/// One simulated pass.
+/// One simulated pass through every layer of a model (one layer when all mask alike).
 struct Pass {
-    /// Visible (q, k) pairs per rank.
+    /// Visible (q, k) pairs per rank, summed over the layers.
     work: Vec<u64>,
-    /// Seconds.
+    /// Seconds of one layer's pass, the mean over the layers.
     makespan: f64,
-    /// The busiest rank's compute over the makespan.
+    /// The busiest rank's compute over the makespan (over all the layers).
     overlap_efficiency: f64,
-    /// Ring steps run: one past the last at which some rank sees its block (as the engine stops).
+    /// Ring steps run: one past the last at which some rank sees its block (as the engine stops),
+    /// the most of any layer.
     steps: usize,
 }
 
+/// Each rank's visible pairs over one pass of every layer: a mask's pairs times its layers.
+fn layer_work(layout: &strategies::Layout, doc_lens: &[usize], masks: &[MaskedLayers]) -> Vec<u64> {
+    let mut work = vec![0u64; layout.ranks()];
+    for m in masks {
+        for (total, w) in work.iter_mut().zip(work_per_rank(layout, doc_lens, m.mask)) {
+            *total += m.layers as u64 * w;
+        }
+    }
+    work
+}
+
 impl BalancePlan {
-    /// One simulated causal forward pass of `point`.
+    /// One simulated causal forward pass of `point` through its model's layers.
     fn simulate_pass(&mut self, point: &BalancePoint) -> Result<Pass> {
         let (partition, ranks, block, p) =
             (point.strategy, point.ranks, point.block, point.profile);
-        let (doc_lens, mask) = (point.doc_lens(), point.mask());
+        let doc_lens = point.doc_lens();
         let m = &self.model;
         let flops_per_pair = (FORWARD_PER_PAIR_DIM * (m.head_dim * m.heads) as u64) as f64;
-        // The pass's documents, mask and this profile's costs: what `balanced` solves for (a fixed
+        // The pass's documents, masks and this profile's costs: what `balanced` solves for (a fixed
         // strategy ignores them).
         let workload = Workload {
             doc_lens: &doc_lens,
-            mask,
+            masks: point.masks(),
             costs: RingCosts {
                 seconds_per_pair: flops_per_pair / p.flops,
                 link_seconds: m.link_seconds(block, p),
             },
         };
         let layout = partition.layout_for(ranks * block, ranks, &workload)?;
-        // The engine's rule: a ring pass stops once no rank can see the blocks further along.
-        let pass = ring_time::Pass::of(&layout, &workload);
-        let steps = pass.steps;
         let measured = match m.tile_costs {
             TileCosts::Flops => None,
             TileCosts::Measured => {
@@ -406,25 +450,37 @@ impl BalancePlan {
         };
         let shape_ratio =
             (m.heads * m.head_dim) as f64 / (m.measured_heads * m.measured_head_dim) as f64;
-        let compute: Vec<Vec<f64>> = (0..ranks)
-            .map(|r| {
-                (0..steps)
-                    .map(|s| match &measured {
-                        // Time on this machine → FLOPs at the model's shape → time on the profile.
-                        Some((t, matmul)) => t[r][s] * matmul * shape_ratio / p.flops,
-                        None => pass.pairs[r][s] as f64 * workload.costs.seconds_per_pair,
-                    })
-                    .collect()
-            })
-            .collect();
-        let sim = simulate(&compute, workload.costs.link_seconds);
-        if !sim.makespan.is_finite() {
+        let (mut time, mut busiest, mut layers, mut steps) = (0.0, 0.0, 0usize, 0);
+        for masked in &workload.masks {
+            // The engine's rule: a ring pass stops once no rank can see the blocks further along.
+            let pass = ring_time::Pass::of(&layout, &doc_lens, masked.mask);
+            let compute: Vec<Vec<f64>> = (0..ranks)
+                .map(|r| {
+                    (0..pass.steps)
+                        .map(|s| match &measured {
+                            // Time on this machine → FLOPs at the model's shape → time on the
+                            // profile (one mask only: the plan refuses measured tiles with more).
+                            Some((t, matmul)) => t[r][s] * matmul * shape_ratio / p.flops,
+                            None => pass.pairs[r][s] as f64 * workload.costs.seconds_per_pair,
+                        })
+                        .collect()
+                })
+                .collect();
+            let sim = simulate(&compute, workload.costs.link_seconds);
+            let layer_count = masked.layers as f64;
+            time += layer_count * sim.makespan;
+            busiest += layer_count * sim.makespan * sim.overlap_efficiency;
+            layers += masked.layers;
+            steps = steps.max(pass.steps);
+        }
+        let makespan = time / layers.max(1) as f64;
+        if !makespan.is_finite() {
             return Err(anyhow!("simulated makespan is not finite"));
         }
         Ok(Pass {
-            work: work_per_rank(&layout, &doc_lens, mask),
-            makespan: sim.makespan,
-            overlap_efficiency: sim.overlap_efficiency,
+            work: layer_work(&layout, &doc_lens, &workload.masks),
+            makespan,
+            overlap_efficiency: if time > 0.0 { busiest / time } else { 1.0 },
             steps,
         })
     }

@@ -10,6 +10,7 @@ mod exorl;
 pub mod experiment;
 mod hybrid;
 mod knee;
+mod layer_mix;
 mod memory;
 mod memory_model;
 mod mfu;

@@ -69,6 +69,14 @@ pub struct ModelSpec {
     /// are recomputed: the Blockwise Parallel Transformer) or `block` (only the layer's input).
     #[serde(default)]
     pub checkpoint: Checkpoint,
+    /// A sliding window of this many tokens on the windowed layers (none: every layer attends its
+    /// whole document).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<usize>,
+    /// Which layers are windowed: layer i when `i % window_every == 0` (1, the default: all; 2:
+    /// every other one, as Gemma 2 and gpt-oss alternate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_every: Option<usize>,
 }
 
 /// `questions`' default, for every spec that draws [`Prompts`]: one question a record.
@@ -258,6 +266,8 @@ impl ModelSpec {
             ffn_chunk,
             checkpointing: false,
             checkpoint: Checkpoint::None,
+            window: None,
+            window_every: None,
         }
     }
 
@@ -285,7 +295,9 @@ impl ModelSpec {
             )
             .with_rope_scaling(self.scaling(None)?.unwrap_or_default())
             .with_ffn_chunk(self.ffn_chunk)
-            .with_checkpoint(self.checkpoint))
+            .with_checkpoint(self.checkpoint)
+            .with_window(self.window)
+            .with_window_every(self.window_every.unwrap_or(1)))
     }
 
     /// The scaling `[model.rope_scaling]` gives, if any, read as config.json's `rope_scaling` with

@@ -13,7 +13,7 @@ use crate::model::layer::{LayerBackend, Trunk, run_layers};
 use crate::model::lazy::materialize;
 use crate::model::llama::LlamaConfig;
 use crate::model::weights::DecoderLayer;
-use crate::ring::context::RingContext;
+use crate::ring::context::{RingConfig, RingContext};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig};
@@ -120,6 +120,13 @@ pub struct AgenticTransformer<B: Backend> {
     action_head: Linear<B>,
     /// What every layer needs of the config.
     trunk: Trunk,
+}
+
+impl<B: Backend> AgenticTransformer<B> {
+    /// Every layer's mask on `ring`, grouped: what a layout for this model is balanced for.
+    pub fn layer_masks(&self, ring: &RingConfig) -> Vec<strategies::MaskedLayers> {
+        self.trunk.layer_masks(self.blocks.len(), ring)
+    }
 }
 
 impl<B: LayerBackend> AgenticTransformer<B> {

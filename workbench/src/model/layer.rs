@@ -74,6 +74,12 @@ impl Trunk {
             ..ring.attend()
         }
     }
+
+    /// The masks of `layers` layers on `ring`, grouped with how many layers use each: what a
+    /// layout is balanced for ([`strategies::Workload`]).
+    pub fn layer_masks(&self, layers: usize, ring: &RingConfig) -> Vec<strategies::MaskedLayers> {
+        strategies::MaskedLayers::group((0..layers).map(|i| self.attend(i, ring).mask()))
+    }
 }
 
 /// A layer's forward and what its hand-written backward reads.

@@ -15,7 +15,7 @@ use crate::model::lazy::materialize;
 use crate::model::rope_scaling::{RopeFrequencies, RopeScaling};
 use crate::model::weights::DecoderLayer;
 use crate::ring::cache::KvCache;
-use crate::ring::context::RingContext;
+use crate::ring::context::{RingConfig, RingContext};
 use crate::ring::decode::DecodeMerge;
 use burn::config::Config;
 use burn::module::{Module, Param};
@@ -168,6 +168,13 @@ impl LlamaConfig {
             return Err(RingError::ModelConfig(format!(
                 "rope_theta = {} must be a number above 1",
                 self.rope_theta
+            )));
+        }
+        if self.window == Some(0) || self.window_every == 0 {
+            return Err(RingError::ModelConfig(format!(
+                "window = {:?}, window_every = {}: a window is at least 1 token and windowed \
+                 layers come every 1 or more",
+                self.window, self.window_every
             )));
         }
         if let Some(fault) = self.rope_scaling.fault() {
@@ -476,6 +483,12 @@ impl<B: LayerBackend> Llama<B> {
         let logits = self.logits(x);
         let vocab = logits.dims()[2];
         Ok(logits.reshape([rows.len(), vocab]))
+    }
+
+    /// Every layer's mask on `ring` (its window on the windowed layers), grouped: what a layout
+    /// for this model is balanced for.
+    pub fn layer_masks(&self, ring: &RingConfig) -> Vec<strategies::MaskedLayers> {
+        self.trunk.layer_masks(self.blocks.len(), ring)
     }
 
     /// Decoder layers (the KV cache's layer count).

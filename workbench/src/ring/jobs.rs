@@ -192,11 +192,11 @@ fn plan_job(job: &AttentionJob) -> Result<Plan, RingError> {
     sequence.check(padded)?;
     // The job's documents and mask, for a strategy that balances them (`balanced`); the costs
     // of an unknown machine.
-    let workload = strategies::Workload {
-        doc_lens: job.doc_lens,
-        mask: job.config.attend().mask(),
-        costs: strategies::RingCosts::at_the_knee(padded / ring_ranks),
-    };
+    let workload = strategies::Workload::single(
+        job.doc_lens,
+        job.config.attend().mask(),
+        strategies::RingCosts::at_the_knee(padded / ring_ranks),
+    );
     let ring_layout = Arc::new(job.strategy.layout_for(padded, ring_ranks, &workload)?);
     let layout = match job.ulysses {
         1 => ring_layout.clone(),

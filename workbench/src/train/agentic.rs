@@ -47,6 +47,14 @@ impl<B: AutodiffBackend + LayerBackend> Objective<B> for ActionPrediction {
         batch.batch * batch.len
     }
 
+    fn layer_masks(
+        &self,
+        model: &AgenticTransformer<B>,
+        ring: &RingConfig,
+    ) -> Vec<strategies::MaskedLayers> {
+        model.layer_masks(ring)
+    }
+
     fn local_loss(
         &self,
         model: &AgenticTransformer<B>,

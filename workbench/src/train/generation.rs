@@ -10,6 +10,7 @@ use crate::model::layer::LayerBackend;
 use crate::ring::cache::KvCache;
 use crate::ring::context::{RingConfig, RingContext, Sequence};
 use crate::ring::decode::DecodeMerge;
+use crate::train::objective::layout_for_layers;
 use crate::train::sampling::Sampling;
 use crate::transport::{Comm, Phase, run_ranks};
 use burn::tensor::{Int, Tensor, TensorData};
@@ -296,11 +297,15 @@ fn decode_batch<B: LayerBackend>(
     for prompt in prompts {
         let started = Instant::now();
         let len = prompt.tokens.len();
-        let layout = Arc::new(
-            decoding
-                .partition
-                .layout(padded_len(decoding.partition, len, world)?, world)?,
-        );
+        let padded = padded_len(decoding.partition, len, world)?;
+        let masks = model.layer_masks(&config);
+        let layout = Arc::new(layout_for_layers(
+            decoding.partition,
+            padded,
+            &[],
+            world,
+            &masks,
+        )?);
         let sequence = Sequence {
             len,
             doc_lens: prompt.doc_lens.clone(),
@@ -529,23 +534,27 @@ pub fn full_logits<B: LayerBackend>(
 /// global positions it holds and their token ids `[1, t]` (padding past the prompt: `decoding.pad`).
 /// Returns each rank's result, in rank order, and the layout; a failed rank's root cause is the error.
 pub(crate) fn on_each_rank<B: LayerBackend, T: Send>(
+    model: &Llama<B>,
     prompt: &Prompt,
     decoding: &Decoding,
     work: impl Fn(&Arc<RingContext>, &[usize], Tensor<B, 2, Int>) -> Result<T, RingError> + Sync,
 ) -> Result<(Vec<T>, Arc<strategies::Layout>), RingError> {
     let (ranks, partition) = (decoding.ranks, decoding.partition);
     let len = prompt.tokens.len();
-    let layout = Arc::new(partition.layout(padded_len(partition, len, ranks)?, ranks)?);
+    let config = RingConfig {
+        causal: true,
+        ..Default::default()
+    };
+    // Balanced for every layer's mask (the model's window on its windowed layers).
+    let masks = model.layer_masks(&config);
+    let padded = padded_len(partition, len, ranks)?;
+    let layout = Arc::new(layout_for_layers(partition, padded, &[], ranks, &masks)?);
     let sequence = Sequence {
         len,
         doc_lens: prompt.doc_lens.clone(),
     };
     let per_rank = run_ranks(ranks, decoding.timeout, |comm| {
         let rank = comm.rank();
-        let config = RingConfig {
-            causal: true,
-            ..Default::default()
-        };
         let ctx = Arc::new(
             RingContext::new(comm, layout.clone(), config)?.with_sequence(sequence.clone())?,
         );
@@ -572,10 +581,11 @@ fn logits_in_batch<B: LayerBackend>(
     batch_len: usize,
 ) -> Result<Vec<f32>, RingError> {
     let len = prompt.tokens.len();
-    let (mut per_rank, layout) = on_each_rank(prompt, decoding, |ctx, positions, tokens| {
-        let logits = model.forward_in_batch(tokens, positions, ctx, batch_len)?;
-        Ok(host::read(logits))
-    })?;
+    let (mut per_rank, layout) =
+        on_each_rank(model, prompt, decoding, |ctx, positions, tokens| {
+            let logits = model.forward_in_batch(tokens, positions, ctx, batch_len)?;
+            Ok(host::read(logits))
+        })?;
     // One rank holding every position in order: its logits are the answer as they are (no copy of
     // a [len, vocab] block, which is large for a real vocabulary).
     if let [only] = &layout.positions[..]

@@ -6,14 +6,14 @@ use crate::error::RingError;
 use crate::model::Llama;
 use crate::model::layer::LayerBackend;
 use crate::model::loss::next_token_nll;
-use crate::ring::context::RingContext;
+use crate::ring::context::{RingConfig, RingContext};
 use crate::ring::op::RingBackend;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use std::sync::Arc;
 
-use strategies::{Layout, Partition, padded_grid_len};
+use strategies::{Layout, MaskedLayers, Partition, RingCosts, Workload, padded_grid_len};
 
 /// One training sequence: token ids, and the weight of predicting each next token.
 ///
@@ -45,6 +45,15 @@ pub trait Objective<B: AutodiffBackend + RingBackend>: Sync {
     fn doc_lens<'a>(&self, _batch: &'a Self::Batch) -> &'a [usize] {
         &[]
     }
+    /// The masks of the model's layers on `ring`, with how many layers use each: what a
+    /// work-aware partition (`balanced`) lays the sequence out for. Default: every layer as `ring`
+    /// says (no window).
+    fn layer_masks(&self, _model: &Self::Model, ring: &RingConfig) -> Vec<MaskedLayers> {
+        vec![MaskedLayers {
+            mask: ring.attend().mask(),
+            layers: 1,
+        }]
+    }
     /// This rank's part of the global loss: summed over ranks it is the loss of the whole batch.
     fn local_loss(
         &self,
@@ -52,6 +61,24 @@ pub trait Objective<B: AutodiffBackend + RingBackend>: Sync {
         batch: &Self::Batch,
         ctx: &Arc<RingContext>,
     ) -> Result<Tensor<B, 1>, RingError>;
+}
+
+/// The layout `partition` gives `len` tokens of documents `doc_lens` over `ranks` ring ranks for a
+/// model whose layers mask by `masks`: a work-aware partition (`balanced`) balances every layer's
+/// pass at the knee's costs (the machine is not known); a fixed one ignores the masks.
+pub fn layout_for_layers(
+    partition: &dyn Partition,
+    len: usize,
+    doc_lens: &[usize],
+    ranks: usize,
+    masks: &[MaskedLayers],
+) -> Result<Layout, strategies::PartitionError> {
+    let workload = Workload {
+        doc_lens,
+        masks: masks.to_vec(),
+        costs: RingCosts::at_the_knee(len / ranks.max(1)),
+    };
+    partition.layout_for(len, ranks, &workload)
 }
 
 /// Next-token cross-entropy on token sequences (the language-model objective).
@@ -71,6 +98,10 @@ impl<B: AutodiffBackend + LayerBackend> Objective<B> for NextToken {
 
     fn doc_lens<'a>(&self, batch: &'a Batch) -> &'a [usize] {
         &batch.doc_lens
+    }
+
+    fn layer_masks(&self, model: &Llama<B>, ring: &RingConfig) -> Vec<MaskedLayers> {
+        model.layer_masks(ring)
     }
 
     fn local_loss(

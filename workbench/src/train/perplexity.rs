@@ -34,7 +34,7 @@ pub fn score<B: LayerBackend>(
     if len < 2 {
         return Err(RingError::EmptyPrompt { row: 0 });
     }
-    let (per_rank, _) = on_each_rank(prompt, decoding, |ctx, positions, tokens| {
+    let (per_rank, _) = on_each_rank(model, prompt, decoding, |ctx, positions, tokens| {
         let hidden = model.layers_out(tokens, positions, ctx, len)?;
         // The positions this rank scores: those with a next token.
         let scored: Vec<usize> = (0..positions.len())

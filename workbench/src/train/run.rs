@@ -1,7 +1,7 @@
 //! The SPMD training loop: one rank's steps, and the ranks run together.
 
 use super::error::TrainError;
-use super::objective::{Example, NextToken, Objective, assembled};
+use super::objective::{Example, NextToken, Objective, assembled, layout_for_layers};
 use super::replicas::{checksum, clip_to_norm, norm_pieces, unflatten_gradient};
 use super::resume::{Progress, Snapshot};
 use super::step::{StepGradient, step_gradient};
@@ -350,10 +350,16 @@ where
     let mut next = Some(batch_for(start)?);
     let first = next.as_ref().expect("just set");
     let (first_len, first_docs) = (objective.seq_len(first), objective.doc_lens(first));
+    // Every layer's mask (a windowed model's window on its windowed layers): what `balanced` lays
+    // each step's sequence out for.
+    let masks = objective.layer_masks(model, &ring);
+    let layout = |len: usize, docs: &[usize]| {
+        layout_for_layers(partition, len, docs, options.ring_ranks(), &masks)
+    };
     let mut ctx = Arc::new(
         RingContext::grid(
             comm,
-            Arc::new(partition.layout_packed(first_len, first_docs, options.ring_ranks())?),
+            Arc::new(layout(first_len, first_docs)?),
             ring,
             options.ulysses,
         )?
@@ -382,7 +388,7 @@ where
         }
         let (len, docs) = (objective.seq_len(&batch), objective.doc_lens(&batch));
         if len != ctx.layout.seq_len || docs != ctx.sequence().doc_lens {
-            let layout = Arc::new(partition.layout_packed(len, docs, options.ring_ranks())?);
+            let layout = Arc::new(layout(len, docs)?);
             let sequence = Sequence {
                 len,
                 doc_lens: docs.to_vec(),

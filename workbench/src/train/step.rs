@@ -1,7 +1,7 @@
 //! One step's gradient, as every rank sees it: local loss, backward, the ranks' health, all-reduce.
 
 use super::error::TrainError;
-use super::objective::{Example, NextToken, Objective, assemble};
+use super::objective::{Example, NextToken, Objective, assemble, layout_for_layers};
 use super::replicas::{all_finite, flat_gradient};
 use crate::block::{Block, BlockKind};
 use crate::error::all_or_root_cause;
@@ -113,7 +113,12 @@ where
     strategies::check_ranks(ranks)?;
     materialize(model);
     let batch = assemble(examples, partition, (ranks, 1), 0, false)?;
-    let layout = Arc::new(partition.layout(batch.len, ranks)?);
+    // Balanced for the model's every layer, as a training step lays it out.
+    let masks = model.layer_masks(&RingConfig {
+        causal: true,
+        ..ring
+    });
+    let layout = Arc::new(layout_for_layers(partition, batch.len, &[], ranks, &masks)?);
     let results = run_ranks(ranks, timeout, |comm| -> Result<_, TrainError> {
         let ctx = Arc::new(RingContext::new(
             comm,
