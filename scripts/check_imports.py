@@ -49,7 +49,7 @@ LAYERS = {
         # A process's rank over NCCL: its devices on the chosen backend.
         ["nccl_rank"],
         # Cost models on the simulator and the hardware profiles.
-        ["results", "measure", "grid_model"],
+        ["results", "measure", "grid_model", "tile_model"],
         ["plot"],
         # Commands whose specs, datasets and measurements the experiment kinds reuse.
         ["exorl", "line_retrieval", "bench", "perplexity"],

@@ -30,4 +30,5 @@ pub mod results;
 pub mod runner;
 pub mod simulator;
 pub mod spec;
+pub mod tile_model;
 pub mod units;

@@ -55,6 +55,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("balance_measured_quick", "balance_measured"),
     ("balance_packed", "balance_packed"),
     ("balance_masks", "balance_masks"),
+    ("published", "published"),
     ("overlap", "overlap"),
     ("knee_quick", "knee"),
     ("memory_quick", "memory"),

@@ -18,6 +18,7 @@ mod model;
 mod overlap;
 mod ppl;
 mod precision;
+mod published;
 mod retrieval;
 mod shape;
 mod train;
@@ -37,6 +38,7 @@ pub const KINDS: &[&dyn Experiment] = &[
     &model::ModelKind,
     &memory_model::MemoryModel,
     &precision::PrecisionKind,
+    &published::Published,
     &hybrid::Hybrid,
     &exorl::Exorl,
     &decode::DecodeKind,
