@@ -66,8 +66,11 @@ impl Partition for DocZigZag {
             // Chunk sizes differ by at most one; which chunks get the extra token rotates from
             // document to document, so that no rank collects every remainder.
             let (base, rem) = (len / chunks, len % chunks);
-            let size = |i: usize| base + usize::from((i + chunks - extra % chunks) % chunks < rem);
-            let begin = |i: usize| start + (0..i).map(size).sum::<usize>();
+            // The `rem` chunks one token longer are the `rem` after chunk `extra mod chunks`,
+            // cyclically: chunk i is one of them when (i − e) mod chunks < rem.
+            let e = extra % chunks;
+            let size = |i: usize| base + usize::from((i + chunks - e) % chunks < rem);
+            let begin = |i: usize| start + i * base + longer_before(i, e, rem, chunks);
             for chunk in [rank, chunks - 1 - rank] {
                 owned.extend(begin(chunk)..begin(chunk) + size(chunk));
             }
@@ -78,9 +81,45 @@ impl Partition for DocZigZag {
     }
 }
 
+/// How many of chunks `0..i` are among the `rem` longer ones, which run cyclically from chunk `e`
+/// (`e < chunks`, `rem < chunks`): the run `[e, e + rem)` cut by `[0, i)`, wrapping past the last
+/// chunk. O(1), where summing the sizes before each chunk made a layout O(chunks²) a document.
+fn longer_before(i: usize, e: usize, rem: usize, chunks: usize) -> usize {
+    let unwrapped = i.saturating_sub(e).min(rem.min(chunks - e));
+    let wrapped = i.min((e + rem).saturating_sub(chunks));
+    unwrapped + wrapped
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn longer_chunks_before_one_are_counted_as_a_sum_would() {
+        let chunks = 6;
+        for e in 0..chunks {
+            for rem in 0..chunks {
+                let longer = |j: usize| usize::from((j + chunks - e) % chunks < rem);
+                for i in 0..=chunks {
+                    let summed: usize = (0..i).map(longer).sum();
+                    assert_eq!(longer_before(i, e, rem, chunks), summed, "e {e} rem {rem} i {i}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn chunks_tile_every_document_whatever_its_remainder() {
+        // Every position exactly once on 3 ranks (6 chunks a document), for documents whose
+        // remainders wrap past the last chunk in turn.
+        let docs = [7, 11, 5, 13, 6, 1, 9];
+        let len: usize = docs.iter().sum();
+        let mut all: Vec<usize> = (0..3)
+            .flat_map(|r| DocZigZag.owned_positions_packed(len, &docs, 3, r))
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..len).collect::<Vec<_>>());
+    }
 
     #[test]
     fn each_document_is_zigzagged_on_its_own() {
