@@ -356,12 +356,17 @@ impl<'a> State<'a> {
 
     /// The simulated seconds of this assignment: each mask's pass times its layers, summed.
     fn time(&self) -> f64 {
-        let costs = &self.problem.workload.costs;
+        let workload = self.problem.workload;
         self.steps
             .iter()
             .zip(&self.problem.masks)
             .map(|(steps, mask)| {
-                mask.layers as f64 * Pass::from_pairs(steps.clone()).simulate(costs).makespan
+                let pass = Pass::from_pairs(steps.clone());
+                let layer: f64 = workload
+                    .passes()
+                    .map(|costs| pass.simulate(costs).makespan)
+                    .sum();
+                mask.layers as f64 * layer
             })
             .sum()
     }

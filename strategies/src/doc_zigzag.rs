@@ -102,7 +102,11 @@ mod tests {
                 let longer = |j: usize| usize::from((j + chunks - e) % chunks < rem);
                 for i in 0..=chunks {
                     let summed: usize = (0..i).map(longer).sum();
-                    assert_eq!(longer_before(i, e, rem, chunks), summed, "e {e} rem {rem} i {i}");
+                    assert_eq!(
+                        longer_before(i, e, rem, chunks),
+                        summed,
+                        "e {e} rem {rem} i {i}"
+                    );
                 }
             }
         }

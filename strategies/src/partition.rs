@@ -53,7 +53,7 @@ impl MaskedLayers {
 }
 
 /// What a layout will be asked to compute: the documents packed in the sequence, the masks of the
-/// model's layers, and the ring's costs. A fixed strategy ignores it; a work-aware one
+/// model's layers, and the ring's costs (of the forward, and of the backward when training). A fixed strategy ignores it; a work-aware one
 /// ([`crate::Balanced`]) minimizes the ring's simulated time summed over the layers
 /// ([`crate::ring_time::workload_time`]).
 #[derive(Debug, Clone)]
@@ -63,11 +63,19 @@ pub struct Workload<'a> {
     /// The model's masks and how many layers attend by each (one entry: every layer alike). A
     /// layer count of 0 contributes nothing; a workload needs at least one layer.
     pub masks: Vec<MaskedLayers>,
-    /// The machine's costs.
+    /// The machine's costs of a forward pass.
     pub costs: RingCosts,
+    /// The costs of each layer's backward pass, when the layout serves training (a backward
+    /// visits the blocks its forward did); `None`: the forward alone.
+    pub backward: Option<RingCosts>,
 }
 
 impl<'a> Workload<'a> {
+    /// The costs of every pass a layer runs: the forward's, then the backward's if any.
+    pub fn passes(&self) -> impl Iterator<Item = &RingCosts> {
+        std::iter::once(&self.costs).chain(&self.backward)
+    }
+
     /// One causal mask over documents `doc_lens` with an optional sliding `window`, at the knee
     /// for blocks of `block` tokens.
     pub fn causal(doc_lens: &'a [usize], window: Option<usize>, block: usize) -> Self {
@@ -87,6 +95,7 @@ impl<'a> Workload<'a> {
             doc_lens,
             masks: vec![MaskedLayers { mask, layers: 1 }],
             costs,
+            backward: None,
         }
     }
 
@@ -100,6 +109,7 @@ impl<'a> Workload<'a> {
             doc_lens,
             masks: MaskedLayers::group(masks),
             costs,
+            backward: None,
         }
     }
 

@@ -127,15 +127,19 @@ impl Pass {
     }
 }
 
-/// The simulated seconds of `layout`'s pass under `mask` with `workload`'s documents and costs.
+/// The simulated seconds of one layer of `layout` under `mask` with `workload`'s documents and
+/// costs: its forward pass, and its backward's when the workload has one.
 pub fn makespan(layout: &Layout, workload: &Workload, mask: Mask) -> f64 {
-    Pass::of(layout, workload.doc_lens, mask)
-        .simulate(&workload.costs)
-        .makespan
+    let pass = Pass::of(layout, workload.doc_lens, mask);
+    workload
+        .passes()
+        .map(|costs| pass.simulate(costs).makespan)
+        .sum()
 }
 
-/// The simulated seconds of one forward through every layer of `workload`: each mask's pass times
-/// the layers that attend by it, summed (layers run one after another).
+/// The simulated seconds of one forward (and backward, when the workload trains) through every
+/// layer of `workload`: each mask's layer time times the layers that attend by it, summed (layers
+/// run one after another).
 pub fn workload_time(layout: &Layout, workload: &Workload) -> f64 {
     workload
         .masks
@@ -214,6 +218,25 @@ mod tests {
         let summed = workload_time(&layout, &gemma);
         assert_eq!(summed, 5.0 * single(windowed) + single(Mask::causal(true)));
         assert!(single(windowed) < single(Mask::causal(true)));
+        // Training adds each layer's backward, over the same blocks.
+        let backward_costs = RingCosts {
+            seconds_per_pair: 2.5,
+            link_seconds: 2.0 * costs.link_seconds,
+        };
+        let training = Workload {
+            backward: Some(backward_costs),
+            ..gemma.clone()
+        };
+        let backward = |mask| {
+            Pass::of(&layout, &[], mask)
+                .simulate(&backward_costs)
+                .makespan
+        };
+        assert_eq!(
+            workload_time(&layout, &training),
+            5.0 * (single(windowed) + backward(windowed))
+                + (single(Mask::causal(true)) + backward(Mask::causal(true)))
+        );
         let empty = Workload::of_layers(&[], [], costs);
         assert_eq!(
             empty.check("test"),

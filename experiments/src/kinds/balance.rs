@@ -430,6 +430,7 @@ impl BalancePlan {
                 seconds_per_pair: flops_per_pair / p.flops,
                 link_seconds: m.link_seconds(block, p),
             },
+            backward: None,
         };
         let layout = partition.layout_for(ranks * block, ranks, &workload)?;
         let measured = match m.tile_costs {

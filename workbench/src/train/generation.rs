@@ -305,6 +305,7 @@ fn decode_batch<B: LayerBackend>(
             &[],
             world,
             &masks,
+            false,
         )?);
         let sequence = Sequence {
             len,
@@ -548,7 +549,14 @@ pub(crate) fn on_each_rank<B: LayerBackend, T: Send>(
     // Balanced for every layer's mask (the model's window on its windowed layers).
     let masks = model.layer_masks(&config);
     let padded = padded_len(partition, len, ranks)?;
-    let layout = Arc::new(layout_for_layers(partition, padded, &[], ranks, &masks)?);
+    let layout = Arc::new(layout_for_layers(
+        partition,
+        padded,
+        &[],
+        ranks,
+        &masks,
+        false,
+    )?);
     let sequence = Sequence {
         len,
         doc_lens: prompt.doc_lens.clone(),

@@ -3,6 +3,7 @@
 
 use super::error::TrainError;
 use crate::error::RingError;
+use crate::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM};
 use crate::model::Llama;
 use crate::model::layer::LayerBackend;
 use crate::model::loss::next_token_nll;
@@ -65,18 +66,27 @@ pub trait Objective<B: AutodiffBackend + RingBackend>: Sync {
 
 /// The layout `partition` gives `len` tokens of documents `doc_lens` over `ranks` ring ranks for a
 /// model whose layers mask by `masks`: a work-aware partition (`balanced`) balances every layer's
-/// pass at the knee's costs (the machine is not known); a fixed one ignores the masks.
+/// pass at the knee's costs (the machine is not known), and each layer's backward too when
+/// `training` (a pair costs `BACKWARD_PER_PAIR_DIM / FORWARD_PER_PAIR_DIM` = 2.5 forward pairs, and
+/// a hop carries dK and dV beside K and V: twice the forward's bytes); a fixed one ignores them.
 pub fn layout_for_layers(
     partition: &dyn Partition,
     len: usize,
     doc_lens: &[usize],
     ranks: usize,
     masks: &[MaskedLayers],
+    training: bool,
 ) -> Result<Layout, strategies::PartitionError> {
+    let costs = RingCosts::at_the_knee(len / ranks.max(1));
     let workload = Workload {
         doc_lens,
         masks: masks.to_vec(),
-        costs: RingCosts::at_the_knee(len / ranks.max(1)),
+        costs,
+        backward: training.then(|| RingCosts {
+            seconds_per_pair: costs.seconds_per_pair * BACKWARD_PER_PAIR_DIM as f64
+                / FORWARD_PER_PAIR_DIM as f64,
+            link_seconds: 2.0 * costs.link_seconds,
+        }),
     };
     partition.layout_for(len, ranks, &workload)
 }

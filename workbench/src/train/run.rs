@@ -354,7 +354,7 @@ where
     // each step's sequence out for.
     let masks = objective.layer_masks(model, &ring);
     let layout = |len: usize, docs: &[usize]| {
-        layout_for_layers(partition, len, docs, options.ring_ranks(), &masks)
+        layout_for_layers(partition, len, docs, options.ring_ranks(), &masks, true)
     };
     let mut ctx = Arc::new(
         RingContext::grid(

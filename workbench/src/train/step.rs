@@ -118,7 +118,14 @@ where
         causal: true,
         ..ring
     });
-    let layout = Arc::new(layout_for_layers(partition, batch.len, &[], ranks, &masks)?);
+    let layout = Arc::new(layout_for_layers(
+        partition,
+        batch.len,
+        &[],
+        ranks,
+        &masks,
+        true,
+    )?);
     let results = run_ranks(ranks, timeout, |comm| -> Result<_, TrainError> {
         let ctx = Arc::new(RingContext::new(
             comm,
