@@ -355,6 +355,8 @@ pub struct JaxTiles {
     pub tile: Tile,
     /// Attention's matmul rate, FLOP/s (only how much communication hides depends on it).
     pub flops: Sourced,
+    /// The model's other matmuls' rate, FLOP/s (bf16 peak).
+    pub matmul_flops: Sourced,
     /// One-way bandwidth to the ring neighbour, bytes/s.
     pub link_bytes_per_s: Sourced,
 }
@@ -374,6 +376,10 @@ pub const JAX_TILES: &[JaxTiles] = &[
             source: "NVIDIA A100 datasheet: TF32 156 TFLOP/s dense (the paper runs attention's \
                      matmuls in TF32)",
         },
+        matmul_flops: Sourced {
+            value: 312e12,
+            source: "NVIDIA A100 datasheet: bf16 312 TFLOP/s dense",
+        },
         link_bytes_per_s: Sourced {
             value: 274e9,
             source: "stas00/ml-engineering network/README.md: p2pBandwidthLatencyTest, 8×A100 \
@@ -388,6 +394,10 @@ pub const JAX_TILES: &[JaxTiles] = &[
             source: "Striped Attention paper (Brandon et al. 2023) §4: on TPUs a tile of 2048 × 2048",
         },
         flops: Sourced {
+            value: 275e12,
+            source: "Google Cloud TPU v4 documentation (system architecture): 275 TFLOP/s bf16",
+        },
+        matmul_flops: Sourced {
             value: 275e12,
             source: "Google Cloud TPU v4 documentation (system architecture): 275 TFLOP/s bf16",
         },
@@ -448,6 +458,12 @@ pub fn tile_layer_parameters() -> Vec<(&'static str, String, f64, &'static str)>
             j.tile.source,
         ));
         all.push((j.name, "flops".into(), j.flops.value, j.flops.source));
+        all.push((
+            j.name,
+            "matmul_flops".into(),
+            j.matmul_flops.value,
+            j.matmul_flops.source,
+        ));
         all.push((
             j.name,
             "link_bytes_per_s".into(),

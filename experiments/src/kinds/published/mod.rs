@@ -10,7 +10,7 @@ mod striped_paper;
 
 use super::experiment::{Card, Column, Experiment, Plan, Point, PointContext};
 use crate::extremes::{largest, smallest};
-use crate::hardware::{FLASH_GPUS, JAX_TILES, profile};
+use crate::hardware::{FLASH_GPUS, JAX_TILES};
 use crate::plot::{Axis, Chart, Scale, Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
@@ -185,9 +185,7 @@ impl Plan for PublishedPlan {
                         .iter()
                         .find(|t| t.name == s.testbed)
                         .ok_or_else(|| anyhow!("no testbed called {}", s.testbed))?;
-                    let profile =
-                        profile(s.profile).ok_or_else(|| anyhow!("no profile {}", s.profile))?;
-                    let predicted = striped_paper::predict(s, tiles, profile);
+                    let predicted = striped_paper::predict(s, tiles);
                     (
                         "striped-attention",
                         striped_paper::setup(s),

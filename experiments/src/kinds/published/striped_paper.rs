@@ -3,7 +3,7 @@
 //! tiles of its blockwise JAX attention (a tile runs when any of its pairs is visible, so a
 //! striped block's diagonal tiles cost full ones) plus the model's other matmuls.
 
-use crate::hardware::{JaxTiles, Profile};
+use crate::hardware::JaxTiles;
 use crate::simulator::simulate;
 use crate::tile_model::causal_tiles;
 use strategies::ring_time::cw_owner;
@@ -15,8 +15,6 @@ use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM};
 pub struct Speedup {
     /// A [`JaxTiles`] name.
     pub testbed: &'static str,
-    /// The hardware profile of its non-attention matmuls (datasheet peak).
-    pub profile: &'static str,
     /// Tokens in the sequence.
     pub seq_len: usize,
     /// Sequence-parallel ranks (the ring).
@@ -38,7 +36,6 @@ const HEADS: usize = 32;
 pub const SPEEDUPS: &[Speedup] = &[
     Speedup {
         testbed: "8xA100",
-        profile: "a100-nvlink",
         seq_len: 262_144,
         ring: 4,
         tensor: 2,
@@ -47,7 +44,6 @@ pub const SPEEDUPS: &[Speedup] = &[
     },
     Speedup {
         testbed: "16xTPUv4",
-        profile: "tpu-v4",
         seq_len: 786_432,
         ring: 8,
         tensor: 2,
@@ -67,12 +63,7 @@ pub fn setup(s: &Speedup) -> String {
 /// Seconds of one training step on a ring rank under `layout`'s partition: every layer's ring pass
 /// (whole tiles, forward and backward, pipelined with the link) plus the rest of the model's
 /// matmuls (6 FLOPs a parameter a token, N = 12·d²·L: Kaplan et al. 2020), both at peak rates.
-fn step_seconds(
-    s: &Speedup,
-    tiles: &JaxTiles,
-    profile: &Profile,
-    partition: &dyn Partition,
-) -> f64 {
+fn step_seconds(s: &Speedup, tiles: &JaxTiles, partition: &dyn Partition) -> f64 {
     let layout = partition
         .layout(s.seq_len, s.ring)
         .expect("the papers' lengths split evenly");
@@ -97,11 +88,12 @@ fn step_seconds(
     let link = block * (2.0 * 2.0 + 2.0 * 2.0 + 2.0 * 4.0) / tiles.link_bytes_per_s.value;
     let attention = LAYERS as f64 * simulate(&compute, link).makespan;
     let params = (12 * D_MODEL * D_MODEL * LAYERS) as f64;
-    let rest = 6.0 * params * (s.seq_len / s.ring) as f64 / s.tensor as f64 / profile.flops;
+    let rest =
+        6.0 * params * (s.seq_len / s.ring) as f64 / s.tensor as f64 / tiles.matmul_flops.value;
     attention + rest
 }
 
 /// The predicted speedup of striped over ring.
-pub fn predict(s: &Speedup, tiles: &JaxTiles, profile: &Profile) -> f64 {
-    step_seconds(s, tiles, profile, &Contiguous) / step_seconds(s, tiles, profile, &Striped)
+pub fn predict(s: &Speedup, tiles: &JaxTiles) -> f64 {
+    step_seconds(s, tiles, &Contiguous) / step_seconds(s, tiles, &Striped)
 }
