@@ -247,9 +247,15 @@ impl Experiment for TrainKind {
             .model
             .config(Tokenizer::line_retrieval().vocab_size())
             .map_err(|e| spec.error("model", "hf", &e.to_string()))?;
+        // The window's two keys point at their own lines; the config's other faults at the heads.
+        let key = match (parsed.model.window, parsed.model.window_every) {
+            (Some(0), _) => "window",
+            (_, Some(0)) => "window_every",
+            _ => "heads",
+        };
         config
             .validate()
-            .map_err(|e| spec.error("model", "heads", &e.to_string()))?;
+            .map_err(|e| spec.error("model", key, &e.to_string()))?;
         let ulysses: Vec<Option<usize>> = match &s.ulysses {
             None => vec![None],
             some => {
