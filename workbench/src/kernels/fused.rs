@@ -164,22 +164,30 @@ fn row_bounds(win_q: &[Window], r0: usize, r1: usize) -> Bounds {
     Bounds::of(&win_q[r0 % tq..=(r1 - 1) % tq])
 }
 
-/// Rows per strip when a partly visible sub-tile is cut along its diagonal.
-const STRIP: usize = 32;
+/// Rows per strip when the forward cuts a partly visible sub-tile along its diagonal.
+const FORWARD_STRIP: usize = 32;
+/// Rows per strip when the backward cuts one. Its dV and dK products sum over the strip's rows, so
+/// short strips make short inner dimensions: `ringbench bench attn --seq 8192 --ranks 1 --kernels
+/// fused --heads 4 --repeats 3` (2-core EPYC, causal) took the backward from 0.50 s with strips of
+/// 32 rows to 0.45–0.47 s with 64, 0.45 s with 128 and 0.46 s uncut (256); the forward, whose
+/// products sum over keys, was fastest at 32 (0.207 s against 0.218–0.225 s at 64).
+const BACKWARD_STRIP: usize = 128;
 
 /// The pieces of sub-tile rows `r0..r0 + nr` × keys `pos_kc` worth computing, as
 /// `(first row, rows, keys, cover)` with the keys a prefix of `pos_kc`. A fully visible sub-tile is
-/// one piece. A partly visible one whose keys ascend is cut into strips of [`STRIP`] rows, each over
+/// one piece. A partly visible one whose keys ascend is cut into strips of `strip` rows ([`FORWARD_STRIP`], [`BACKWARD_STRIP`]), each over
 /// the keys up to its last query: the keys it leaves out are masked for every row of the strip, so
-/// the result is the same, and a 128×128 diagonal sub-tile computes 10/16 of its pairs instead of all.
+/// the result is the same: a 256×256 diagonal sub-tile in strips of 32 computes 9/16 of its pairs,
+/// in strips of 128 3/4.
 fn pieces(
+    strip: usize,
     cover_all: Cover,
     win_q: &[Window],
     (r0, nr): (usize, usize),
     pos_kc: &[usize],
 ) -> impl Iterator<Item = (usize, usize, usize, Cover)> {
     let cut = cover_all == Cover::Partial && pos_kc.is_sorted();
-    let step = if cut { STRIP } else { nr.max(1) };
+    let step = if cut { strip } else { nr.max(1) };
     (r0..r0 + nr).step_by(step).filter_map(move |s0| {
         let ns = step.min(r0 + nr - s0);
         if !cut {
@@ -350,7 +358,8 @@ impl OnlineSoftmax {
                 let nc = COLS.min(tk - c0);
                 let pos_kc = &pos_k[c0..c0 + nc];
                 let cover_all = bounds.cover(span(pos_kc));
-                for (r0, nr, nc, cover) in pieces(cover_all, win_q, (r0, nr), pos_kc) {
+                for (r0, nr, nc, cover) in pieces(FORWARD_STRIP, cover_all, win_q, (r0, nr), pos_kc)
+                {
                     let pos_kc = &pos_kc[..nc];
                     let s = &mut s[..nr * nc];
                     scores(
@@ -502,7 +511,9 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
             for r0 in (0..rows).step_by(ROWS) {
                 let nr = ROWS.min(rows - r0);
                 let cover_all = row_bounds(t.win_q, r0, r0 + nr).cover(k_span);
-                for (r0, nr, nc, cover) in pieces(cover_all, t.win_q, (r0, nr), pos_kc) {
+                for (r0, nr, nc, cover) in
+                    pieces(BACKWARD_STRIP, cover_all, t.win_q, (r0, nr), pos_kc)
+                {
                     let pos_kc = &pos_kc[..nc];
                     let (p, ds) = (&mut p[..nr * nc], &mut ds[..nr * nc]);
                     let mut tanh = (!tanh.is_empty()).then(|| &mut tanh[..nr * nc]);
