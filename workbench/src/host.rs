@@ -99,6 +99,27 @@ impl HostRead for burn::backend::Flex {
 /// steps): smaller inputs are one task on the calling thread, as a decode step's are.
 pub(crate) const CPU_TASK_ELEMENTS: usize = 1 << 14;
 
+/// `n` zeros, written by rayon's tasks when there are more than [`CPU_TASK_ELEMENTS`]: a large
+/// buffer's pages are first touched (faulted in and cleared) on every core instead of on the
+/// calling thread alone.
+pub(crate) fn zeros_in_parallel(n: usize) -> Vec<f32> {
+    let mut v = Vec::with_capacity(n);
+    let zero = |chunk: &mut [std::mem::MaybeUninit<f32>]| {
+        for x in chunk {
+            x.write(0.0);
+        }
+    };
+    let spare = &mut v.spare_capacity_mut()[..n];
+    if n <= CPU_TASK_ELEMENTS {
+        zero(spare);
+    } else {
+        spare.par_chunks_mut(CPU_TASK_ELEMENTS).for_each(zero);
+    }
+    // SAFETY: the capacity is at least n, and every one of the first n elements was written above.
+    unsafe { v.set_len(n) };
+    v
+}
+
 /// A CPU tensor's values, row-major: borrowed when they already lie contiguous, else gathered from
 /// its strides (rows in parallel). Non-f32 tensors go through `into_data`.
 pub(crate) fn cpu_values(tensor: &FlexTensor) -> Cow<'_, [f32]> {

@@ -412,36 +412,43 @@ impl OnlineSoftmax {
 
     /// Normalized output `[b, h, tq, d]` and log-sum-exp `[b, h, tq]` (−∞ for rows that saw no key).
     /// With `sinks` (`[h]`), each row's normalizer also holds `exp(sinks[h])`, once.
-    pub fn finish(mut self, sinks: Option<&[f32]>) -> (Vec<f32>, Vec<f32>) {
+    pub fn finish(self, sinks: Option<&[f32]>) -> (Vec<f32>, Vec<f32>) {
         let (d, tq, heads) = (self.dims.head_dim, self.dims.tq, self.dims.heads);
-        if let Some(sinks) = sinks {
-            // The sink as one more key of value 0: the running max and normalizer take it in, and
-            // the output's scale follows the max.
-            for (r, (m, l)) in self.m.iter_mut().zip(self.l.iter_mut()).enumerate() {
-                let sink = sinks[(r / tq) % heads];
-                let m_new = m.max(sink);
-                let correction = if *m == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    (*m - m_new).exp()
-                };
-                *l = *l * correction + (sink - m_new).exp();
-                if correction != 1.0 {
-                    scale_row(&mut self.acc[r * d..(r + 1) * d], correction);
+        let (mut out, mut lse, l) = (self.acc, self.m, self.l);
+        // Rows are independent: blocks of them on the pool (the same bits on any split).
+        let per = ROWS;
+        let blocks = out
+            .chunks_mut(per * d)
+            .zip(lse.chunks_mut(per))
+            .zip(l.chunks(per))
+            .enumerate();
+        for_each_unit(self.parallel, blocks, |(block, ((out, lse), l))| {
+            for (i, ((row, m), &l)) in out.chunks_mut(d).zip(lse.iter_mut()).zip(l).enumerate() {
+                let mut l = l;
+                if let Some(sinks) = sinks {
+                    // The sink as one more key of value 0: the running max and normalizer take it
+                    // in, and the output's scale follows the max.
+                    let sink = sinks[((block * per + i) / tq) % heads];
+                    let m_new = m.max(sink);
+                    let correction = if *m == f32::NEG_INFINITY {
+                        0.0
+                    } else {
+                        (*m - m_new).exp()
+                    };
+                    l = l * correction + (sink - m_new).exp();
+                    if correction != 1.0 {
+                        scale_row(row, correction);
+                    }
+                    *m = m_new;
                 }
-                *m = m_new;
+                scale_row(row, if l > 0.0 { 1.0 / l } else { 0.0 });
+                *m = if l > 0.0 {
+                    *m + l.ln()
+                } else {
+                    f32::NEG_INFINITY
+                };
             }
-        }
-        let mut out = self.acc;
-        let mut lse = self.m;
-        for ((row, lse), &l) in out.chunks_mut(d).zip(lse.iter_mut()).zip(&self.l) {
-            scale_row(row, if l > 0.0 { 1.0 / l } else { 0.0 });
-            *lse = if l > 0.0 {
-                *lse + l.ln()
-            } else {
-                f32::NEG_INFINITY
-            };
-        }
+        });
         (out, lse)
     }
 }

@@ -17,7 +17,7 @@ use crate::model::bf16::{Bf16Backend, project_bf16};
 use crate::model::elementwise::{heads_first, heads_last, rms_norm, rms_norm_backward, swiglu};
 use crate::model::ffn::{FfnBackend, blockwise_swiglu, swiglu_backward};
 use crate::model::loss::LossBackend;
-use crate::model::project::{flat, project};
+use crate::model::project::{ProjectBackend, flat, project, project_fast};
 use crate::model::rope::{Rope, RopeBackend};
 use crate::model::rope_scaling::RopeFrequencies;
 use crate::model::weights::{DecoderLayer, WeightPrimitives, Weights};
@@ -99,7 +99,7 @@ struct Forward<B: Backend, S = Saved> {
 }
 
 /// The layer's forward with ring attention over the ranks of `ctx`.
-fn forward<B: RingBackend + FfnBackend + RopeBackend + Bf16Backend>(
+fn forward<B: RingBackend + FfnBackend + RopeBackend + Bf16Backend + ProjectBackend>(
     w: &Weights<B>,
     x: Tensor<B, 3>,
     rope: &Rope<B>,
@@ -129,7 +129,7 @@ fn ring<B: RingBackend>(
 /// The layer's forward with its attention given: `attention(q, k, v)` of the queries and keys
 /// (rotated by RoPE, `[b, h | hk, t, hd]`) and the values gives the attention output
 /// `[b, h, t, hd]` and what the attention keeps. Prefill, decoding and training share it.
-fn forward_with<B: FfnBackend + RopeBackend + Bf16Backend, S>(
+fn forward_with<B: FfnBackend + RopeBackend + Bf16Backend + ProjectBackend, S>(
     w: &Weights<B>,
     x: Tensor<B, 3>,
     rope: &Rope<B>,
@@ -201,14 +201,14 @@ fn forward_with<B: FfnBackend + RopeBackend + Bf16Backend, S>(
 
 /// `x · w (+ bias)` for `x: [b, t, n]`, `w: [n, m]`, `bias: [m]`: by the packed bf16 copy of `w`
 /// when the layer has one.
-fn biased<B: Bf16Backend>(
+fn biased<B: Bf16Backend + ProjectBackend>(
     x: &Tensor<B, 3>,
     (w, packed): (&Tensor<B, 2>, Option<&PackedBf16>),
     bias: Option<Tensor<B, 1>>,
 ) -> Tensor<B, 3> {
     let y = match packed {
         Some(packed) => project_bf16(x.clone(), packed),
-        None => project(x.clone(), w),
+        None => project_fast(x.clone(), w),
     };
     match bias {
         Some(bias) => y + bias.unsqueeze::<3>(),
@@ -217,7 +217,7 @@ fn biased<B: Bf16Backend>(
 }
 
 /// The gradients of a layer's input and parameters for `dy`, recomputing its forward.
-fn backward<B: RingBackend + FfnBackend + RopeBackend + Bf16Backend>(
+fn backward<B: RingBackend + FfnBackend + RopeBackend + Bf16Backend + ProjectBackend>(
     w: &Weights<B>,
     x: Tensor<B, 3>,
     rope: &Rope<B>,
@@ -289,7 +289,9 @@ fn backward<B: RingBackend + FfnBackend + RopeBackend + Bf16Backend>(
 /// Backends that run a decoder layer: ring attention and the rematerializing feed-forward, and the
 /// layer as one op. The default method runs its forward; the autodiff backend overrides it to
 /// register the checkpointed backward, whose state is the layer's input.
-pub trait LayerBackend: RingBackend + FfnBackend + RopeBackend + Bf16Backend + LossBackend {
+pub trait LayerBackend:
+    RingBackend + FfnBackend + RopeBackend + Bf16Backend + ProjectBackend + LossBackend
+{
     /// The layer's output for `x: [b, t, d]`; `cos`, `sin` are the RoPE tables `[1, 1, t, hd / 2]`;
     /// `attend` is how its attention masks and scores.
     #[allow(clippy::too_many_arguments)]

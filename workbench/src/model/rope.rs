@@ -32,17 +32,38 @@ impl<B: Backend> Rope<B> {
     ) -> Self {
         let half = head_dim / 2;
         let (inverse, factor) = frequencies.inverse_frequencies(head_dim, seq_len);
-        let angles: Vec<f64> = positions
-            .iter()
-            .flat_map(|&p| inverse.iter().map(move |w| p as f64 * w))
-            .collect();
-        let table = |f: fn(f64) -> f64| {
-            let data: Vec<f32> = angles.iter().map(|&a| (factor * f(a)) as f32).collect();
+        // A prefill's tables are a few hundred thousand f64 cos and sin: positions in parallel
+        // (each entry's arithmetic is the same whatever the split).
+        let (mut cos, mut sin) = (
+            vec![0.0f32; positions.len() * half],
+            vec![0.0f32; positions.len() * half],
+        );
+        let per = (CPU_TASK_ELEMENTS / half.max(1)).max(1);
+        let fill = |((cos, sin), positions): ((&mut [f32], &mut [f32]), &[usize])| {
+            let rows = cos.chunks_mut(half).zip(sin.chunks_mut(half));
+            for ((cos, sin), &p) in rows.zip(positions) {
+                for ((c, s), w) in cos.iter_mut().zip(sin.iter_mut()).zip(&inverse) {
+                    let angle = p as f64 * w;
+                    *c = (factor * angle.cos()) as f32;
+                    *s = (factor * angle.sin()) as f32;
+                }
+            }
+        };
+        let tasks = cos
+            .chunks_mut(per * half)
+            .zip(sin.chunks_mut(per * half))
+            .zip(positions.chunks(per));
+        if positions.len() <= per {
+            tasks.for_each(fill);
+        } else {
+            tasks.collect::<Vec<_>>().into_par_iter().for_each(fill);
+        }
+        let table = |data: Vec<f32>| {
             Tensor::from_data(TensorData::new(data, [1, 1, positions.len(), half]), device)
         };
         Rope {
-            cos: table(f64::cos),
-            sin: table(f64::sin),
+            cos: table(cos),
+            sin: table(sin),
         }
     }
 
