@@ -66,6 +66,17 @@ fn bf16_operands_with_an_f32_merge_stay_within_bf16_roundoff() {
                         let result =
                             run_case::<B>(&c, strategy, ranks, config, &Default::default())
                                 .unwrap_or_else(|e| panic!("{label}: {e}"));
+                        // The fused kernel multiplies bf16 operands with `vdpbf16ps` where the
+                        // CPU has it, and says so.
+                        if kernel == Kernel::Fused {
+                            let dot = workbench::kernels::bf16_matmul::has_bf16_dot();
+                            let want = if dot {
+                                "cpu-fused-avx512bf16"
+                            } else {
+                                "cpu-fused"
+                            };
+                            assert_eq!(result.kernel_impl, want, "{label}");
+                        }
                         for ((name, e), bound) in errors(&result, &c.want).into_iter().zip(bounds) {
                             assert!(e <= bound, "{label}: {name} error {e:.3e} over {bound:.3e}");
                         }

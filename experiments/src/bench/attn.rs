@@ -16,6 +16,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use workbench::dtype::{Dtype, Precision};
 use workbench::kernels::flops::{BACKWARD_PER_PAIR_DIM, FORWARD_PER_PAIR_DIM, sequence_pairs};
 use workbench::ring::jobs::{AttentionJob, run_attention_on_devices};
 use workbench::{BackwardScheme, Direction, Kernel, LayerBackend, RingBackend, RingConfig};
@@ -57,6 +58,11 @@ pub struct BenchAttnArgs {
     /// Timed repetitions per row, after one untimed warm-up run; the fastest is reported.
     #[arg(long, default_value_t = 1)]
     pub repeats: usize,
+    /// Element type of q, k, v and dO, of P and dS in their products, and of the outputs (the
+    /// accumulators between ring steps stay f32): f32, or bf16 (on the CPU, AVX512-BF16's
+    /// `vdpbf16ps` where the CPU has it: `kernel_impl` says which).
+    #[arg(long, default_value = "f32")]
+    pub dtype: Dtype,
     /// Also write bench_attn.csv and bench_attn.md here.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -96,6 +102,8 @@ pub struct AttnBenchRow {
     pub strategy: String,
     /// Causal mask.
     pub causal: bool,
+    /// The operands' element type (`--dtype`).
+    pub dtype: &'static str,
     /// Kernel name.
     pub kernel: String,
     /// Backend name.
@@ -226,7 +234,10 @@ fn bench_attn<I: RingBackend>(args: &BenchAttnArgs, devices: &[I::Device]) -> Re
                     window: None,
                     softcap: None,
                     lockstep: false,
-                    precision: Default::default(),
+                    precision: Precision {
+                        dtype: args.dtype,
+                        merge: Dtype::F32,
+                    },
                 },
                 timeout: Duration::from_secs(3600),
                 fault: None,
@@ -269,6 +280,7 @@ fn bench_attn<I: RingBackend>(args: &BenchAttnArgs, devices: &[I::Device]) -> Re
                     && r.ranks == 1
                     && r.strategy == strategy
                     && r.causal == causal
+                    && r.dtype == args.dtype.name()
                     && r.kernel == kernel.to_string()
             })
             .map(|r| r.fwd_bwd_seconds);
@@ -279,6 +291,7 @@ fn bench_attn<I: RingBackend>(args: &BenchAttnArgs, devices: &[I::Device]) -> Re
             ranks,
             strategy: strategy.to_owned(),
             causal,
+            dtype: args.dtype.name(),
             kernel: kernel.to_string(),
             backend: args.backend.to_string(),
             fwd_seconds: fwd.seconds,

@@ -7,7 +7,20 @@
 //! stored as `[⌈k/2⌉][n]` 32-bit words, word `(p, j)` holding `B[2p][j]` (low half) and
 //! `B[2p + 1][j]` (high half); an odd k's last pair holds a zero.
 
+use crate::dtype::Dtype;
+use multiversion::multiversion;
 use rayon::prelude::*;
+
+/// The largest error of a product of inner dimension `k` computed here, as a fraction of
+/// `|A|·|B|` (elementwise): each operand rounded to bf16 moves by at most u = 2⁻⁸ of itself, so
+/// each term `a·b` by at most `2u + u²` of itself (then exact in f32); the k f32 additions, each
+/// rounded, in any order, add at most `γ_k = k·ε / (1 − k·ε)` (ε = 2⁻²⁴) of the rounded terms'
+/// absolute sum, which is at most `(1 + u)²·|A|·|B|`.
+pub fn product_bound(k: usize) -> f64 {
+    let (u, eps) = (Dtype::Bf16.unit_roundoff(), Dtype::F32.unit_roundoff());
+    let gamma = k as f64 * eps / (1.0 - k as f64 * eps);
+    2.0 * u + u * u + gamma * (1.0 + u).powi(2)
+}
 
 /// A `[k, n]` matrix rounded to bf16 (nearest, ties to even) and packed in pairs along k.
 #[derive(Debug, Clone)]
@@ -150,6 +163,212 @@ fn matmul_with(a: &[f32], m: usize, b: &PackedBf16, fast: bool) -> Vec<f32> {
     c
 }
 
+/// Rows and columns of a matrix operand in memory: element (i, j) at `i · rows + j · cols`.
+pub type Strides = (usize, usize);
+
+/// f32 → bf16 bits (nearest, ties to even; a NaN stays a quiet NaN), in integer arithmetic that
+/// vectorizes: the same bits as [`to_bf16`].
+#[inline(always)]
+fn bf16_bits(x: f32) -> u32 {
+    let b = x.to_bits();
+    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16;
+    if x.is_nan() {
+        (b >> 16) | 0x40
+    } else {
+        rounded
+    }
+}
+
+/// `words[p] = (row[2p], row[2p + 1])` as bf16 (an odd length's last pair holds a zero).
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx512bw", "x86_64+avx2+fma", "aarch64+neon"))]
+fn pack_adjacent(row: &[f32], words: &mut [u32]) {
+    let mut pairs = row.chunks_exact(2);
+    for (w, pair) in words.iter_mut().zip(&mut pairs) {
+        *w = bf16_bits(pair[0]) | (bf16_bits(pair[1]) << 16);
+    }
+    if let [last] = pairs.remainder() {
+        words[row.len() / 2] = bf16_bits(*last);
+    }
+}
+
+/// `words[j] = (even[j], odd[j])` as bf16; without `odd`, its halves hold zeros.
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx512bw", "x86_64+avx2+fma", "aarch64+neon"))]
+fn pack_interleaved(even: &[f32], odd: Option<&[f32]>, words: &mut [u32]) {
+    match odd {
+        Some(odd) => {
+            for ((w, &lo), &hi) in words.iter_mut().zip(even).zip(odd) {
+                *w = bf16_bits(lo) | (bf16_bits(hi) << 16);
+            }
+        }
+        None => {
+            for (w, &lo) in words.iter_mut().zip(even) {
+                *w = bf16_bits(lo);
+            }
+        }
+    }
+}
+
+/// `c[m×n] (+)= alpha · a[m×k] · b[k×n]` on the calling thread by AVX512-BF16 tiles, each operand
+/// rounded to bf16 (nearest, ties to even) as it is packed and given by its strides (one of each
+/// operand's strides must be 1), C row-major with rows `ldc` apart; `accumulate` adds to C, else
+/// overwrites it. The fused attention kernel's products in bf16 (their operands are bf16 values
+/// already, so packing only drops zero bits). Callers check [`has_bf16_dot`] first: on a CPU
+/// without it this panics.
+#[allow(clippy::too_many_arguments)]
+pub fn product_strided(
+    c: &mut [f32],
+    ldc: usize,
+    a: &[f32],
+    (a_rs, a_cs): Strides,
+    b: &[f32],
+    (b_rs, b_cs): Strides,
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    accumulate: bool,
+) {
+    assert!(has_bf16_dot(), "product_strided needs AVX512-BF16");
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        c.len() > (m - 1) * ldc + n - 1,
+        "product_strided: C too small"
+    );
+    if k == 0 {
+        if !accumulate {
+            c.chunks_mut(ldc).take(m).for_each(|row| row[..n].fill(0.0));
+        }
+        return;
+    }
+    assert!(
+        a.len() > (m - 1) * a_rs + (k - 1) * a_cs,
+        "product_strided: A too small"
+    );
+    assert!(
+        b.len() > (k - 1) * b_rs + (n - 1) * b_cs,
+        "product_strided: B too small"
+    );
+    assert!(
+        (a_cs == 1 || a_rs == 1) && (b_cs == 1 || b_rs == 1),
+        "product_strided: an operand with no unit stride"
+    );
+    let kp = k.div_ceil(2);
+    // A's pairs along k, word (i, p) at i · a_row + p · a_pair: rows of A packed where A's rows
+    // are contiguous, else pairs of A's columns (rows of the stored transpose) interleaved.
+    let mut a_pairs = vec![0u32; m * kp];
+    let (a_row, a_pair) = if a_cs == 1 {
+        for (i, words) in a_pairs.chunks_mut(kp).enumerate() {
+            pack_adjacent(&a[i * a_rs..i * a_rs + k], words);
+        }
+        (kp, 1)
+    } else {
+        for (p, words) in a_pairs.chunks_mut(m).enumerate() {
+            let column = |j: usize| &a[j * a_cs..j * a_cs + m];
+            pack_interleaved(
+                column(2 * p),
+                (2 * p + 1 < k).then(|| column(2 * p + 1)),
+                words,
+            );
+        }
+        (1, m)
+    };
+    // B as [kp][np] pairs along k, its columns padded with zeros to whole tiles: B's rows
+    // interleaved in pairs where they are contiguous, else each column's pairs (a row of the stored
+    // transpose) scattered down its column.
+    let np = n.div_ceil(COLS) * COLS;
+    let mut b_pairs = vec![0u32; kp * np];
+    if b_cs == 1 {
+        for (p, words) in b_pairs.chunks_mut(np).enumerate() {
+            let row = |i: usize| &b[i * b_rs..i * b_rs + n];
+            pack_interleaved(
+                row(2 * p),
+                (2 * p + 1 < k).then(|| row(2 * p + 1)),
+                &mut words[..n],
+            );
+        }
+    } else {
+        let mut column = vec![0u32; kp];
+        for j in 0..n {
+            pack_adjacent(&b[j * b_cs..j * b_cs + k], &mut column);
+            for (p, &w) in column.iter().enumerate() {
+                b_pairs[p * np + j] = w;
+            }
+        }
+    }
+    let mut tile = [0.0f32; ROWS * COLS];
+    for j0 in (0..np).step_by(COLS) {
+        let nc = COLS.min(n - j0);
+        for r0 in (0..m).step_by(ROWS) {
+            let rows = ROWS.min(m - r0);
+            let a_block = &a_pairs[r0 * a_row..];
+            // SAFETY: the tile holds ROWS × COLS values, COLS apart; columns j0..j0 + 64 lie inside
+            // B's padded np; A's words (i, p) for i < rows, p < kp lie inside a_block; the CPU has
+            // AVX512-BF16 (asserted above).
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                let (at, a_block) = (tile.as_mut_ptr(), (a_block, a_row, a_pair));
+                match rows {
+                    4 => strided_tile::<4>(a_block, kp, &b_pairs, np, j0, at),
+                    3 => strided_tile::<3>(a_block, kp, &b_pairs, np, j0, at),
+                    2 => strided_tile::<2>(a_block, kp, &b_pairs, np, j0, at),
+                    _ => strided_tile::<1>(a_block, kp, &b_pairs, np, j0, at),
+                }
+            }
+            for (i, t) in tile.chunks(COLS).take(rows).enumerate() {
+                let out = &mut c[(r0 + i) * ldc + j0..][..nc];
+                if accumulate {
+                    out.iter_mut().zip(t).for_each(|(c, t)| *c += alpha * t);
+                } else {
+                    out.iter_mut().zip(t).for_each(|(c, t)| *c = alpha * t);
+                }
+            }
+        }
+    }
+}
+
+/// [`tile_avx512`] with A's words at `(a, row stride, pair stride)`, into a `ROWS × COLS` tile.
+///
+/// # Safety
+/// The CPU has AVX512-BF16; A's words (i, p) for i < R, p < kp lie inside `a`; columns
+/// j0..j0 + 64 lie inside B's `n`; `c` holds R × COLS values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn strided_tile<const R: usize>(
+    (a, a_row, a_pair): (&[u32], usize, usize),
+    kp: usize,
+    b: &[u32],
+    n: usize,
+    j0: usize,
+    c: *mut f32,
+) {
+    use std::arch::x86_64::*;
+    debug_assert!(a.len() > (R - 1) * a_row + (kp - 1) * a_pair);
+    let mut acc = [[_mm512_setzero_ps(); 4]; R];
+    let (a, b) = (a.as_ptr(), b.as_ptr());
+    for p in 0..kp {
+        // SAFETY: as the caller promises.
+        unsafe {
+            let row = b.add(p * n + j0);
+            let bv: [__m512bh; 4] = [0, 1, 2, 3].map(|v| {
+                std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(row.add(16 * v).cast()))
+            });
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let word = *a.add(i * a_row + p * a_pair);
+                let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(word as i32));
+                for (acc, &bv) in acc.iter_mut().zip(&bv) {
+                    *acc = _mm512_dpbf16_ps(*acc, av, bv);
+                }
+            }
+        }
+    }
+    for (i, acc) in acc.iter().enumerate() {
+        for (v, &acc) in acc.iter().enumerate() {
+            // SAFETY: row i's 64 values lie inside the tile.
+            unsafe { _mm512_storeu_ps(c.add(i * COLS + 16 * v), acc) };
+        }
+    }
+}
+
 /// C's buffer, shared by tasks that write disjoint blocks of it.
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
@@ -264,7 +483,7 @@ mod tests {
             .collect()
     }
 
-    /// Every element within `(2⁻⁸ + k·2⁻²⁴)·(|A|·|B|)` of the float64 product of the unrounded
+    /// Every element within [`product_bound`]`(k)·(|A|·|B|)` of the float64 product of the unrounded
     /// operands, on the CPU's kernel and on the portable one, for shapes with odd k, a column count
     /// that is not a multiple of the tile, one row (a decode step) and a partial row block.
     #[test]
@@ -272,7 +491,7 @@ mod tests {
         for (m, k, n) in [(1, 96, 200), (5, 33, 64), (9, 128, 130)] {
             let (a, b) = (values(m * k, 1 + m as u64), values(k * n, 7 + n as u64));
             let packed = PackedBf16::pack(&b, k, n);
-            let bound = 2f64.powi(-8) + k as f64 * 2f64.powi(-24);
+            let bound = product_bound(k);
             for fast in [true, false] {
                 let c = matmul_with(&a, m, &packed, fast && has_bf16_dot());
                 assert_eq!(c.len(), m * n);
@@ -291,6 +510,71 @@ mod tests {
                             bound * size
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// The strided product: each element within [`product_bound`]`(k)·(|A|·|B|)` of float64 plus
+    /// what C held (and the f32 rounding of that last addition), for transposed operands, C rows wider than n, tails of rows and columns, odd k, and
+    /// both overwriting and accumulating.
+    #[test]
+    fn strided_products_stay_within_the_bf16_bound_of_float64() {
+        if !has_bf16_dot() {
+            return;
+        }
+        for (m, n, k, transposed) in [(7, 70, 33, false), (9, 64, 64, true), (1, 3, 1, true)] {
+            let (a, b) = (values(m * k, 11 + k as u64), values(k * n, 5 + m as u64));
+            // Transposed: A stored [k, m] and B stored [n, k].
+            let (a_strides, b_strides) = if transposed {
+                ((1, m), (1, k))
+            } else {
+                ((k, 1), (n, 1))
+            };
+            let (ldc, alpha) = (n + 5, 0.5f32);
+            for accumulate in [false, true] {
+                let start = values(m * ldc, 2);
+                let mut c = start.clone();
+                product_strided(
+                    &mut c,
+                    ldc,
+                    &a,
+                    a_strides,
+                    &b,
+                    b_strides,
+                    (m, n, k),
+                    alpha,
+                    accumulate,
+                );
+                for i in 0..m {
+                    for j in 0..n {
+                        let (mut exact, mut size) = (0.0f64, 0.0f64);
+                        for p in 0..k {
+                            let x = f64::from(a[i * a_strides.0 + p * a_strides.1]);
+                            let t = x * f64::from(b[p * b_strides.0 + j * b_strides.1]);
+                            exact += t;
+                            size += t.abs();
+                        }
+                        let before = if accumulate {
+                            f64::from(start[i * ldc + j])
+                        } else {
+                            0.0
+                        };
+                        let want = before + f64::from(alpha) * exact;
+                        // The bf16 products' bound, plus the last multiply and add in f32.
+                        let bound = f64::from(alpha) * size * product_bound(k)
+                            + 2.0 * 2f64.powi(-24) * (before.abs() + f64::from(alpha) * size);
+                        let err = (f64::from(c[i * ldc + j]) - want).abs();
+                        assert!(
+                            err <= bound,
+                            "[{m}, {k}] · [{k}, {n}] at ({i}, {j}), accumulate {accumulate}: {err:e} > {bound:e}"
+                        );
+                    }
+                    // Past n, C's row is untouched.
+                    assert_eq!(
+                        &c[i * ldc + n..(i + 1) * ldc],
+                        &start[i * ldc + n..(i + 1) * ldc]
+                    );
                 }
             }
         }

@@ -11,11 +11,12 @@
 //! Inside a unit (batch i, kv head j) the query rows of its `g = h / hk` heads are contiguous:
 //! `g · tq` rows, row r is query `r % tq`.
 
+use super::bf16_matmul;
 use super::exp::fast_exp;
 use super::mask::{Bounds, Cover, Window, span};
 use super::tile::{BackwardTile as Tile, ForwardTile, Queries, Scores, TileKernel, Travelling};
 use crate::block::{Block, BlockKind};
-use crate::dtype::Precision;
+use crate::dtype::{Dtype, Precision};
 use crate::error::RingError;
 use crate::host::HostRead;
 use burn::tensor::{Tensor, TensorData};
@@ -42,6 +43,33 @@ pub fn scratch_bytes(dims: &TileDims, backward: bool) -> u64 {
     (dims.units() * per_unit * std::mem::size_of::<f32>()) as u64
 }
 
+/// How a product's terms are multiplied: f32 FMAs (`gemm`), or AVX512-BF16's `vdpbf16ps` when the
+/// operands are bf16 values (precision bf16) and the CPU has it. Both take each product exactly
+/// (a bf16 product fits an f32) and sum in f32; only the order of the sums differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dot {
+    /// `gemm`'s f32 microkernels.
+    F32,
+    /// [`bf16_matmul::product_strided`].
+    Bf16,
+}
+
+impl Dot {
+    /// The products of a tile scored as `how` says.
+    fn of(how: Scores) -> Dot {
+        Dot::of_dtype(how.precision.dtype)
+    }
+
+    /// The products of operands of type `dtype`.
+    fn of_dtype(dtype: Dtype) -> Dot {
+        if dtype == Dtype::Bf16 && bf16_matmul::has_bf16_dot() {
+            Dot::Bf16
+        } else {
+            Dot::F32
+        }
+    }
+}
+
 /// `c[m×n] (+)= alpha · a[m×k] · b[k×n]`, each operand given by its row and column strides.
 #[allow(clippy::too_many_arguments)]
 fn matmul(
@@ -53,7 +81,22 @@ fn matmul(
     (m, n, k): (usize, usize, usize),
     alpha: f32,
     accumulate: bool,
+    dot: Dot,
 ) {
+    if dot == Dot::Bf16 {
+        let strides = ((a_rs, a_cs), (b_rs, b_cs));
+        return bf16_matmul::product_strided(
+            c,
+            n,
+            a,
+            strides.0,
+            b,
+            strides.1,
+            (m, n, k),
+            alpha,
+            accumulate,
+        );
+    }
     if m == 0 || n == 0 {
         return;
     }
@@ -262,6 +305,7 @@ fn scores(
     win_q: &[Window],
     pos_kc: &[usize],
 ) {
+    let dot = Dot::of(how);
     matmul(
         s,
         &q[r0 * d..],
@@ -271,6 +315,7 @@ fn scores(
         (nr, nc, d),
         how.scale,
         false,
+        dot,
     );
     if let Some(cap) = how.softcap {
         soft_cap(s, cap, tanh);
@@ -331,6 +376,7 @@ impl OnlineSoftmax {
         };
         let (d, rows, tk) = (dims.head_dim, dims.rows(), dims.tk);
         let (win_q, how) = (&self.win_q, self.how);
+        let dot = Dot::of(how);
         // Tasks of ROWS query rows of one unit: rows are independent, so any split gives the same
         // bits, and causal blocks of unequal work balance over the pool.
         let blocks = self
@@ -401,6 +447,7 @@ impl OnlineSoftmax {
                         (nr, d, nc),
                         1.0,
                         true,
+                        dot,
                     );
                 }
             }
@@ -494,6 +541,7 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
     let dims = t.dims;
     let (d, rows, tk) = (dims.head_dim, dims.rows(), dims.tk);
     debug_assert_eq!(dq.len(), dims.units() * rows * d);
+    let dot = Dot::of(t.how);
     let units = dq
         .chunks_mut(rows * d)
         .zip(dk.chunks_mut(tk * d))
@@ -550,6 +598,7 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                         (nr, nc, d),
                         1.0,
                         false,
+                        dot,
                     );
                     for (i, (ds_row, p_row)) in ds.chunks_mut(nc).zip(p.chunks(nc)).enumerate() {
                         softmax_grad(ds_row, p_row, delta[r0 + i]);
@@ -574,6 +623,7 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                         (nc, d, nr),
                         1.0,
                         true,
+                        dot,
                     );
                     // dQ += scale · dS K;  dK += scale · dSᵀ Q
                     matmul(
@@ -585,6 +635,7 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                         (nr, d, nc),
                         t.how.scale,
                         true,
+                        dot,
                     );
                     matmul(
                         &mut dk[c0 * d..],
@@ -595,6 +646,7 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                         (nc, d, nr),
                         t.how.scale,
                         true,
+                        dot,
                     );
                 }
             }
@@ -613,9 +665,16 @@ impl<B: HostRead> TileKernel<B> for FusedCpu {
 
     /// On the CPU backend; on a device backend it would copy every block to the host and compute
     /// there, so it says so instead (`--kernel fused` runs the CubeCL kernel there).
-    fn implementation(&self, device: &B::Device, _: Precision) -> Result<&'static str, RingError> {
+    fn implementation(
+        &self,
+        device: &B::Device,
+        precision: Precision,
+    ) -> Result<&'static str, RingError> {
         if B::HOST_MEMORY {
-            Ok("cpu-fused")
+            Ok(match Dot::of_dtype(precision.dtype) {
+                Dot::F32 => "cpu-fused",
+                Dot::Bf16 => "cpu-fused-avx512bf16",
+            })
         } else {
             Err(RingError::KernelUnavailable {
                 kernel: "fused",

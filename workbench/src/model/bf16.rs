@@ -4,9 +4,9 @@
 //! weights stay the default and the reference, and stay in the model (training never reads the
 //! packed copies); norms, RoPE, attention and the residual stream stay f32.
 //!
-//! Error: each operand rounded to bf16 is off by at most 2⁻⁹ of itself, so a product of two by
-//! 2⁻⁸ (to first order), and k f32 additions add k·2⁻²⁴: `|C − A·B| ≤ (2⁻⁸ + k·2⁻²⁴)·(|A|·|B|)`
-//! elementwise ([`bf16_product_bound`]).
+//! Error: each operand rounded to bf16 is off by at most u = 2⁻⁸ of itself, so a product of two by
+//! 2u + u² ≈ 2⁻⁷, and k f32 additions add about k·2⁻²⁴: `|C − A·B| ≤ (2⁻⁷ + k·2⁻²⁴)·(|A|·|B|)`
+//! elementwise, to first order ([`bf16_product_bound`], which states it exactly).
 
 use crate::kernels::bf16_matmul::{self, PackedBf16};
 use crate::primitive::{unwrap, wrap};
@@ -17,9 +17,9 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorData};
 
 /// The relative error of a bf16 product of inner dimension `k` with f32 accumulation, as a
-/// fraction of `|A|·|B|` (see the module's doc).
+/// fraction of `|A|·|B|` (see the module's doc; derived in [`bf16_matmul::product_bound`]).
 pub fn bf16_product_bound(k: usize) -> f64 {
-    2f64.powi(-8) + k as f64 * 2f64.powi(-24)
+    bf16_matmul::product_bound(k)
 }
 
 /// One layer's projections, packed: `[in, out]` as Burn's `Linear` holds them.

@@ -627,9 +627,9 @@ mod tests {
 
     /// A model with bf16 weights decodes through them, on 1 and 3 ranks: the first token's logits
     /// move from the f32 model's (bf16 is used), stay finite, and move by rounding's size, not a
-    /// wrong product's: each product is off by at most (2⁻⁸ + k·2⁻²⁴) ≈ 0.4% of |A|·|B| (k ≤ 128
+    /// wrong product's: each product is off by at most (2⁻⁷ + k·2⁻²⁴) ≈ 0.8% of |A|·|B| (k ≤ 128
     /// here), and nine products stand between the tokens and the logits (four a layer, two layers,
-    /// the head): relative to the logits' scale, 9 × 0.4% = 3.6% bounds the first-order sum.
+    /// the head): relative to the logits' scale, 9 × 0.8% = 7.1% bounds the first-order sum.
     #[test]
     fn bf16_weights_move_the_logits_by_rounding_alone_on_any_rank_count() {
         use crate::model::LlamaConfig;
