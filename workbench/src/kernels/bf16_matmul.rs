@@ -87,10 +87,14 @@ impl PackedBf16 {
     }
 }
 
-/// Rows of C a task computes.
+/// Rows of C a microkernel step computes.
 const ROWS: usize = 4;
 /// Columns of C a microkernel step keeps in registers (4 vectors of 16).
 const COLS: usize = 64;
+/// Rows of C a task computes, in tiles of [`ROWS`].
+const TASK_ROWS: usize = 32;
+/// Columns of C a task computes, in tiles of [`COLS`].
+const TASK_COLS: usize = 256;
 
 /// `a: [m, k]` (f32, row-major) times `b`, as `[m, n]` f32.
 pub fn matmul(a: &[f32], m: usize, b: &PackedBf16) -> Vec<f32> {
@@ -107,55 +111,38 @@ fn matmul_with(a: &[f32], m: usize, b: &PackedBf16, fast: bool) -> Vec<f32> {
     a_pairs
         .par_chunks_mut(kp)
         .zip(a.par_chunks(k))
-        .for_each(|(pairs, row)| {
-            for (p, word) in pairs.iter_mut().enumerate() {
-                let lo = to_bf16(row[2 * p]);
-                let hi = if 2 * p + 1 < k {
-                    to_bf16(row[2 * p + 1])
-                } else {
-                    0
-                };
-                *word = u32::from(lo) | (u32::from(hi) << 16);
-            }
-        });
-    let mut c = vec![0.0f32; m * n];
-    // Tasks: blocks of ROWS rows × all columns (a decode step's one row: blocks of columns).
-    let task_cols = if m < 4 * ROWS { COLS * 4 } else { n };
+        .for_each(|(pairs, row)| pack_adjacent(row, pairs));
+    let mut c = crate::host::zeros_in_parallel(m * n);
+    // Tasks: blocks of TASK_ROWS rows × TASK_COLS columns, so that a task's slice of B (⌈k/2⌉ × 64
+    // words a column tile) stays in cache while its rows pass over it; a decode step's one row is
+    // one block of rows.
     let blocks: Vec<(usize, usize)> = (0..m)
-        .step_by(ROWS)
-        .flat_map(|r| (0..n).step_by(task_cols).map(move |c| (r, c)))
+        .step_by(TASK_ROWS)
+        .flat_map(|r| (0..n).step_by(TASK_COLS).map(move |c| (r, c)))
         .collect();
     let c_ptr = SendPtr(c.as_mut_ptr());
-    blocks.into_par_iter().for_each(|(r0, c0)| {
-        let rows = ROWS.min(m - r0);
-        let cols = task_cols.min(n - c0);
+    blocks.into_par_iter().for_each(|(r_first, c0)| {
+        let cols = TASK_COLS.min(n - c0);
         for j0 in (c0..c0 + cols).step_by(COLS) {
             let nc = COLS.min(c0 + cols - j0);
-            let a_block = &a_pairs[r0 * kp..(r0 + rows) * kp];
-            // SAFETY: blocks are disjoint (rows r0..r0 + rows × columns c0..c0 + cols of C), and
-            // each tile writes rows × nc values of its block, ldc = n apart.
-            unsafe {
-                let at = c_ptr.at(r0 * n + j0);
-                if fast && nc == COLS {
-                    #[cfg(target_arch = "x86_64")]
-                    match rows {
-                        4 => tile_avx512::<4>(a_block, kp, &b.pairs, n, j0, at, n),
-                        3 => tile_avx512::<3>(a_block, kp, &b.pairs, n, j0, at, n),
-                        2 => tile_avx512::<2>(a_block, kp, &b.pairs, n, j0, at, n),
-                        _ => tile_avx512::<1>(a_block, kp, &b.pairs, n, j0, at, n),
+            for r0 in (r_first..(r_first + TASK_ROWS).min(m)).step_by(ROWS) {
+                let rows = ROWS.min(m - r0);
+                let a_block = &a_pairs[r0 * kp..(r0 + rows) * kp];
+                // SAFETY: blocks are disjoint (rows r_first.. × columns c0..c0 + cols of C), and
+                // each tile writes rows × nc values of its block, ldc = n apart.
+                unsafe {
+                    let at = c_ptr.at(r0 * n + j0);
+                    if fast && nc == COLS {
+                        #[cfg(target_arch = "x86_64")]
+                        match rows {
+                            4 => tile_avx512::<4>(a_block, kp, &b.pairs, n, j0, at, n),
+                            3 => tile_avx512::<3>(a_block, kp, &b.pairs, n, j0, at, n),
+                            2 => tile_avx512::<2>(a_block, kp, &b.pairs, n, j0, at, n),
+                            _ => tile_avx512::<1>(a_block, kp, &b.pairs, n, j0, at, n),
+                        }
+                    } else {
+                        tile_portable(a_block, rows, kp, &b.pairs, n, j0, nc, at, n);
                     }
-                } else {
-                    tile_portable(
-                        a_block,
-                        rows,
-                        kp,
-                        &b.pairs,
-                        n,
-                        j0,
-                        nc,
-                        c_ptr.0.add(r0 * n + j0),
-                        n,
-                    );
                 }
             }
         }
@@ -485,10 +472,11 @@ mod tests {
 
     /// Every element within [`product_bound`]`(k)·(|A|·|B|)` of the float64 product of the unrounded
     /// operands, on the CPU's kernel and on the portable one, for shapes with odd k, a column count
-    /// that is not a multiple of the tile, one row (a decode step) and a partial row block.
+    /// that is not a multiple of the tile, one row (a decode step), a partial row block, and more
+    /// rows and columns than a task holds.
     #[test]
     fn products_stay_within_the_bf16_bound_of_float64() {
-        for (m, k, n) in [(1, 96, 200), (5, 33, 64), (9, 128, 130)] {
+        for (m, k, n) in [(1, 96, 200), (5, 33, 64), (9, 128, 130), (37, 40, 320)] {
             let (a, b) = (values(m * k, 1 + m as u64), values(k * n, 7 + n as u64));
             let packed = PackedBf16::pack(&b, k, n);
             let bound = product_bound(k);
