@@ -130,7 +130,8 @@ pub struct AttnBenchRow {
     pub working_set_mib_per_rank: f64,
     /// The most bytes any rank's ring step moved between host and device in fwd+bwd.
     pub host_device_bytes_per_step: u64,
-    /// What computed the tiles: `cpu-fused`, `cubecl-fused` or `generic`.
+    /// What computed the tiles: `cpu-fused` (`cpu-fused-avx512bf16` with bf16 operands), `cubecl-fused`
+    /// or `generic`.
     pub kernel_impl: &'static str,
     /// Every byte fwd+bwd moved between host and device, all ranks: inputs placed, outputs and
     /// gradients read, and the ring steps' (on flex, copies between host arrays and tensors).

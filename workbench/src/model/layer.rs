@@ -17,7 +17,7 @@ use crate::model::bf16::{Bf16Backend, project_bf16};
 use crate::model::elementwise::{heads_first, heads_last, rms_norm, rms_norm_backward, swiglu};
 use crate::model::ffn::{FfnBackend, blockwise_swiglu, swiglu_backward};
 use crate::model::loss::LossBackend;
-use crate::model::project::{ProjectBackend, flat, project, project_fast};
+use crate::model::project::{ProjectBackend, flat, project};
 use crate::model::rope::{Rope, RopeBackend};
 use crate::model::rope_scaling::RopeFrequencies;
 use crate::model::weights::{DecoderLayer, WeightPrimitives, Weights};
@@ -208,7 +208,7 @@ fn biased<B: Bf16Backend + ProjectBackend>(
 ) -> Tensor<B, 3> {
     let y = match packed {
         Some(packed) => project_bf16(x.clone(), packed),
-        None => project_fast(x.clone(), w),
+        None => project(x.clone(), w),
     };
     match bias {
         Some(bias) => y + bias.unsqueeze::<3>(),

@@ -15,15 +15,8 @@ pub(crate) fn flat<B: Backend>(x: Tensor<B, 3>) -> Tensor<B, 2> {
     x.reshape([b * t, n])
 }
 
-/// `x: [b, t, n] · w: [n, m]`.
-pub(crate) fn project<B: Backend>(x: Tensor<B, 3>, w: &Tensor<B, 2>) -> Tensor<B, 3> {
-    let [b, t, _] = x.dims();
-    flat(x).matmul(w.clone()).reshape([b, t, w.dims()[1]])
-}
-
-/// `x: [b, t, n] · w: [n, m]` by the backend's own product ([`ProjectBackend`]): the forward's
-/// projections.
-pub(crate) fn project_fast<B: ProjectBackend>(x: Tensor<B, 3>, w: &Tensor<B, 2>) -> Tensor<B, 3> {
+/// `x: [b, t, n] · w: [n, m]` by the backend's product ([`ProjectBackend`]).
+pub(crate) fn project<B: ProjectBackend>(x: Tensor<B, 3>, w: &Tensor<B, 2>) -> Tensor<B, 3> {
     let [b, t, n] = x.dims();
     let y = wrap::<B, 2>(B::project_matmul(
         unwrap(x.reshape([b * t, n])),
@@ -35,8 +28,7 @@ pub(crate) fn project_fast<B: ProjectBackend>(x: Tensor<B, 3>, w: &Tensor<B, 2>)
 /// Backends that multiply a layer's activations by a weight. The default is Burn's matmul (what a
 /// device backend and autodiff run). The CPU backend's own writes the product into a buffer that
 /// its rayon tasks zero (Burn's CPU matmul zeroes a fresh buffer and then copies it into an aligned
-/// one on the calling thread: two serial passes over every output, a tenth of a small model's
-/// prefill).
+/// one on the calling thread: two serial passes over every output while the other cores wait).
 pub trait ProjectBackend: Backend {
     /// `x: [n, k] · w: [k, m]`, `[n, m]`.
     fn project_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -80,7 +80,8 @@ struct Row {
     ulysses: Option<usize>,
     /// The most bytes any rank's ring step moved between host and device in fwd+bwd.
     host_device_bytes_per_step: Option<u64>,
-    /// What computed the tiles: `cpu-fused`, `cubecl-fused` or `generic`.
+    /// What computed the tiles: `cpu-fused` (`cpu-fused-avx512bf16` with bf16 operands), `cubecl-fused`
+    /// or `generic`.
     kernel_impl: Option<&'static str>,
     /// Every byte fwd+bwd moved between host and device, all ranks, inputs and outputs included.
     host_device_bytes_per_call: Option<u64>,
