@@ -53,13 +53,8 @@ impl ProjectBackend for burn::backend::Flex {
         let x = cpu_values(&x);
         // The weight as stored (a transposed view too): its strides go to gemm as they are.
         let layout = w.layout();
-        let [w_rs, w_cs]: [isize; 2] = layout
-            .strides()
-            .iter()
-            .map(|&s| s as isize)
-            .collect::<Vec<_>>()
-            .try_into()
-            .expect("a 2-d matrix's strides");
+        let [w_rs, w_cs] =
+            <[isize; 2]>::try_from(layout.strides()).expect("a 2-d matrix's strides");
         let storage = w.storage::<f32>();
         let w_first = layout.start_offset();
         let last = w_first as isize + (k as isize - 1) * w_rs + (m as isize - 1) * w_cs;
