@@ -84,17 +84,10 @@ fn matmul(
     dot: Dot,
 ) {
     if dot == Dot::Bf16 {
-        let strides = ((a_rs, a_cs), (b_rs, b_cs));
+        let (a_strides, b_strides) = ((a_rs, a_cs), (b_rs, b_cs));
+        let (c_row, shape) = (n, (m, n, k));
         return bf16_matmul::product_strided(
-            c,
-            n,
-            a,
-            strides.0,
-            b,
-            strides.1,
-            (m, n, k),
-            alpha,
-            accumulate,
+            c, c_row, a, a_strides, b, b_strides, shape, alpha, accumulate,
         );
     }
     if m == 0 || n == 0 {
@@ -218,10 +211,10 @@ const BACKWARD_STRIP: usize = 128;
 
 /// The pieces of sub-tile rows `r0..r0 + nr` × keys `pos_kc` worth computing, as
 /// `(first row, rows, keys, cover)` with the keys a prefix of `pos_kc`. A fully visible sub-tile is
-/// one piece. A partly visible one whose keys ascend is cut into strips of `strip` rows ([`FORWARD_STRIP`], [`BACKWARD_STRIP`]), each over
-/// the keys up to its last query: the keys it leaves out are masked for every row of the strip, so
-/// the result is the same: a 256×256 diagonal sub-tile in strips of 32 computes 9/16 of its pairs,
-/// in strips of 128 3/4.
+/// one piece. A partly visible one whose keys ascend is cut into strips of `strip` rows
+/// ([`FORWARD_STRIP`], [`BACKWARD_STRIP`]), each over the keys up to its last query: the keys it
+/// leaves out are masked for every row of the strip, so the result is the same. A 256×256 diagonal
+/// sub-tile in strips of 32 computes 9/16 of its pairs, in strips of 128 3/4.
 fn pieces(
     strip: usize,
     cover_all: Cover,
