@@ -31,12 +31,6 @@ pub struct PackedBf16 {
     pairs: Vec<u32>,
 }
 
-/// f32 → bf16 bits, rounding to nearest, ties to even (the `half` crate's rounding).
-#[inline(always)]
-fn to_bf16(x: f32) -> u16 {
-    half::bf16::from_f32(x).to_bits()
-}
-
 /// bf16 bits → f32 (exact).
 #[inline(always)]
 fn from_bf16(b: u16) -> f32 {
@@ -48,16 +42,9 @@ impl PackedBf16 {
     pub fn pack(b: &[f32], k: usize, n: usize) -> Self {
         assert_eq!(b.len(), k * n, "a [{k}, {n}] matrix");
         let mut pairs = vec![0u32; k.div_ceil(2) * n];
-        for (p, row) in pairs.chunks_mut(n).enumerate() {
-            for (j, word) in row.iter_mut().enumerate() {
-                let lo = to_bf16(b[2 * p * n + j]);
-                let hi = if 2 * p + 1 < k {
-                    to_bf16(b[(2 * p + 1) * n + j])
-                } else {
-                    0
-                };
-                *word = u32::from(lo) | (u32::from(hi) << 16);
-            }
+        for (p, words) in pairs.chunks_mut(n).enumerate() {
+            let row = |i: usize| &b[i * n..(i + 1) * n];
+            pack_interleaved(row(2 * p), (2 * p + 1 < k).then(|| row(2 * p + 1)), words);
         }
         PackedBf16 { k, n, pairs }
     }
@@ -135,10 +122,10 @@ fn matmul_with(a: &[f32], m: usize, b: &PackedBf16, fast: bool) -> Vec<f32> {
                     if fast && nc == COLS {
                         #[cfg(target_arch = "x86_64")]
                         match rows {
-                            4 => tile_avx512::<4>(a_block, kp, &b.pairs, n, j0, at, n),
-                            3 => tile_avx512::<3>(a_block, kp, &b.pairs, n, j0, at, n),
-                            2 => tile_avx512::<2>(a_block, kp, &b.pairs, n, j0, at, n),
-                            _ => tile_avx512::<1>(a_block, kp, &b.pairs, n, j0, at, n),
+                            4 => tile_avx512::<4>((a_block, kp, 1), kp, &b.pairs, n, j0, (at, n)),
+                            3 => tile_avx512::<3>((a_block, kp, 1), kp, &b.pairs, n, j0, (at, n)),
+                            2 => tile_avx512::<2>((a_block, kp, 1), kp, &b.pairs, n, j0, (at, n)),
+                            _ => tile_avx512::<1>((a_block, kp, 1), kp, &b.pairs, n, j0, (at, n)),
                         }
                     } else {
                         tile_portable(a_block, rows, kp, &b.pairs, n, j0, nc, at, n);
@@ -154,7 +141,7 @@ fn matmul_with(a: &[f32], m: usize, b: &PackedBf16, fast: bool) -> Vec<f32> {
 pub type Strides = (usize, usize);
 
 /// f32 → bf16 bits (nearest, ties to even; a NaN stays a quiet NaN), in integer arithmetic that
-/// vectorizes: the same bits as [`to_bf16`].
+/// vectorizes: the same bits as the `half` crate's `bf16::from_f32`.
 #[inline(always)]
 fn bf16_bits(x: f32) -> u32 {
     let b = x.to_bits();
@@ -295,10 +282,10 @@ pub fn product_strided(
             unsafe {
                 let (at, a_block) = (tile.as_mut_ptr(), (a_block, a_row, a_pair));
                 match rows {
-                    4 => strided_tile::<4>(a_block, kp, &b_pairs, np, j0, at),
-                    3 => strided_tile::<3>(a_block, kp, &b_pairs, np, j0, at),
-                    2 => strided_tile::<2>(a_block, kp, &b_pairs, np, j0, at),
-                    _ => strided_tile::<1>(a_block, kp, &b_pairs, np, j0, at),
+                    4 => tile_avx512::<4>(a_block, kp, &b_pairs, np, j0, (at, COLS)),
+                    3 => tile_avx512::<3>(a_block, kp, &b_pairs, np, j0, (at, COLS)),
+                    2 => tile_avx512::<2>(a_block, kp, &b_pairs, np, j0, (at, COLS)),
+                    _ => tile_avx512::<1>(a_block, kp, &b_pairs, np, j0, (at, COLS)),
                 }
             }
             for (i, t) in tile.chunks(COLS).take(rows).enumerate() {
@@ -313,20 +300,21 @@ pub fn product_strided(
     }
 }
 
-/// [`tile_avx512`] with A's words at `(a, row stride, pair stride)`, into a `ROWS × COLS` tile.
+/// The AVX512-BF16 tile: R × COLS of C in 4R registers, one `vdpbf16ps` per (row, vector) and
+/// pair; A's word (i, p) at `a[i · a_row + p · a_pair]`, C's rows `ldc` apart.
 ///
 /// # Safety
 /// The CPU has AVX512-BF16; A's words (i, p) for i < R, p < kp lie inside `a`; columns
-/// j0..j0 + 64 lie inside B's `n`; `c` holds R × COLS values.
+/// j0..j0 + 64 lie inside B's `n`; C's rows i < R hold 64 values from `c + i · ldc`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn strided_tile<const R: usize>(
+unsafe fn tile_avx512<const R: usize>(
     (a, a_row, a_pair): (&[u32], usize, usize),
     kp: usize,
     b: &[u32],
     n: usize,
     j0: usize,
-    c: *mut f32,
+    (c, ldc): (*mut f32, usize),
 ) {
     use std::arch::x86_64::*;
     debug_assert!(a.len() > (R - 1) * a_row + (kp - 1) * a_pair);
@@ -350,8 +338,8 @@ unsafe fn strided_tile<const R: usize>(
     }
     for (i, acc) in acc.iter().enumerate() {
         for (v, &acc) in acc.iter().enumerate() {
-            // SAFETY: row i's 64 values lie inside the tile.
-            unsafe { _mm512_storeu_ps(c.add(i * COLS + 16 * v), acc) };
+            // SAFETY: as the caller promises.
+            unsafe { _mm512_storeu_ps(c.add(i * ldc + 16 * v), acc) };
         }
     }
 }
@@ -409,45 +397,6 @@ unsafe fn tile_portable(
                 acc += from_bf16(wa as u16) * from_bf16(wb as u16);
             }
             unsafe { *c.add(i * ldc + j) = acc };
-        }
-    }
-}
-
-/// The AVX512-BF16 tile: ROWS × COLS of C in 16 registers, one `vdpbf16ps` per (row, vector) and pair.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn tile_avx512<const R: usize>(
-    a: &[u32],
-    kp: usize,
-    b: &[u32],
-    n: usize,
-    j0: usize,
-    c: *mut f32,
-    ldc: usize,
-) {
-    use std::arch::x86_64::*;
-    let mut acc = [[_mm512_setzero_ps(); 4]; R];
-    for p in 0..kp {
-        // SAFETY: the caller's columns j0..j0 + 64 lie inside B's n.
-        let row = unsafe { b.as_ptr().add(p * n + j0) };
-        let bv: [__m512bh; 4] = std::array::from_fn(|v| unsafe {
-            std::mem::transmute::<__m512i, __m512bh>(
-                _mm512_loadu_si512(row.add(16 * v) as *const _),
-            )
-        });
-        for (i, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: a pair of bf16 is 32 bits, as each lane of a __m512bh.
-            let av: __m512bh =
-                unsafe { std::mem::transmute(_mm512_set1_epi32(a[i * kp + p] as i32)) };
-            for (acc, &bv) in acc.iter_mut().zip(&bv) {
-                *acc = _mm512_dpbf16_ps(*acc, av, bv);
-            }
-        }
-    }
-    for (i, acc) in acc.iter().enumerate() {
-        for (v, &acc) in acc.iter().enumerate() {
-            // SAFETY: row i's 64 columns lie inside the caller's block of C.
-            unsafe { _mm512_storeu_ps(c.add(i * ldc + 16 * v), acc) };
         }
     }
 }
@@ -600,7 +549,11 @@ mod tests {
         }));
         for b in bits {
             let x = f32::from_bits(b);
-            assert_eq!(bf16_bits(x), u32::from(to_bf16(x)), "{b:#010x}");
+            assert_eq!(
+                bf16_bits(x),
+                u32::from(half::bf16::from_f32(x).to_bits()),
+                "{b:#010x}"
+            );
         }
     }
 
