@@ -281,17 +281,18 @@ fn soft_cap(s: &mut [f32], cap: f32, tanh: Option<&mut [f32]>) {
     }
 }
 
-/// Scores of one sub-tile, `scale · q[r0..r0 + nr] · k[c0..c0 + nc]ᵀ` (soft-capped when `scores`
-/// says, keeping each `tanh` in `tanh` when given), into `s` (`nr × nc`), with invisible pairs set
-/// to −∞ when the sub-tile is only partly visible.
+/// Scores of one sub-tile, `scale · q[r0..r0 + nr] · kᵀ` over the first `nc` keys of a chunk
+/// (`k_t`: the chunk as [`transposed_chunks`] lays it out, `d` rows of `width` keys), soft-capped
+/// when `scores` says (keeping each `tanh` in `tanh` when given), into `s` (`nr × nc`), with
+/// invisible pairs set to −∞ when the sub-tile is only partly visible.
 #[allow(clippy::too_many_arguments)]
 fn scores(
     s: &mut [f32],
     q: &[f32],
-    k: &[f32],
+    (k_t, width): (&[f32], usize),
     d: usize,
     (r0, nr): (usize, usize),
-    (c0, nc): (usize, usize),
+    nc: usize,
     how: Scores,
     tanh: Option<&mut [f32]>,
     cover: Cover,
@@ -303,8 +304,8 @@ fn scores(
         s,
         &q[r0 * d..],
         (d, 1),
-        &k[c0 * d..],
-        (1, d),
+        k_t,
+        (width, 1),
         (nr, nc, d),
         how.scale,
         false,
@@ -370,6 +371,7 @@ impl OnlineSoftmax {
         let (d, rows, tk) = (dims.head_dim, dims.rows(), dims.tk);
         let (win_q, how) = (&self.win_q, self.how);
         let dot = Dot::of(how);
+        let k_t = transposed_chunks(k, tk, d, self.parallel);
         // Tasks of ROWS query rows of one unit: rows are independent, so any split gives the same
         // bits, and causal blocks of unequal work balance over the pool.
         let blocks = self
@@ -387,15 +389,15 @@ impl OnlineSoftmax {
                     .map(move |(block, ((acc, m), l))| (unit, block * ROWS, acc, m, l, q))
             });
         for_each_unit(self.parallel, blocks, |(unit, first, acc, m, l, q)| {
-            let k = &k[unit * tk * d..(unit + 1) * tk * d];
+            let k_t = &k_t[unit * tk * d..(unit + 1) * tk * d];
             let v = &v[unit * tk * d..(unit + 1) * tk * d];
             let nr = m.len();
             let mut s = vec![0.0f32; nr * COLS.min(tk)];
             let r0 = first;
             let bounds = row_bounds(win_q, r0, r0 + nr);
             for c0 in (0..tk).step_by(COLS) {
-                let nc = COLS.min(tk - c0);
-                let pos_kc = &pos_k[c0..c0 + nc];
+                let width = COLS.min(tk - c0);
+                let pos_kc = &pos_k[c0..c0 + width];
                 let cover_all = bounds.cover(span(pos_kc));
                 for (r0, nr, nc, cover) in pieces(FORWARD_STRIP, cover_all, win_q, (r0, nr), pos_kc)
                 {
@@ -404,10 +406,10 @@ impl OnlineSoftmax {
                     scores(
                         s,
                         q,
-                        k,
+                        (&k_t[c0 * d..], width),
                         d,
                         (r0, nr),
-                        (c0, nc),
+                        nc,
                         how,
                         None,
                         cover,
@@ -535,6 +537,9 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
     let (d, rows, tk) = (dims.head_dim, dims.rows(), dims.tk);
     debug_assert_eq!(dq.len(), dims.units() * rows * d);
     let dot = Dot::of(t.how);
+    // Kᵀ and Vᵀ once per tile, for Q·Kᵀ and dO·Vᵀ: the same products from a layout gemm reads as is.
+    let k_t = transposed_chunks(t.k, tk, d, t.parallel);
+    let v_t = transposed_chunks(t.v, tk, d, t.parallel);
     let units = dq
         .chunks_mut(rows * d)
         .zip(dk.chunks_mut(tk * d))
@@ -547,14 +552,17 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
         let (q, d_out) = (rows_of(t.q, d), rows_of(t.d_out, d));
         let (lse, delta) = (rows_of(t.lse, 1), rows_of(t.delta, 1));
         let k = &t.k[unit * tk * d..(unit + 1) * tk * d];
-        let v = &t.v[unit * tk * d..(unit + 1) * tk * d];
+        let (k_t, v_t) = (
+            &k_t[unit * tk * d..][..tk * d],
+            &v_t[unit * tk * d..][..tk * d],
+        );
         let scratch = ROWS.min(rows) * COLS.min(tk);
         let (mut p, mut ds) = (vec![0.0f32; scratch], vec![0.0f32; scratch]);
         // With a cap, each score's tanh, for the cap's derivative 1 − tanh².
         let mut tanh = vec![0.0f32; if t.how.softcap.is_some() { scratch } else { 0 }];
         for c0 in (0..tk).step_by(COLS) {
-            let nc = COLS.min(tk - c0);
-            let pos_kc = &t.pos_k[c0..c0 + nc];
+            let width = COLS.min(tk - c0);
+            let pos_kc = &t.pos_k[c0..c0 + width];
             let k_span = span(pos_kc);
             for r0 in (0..rows).step_by(ROWS) {
                 let nr = ROWS.min(rows - r0);
@@ -568,10 +576,10 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                     scores(
                         p,
                         q,
-                        k,
+                        (&k_t[c0 * d..], width),
                         d,
                         (r0, nr),
-                        (c0, nc),
+                        nc,
                         t.how,
                         tanh.as_deref_mut(),
                         cover,
@@ -586,8 +594,8 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
                         ds,
                         &d_out[r0 * d..],
                         (d, 1),
-                        &v[c0 * d..],
-                        (1, d),
+                        &v_t[c0 * d..],
+                        (width, 1),
                         (nr, nc, d),
                         1.0,
                         false,
@@ -816,6 +824,30 @@ impl<B: HostRead> TileKernel<B> for FusedCpu {
     }
 }
 
+/// Each chunk of [`COLS`] rows of every unit's `[tk, d]` block of `x`, transposed in its place:
+/// chunk `c0..c0 + w` becomes `d` rows of `w` (row `j` holds column `j` of the chunk). Products with
+/// a chunk's transpose read it as is; from `x`'s layout `gemm` would repack it on every call, and the
+/// forward makes one call per strip of rows.
+fn transposed_chunks(x: &[f32], tk: usize, d: usize, parallel: bool) -> Vec<f32> {
+    let mut out = vec![0.0f32; x.len()];
+    if tk == 0 || d == 0 {
+        return out;
+    }
+    let chunks = out
+        .chunks_mut(tk * d)
+        .zip(x.chunks(tk * d))
+        .flat_map(|(out, x)| out.chunks_mut(COLS * d).zip(x.chunks(COLS * d)));
+    for_each_unit(parallel, chunks, |(out, x)| {
+        let width = x.len() / d;
+        for (j, row) in x.chunks_exact(d).enumerate() {
+            for (i, &value) in row.iter().enumerate() {
+                out[i * width + j] = value;
+            }
+        }
+    });
+    out
+}
+
 /// Runs `f` on every unit: on rayon's pool when `parallel`, else in order on this thread (a rayon
 /// call from outside the pool would park this thread while the pool works).
 fn for_each_unit<T: Send>(
@@ -854,6 +886,29 @@ mod tests {
                         !w.sees(pk),
                         "window {w:?}, key {pk}"
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn transposed_chunks_hold_each_chunks_columns_as_rows() {
+        // Two units of 300 keys: one whole chunk of COLS keys and a part-chunk of the rest.
+        let (tk, d) = (COLS + 44, 3);
+        let x: Vec<f32> = (0..2 * tk * d).map(|i| i as f32).collect();
+        for parallel in [false, true] {
+            let t = transposed_chunks(&x, tk, d, parallel);
+            for unit in 0..2 {
+                for (c0, width) in [(0, COLS), (COLS, 44)] {
+                    let chunk = &t[unit * tk * d + c0 * d..][..width * d];
+                    for (i, j) in (0..d).flat_map(|i| (0..width).map(move |j| (i, j))) {
+                        let key = unit * tk + c0 + j;
+                        assert_eq!(
+                            chunk[i * width + j],
+                            x[key * d + i],
+                            "unit {unit} key {key}"
+                        );
+                    }
                 }
             }
         }
