@@ -39,8 +39,7 @@ const COLS: usize = 256;
 /// forward; probabilities and their gradient in the backward), counted as if every unit ran at once
 /// so that the figure does not depend on the number of cores. Operand packing is not counted: the
 /// panels `gemm` packs its operands into, and the backward's transposes of a chunk of K and of V
-/// ([`transpose_chunk`], `COLS · d` values each a running task), the size of a chunk whatever the
-/// shard.
+/// (`COLS · d` values each a running task), the size of a chunk whatever the shard.
 pub fn scratch_bytes(dims: &TileDims, backward: bool) -> u64 {
     let per_unit = ROWS.min(dims.rows()) * COLS.min(dims.tk) * if backward { 2 } else { 1 };
     (dims.units() * per_unit * std::mem::size_of::<f32>()) as u64
