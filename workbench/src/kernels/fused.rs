@@ -834,8 +834,8 @@ impl<B: HostRead> TileKernel<B> for FusedCpu {
 /// row `i` holding component `i` of every key. `gemm` takes a product with a chunk's transpose
 /// (Q·Kᵀ, dO·Vᵀ) from this layout as it is; from the chunk's own it gathers the chunk into its panels
 /// again on every call, and the backward makes two such calls per strip of rows of every block of
-/// rows. (The forward's calls share a block's rows, and transposing once per block of rows cost it
-/// more than `gemm`'s gathering: 0.41 against 0.39 s at 8K.)
+/// rows. (The forward reads K as it is: transposing a chunk for every block of rows cost it more
+/// than `gemm`'s gathering, 0.41 against 0.39 s at 8K.)
 fn transpose_chunk(chunk: &[f32], d: usize, out: &mut [f32]) {
     let width = chunk.len() / d.max(1);
     for (j, key) in chunk.chunks_exact(d.max(1)).enumerate() {
