@@ -49,6 +49,7 @@ const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}
 pub const BYTE_LEVEL_PRE: &[&str] = &[
     "default",
     "gpt2",
+    "gpt-2",
     "smollm",
     "llama3",
     "llama-bpe",
@@ -216,7 +217,7 @@ impl GgufVocabulary {
                 byte_level(false)]})
         };
         Ok(match self.pre.as_deref().unwrap_or("default") {
-            "default" | "gpt2" => byte_level(true),
+            "default" | "gpt2" | "gpt-2" => byte_level(true),
             "smollm" => json!({"type": "Sequence", "pretokenizers": [
                 {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
             "llama3" | "llama-bpe" | "llama-v3" => split(LLAMA3_SPLIT),

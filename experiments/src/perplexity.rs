@@ -11,6 +11,7 @@ use crate::plot::{Axis, Chart, Scale, Series, line_chart};
 use crate::results::{significant, write_whole};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use workbench::LayerBackend;
@@ -19,12 +20,13 @@ use workbench::train::{Decoding, Prompt, score};
 
 /// Documents cut into windows of `context` tokens, each `prefix` (the tokenizer's BOS, if it adds
 /// one) then `context − prefix` of the document's tokens; a document's remainder shorter than a
-/// window is dropped. At most `max_windows` (all when `None`), taken in order.
+/// window is dropped. At most `max_windows` (all when `None`; a count of 0, which would score
+/// nothing and print NaN, cannot be given), taken in order.
 pub fn windows(
     documents: &[Vec<u32>],
     context: usize,
     prefix: &[u32],
-    max_windows: Option<usize>,
+    max_windows: Option<NonZeroUsize>,
 ) -> Result<Vec<Vec<u32>>> {
     if context < prefix.len() + 2 {
         bail!(
@@ -46,7 +48,7 @@ pub fn windows(
              (lower --context or give longer text)"
         );
     }
-    out.truncate(max_windows.unwrap_or(usize::MAX));
+    out.truncate(max_windows.map_or(usize::MAX, NonZeroUsize::get));
     Ok(out)
 }
 
@@ -356,7 +358,12 @@ mod tests {
                 vec![99, 7, 8, 9]
             ]
         );
-        assert_eq!(windows(&docs, 4, &[99], Some(2)).unwrap().len(), 2);
+        assert_eq!(
+            windows(&docs, 4, &[99], std::num::NonZeroUsize::new(2))
+                .unwrap()
+                .len(),
+            2
+        );
         let e = windows(&docs, 11, &[], None).unwrap_err().to_string();
         assert!(
             e.contains("no window of 11 tokens: the longest document has 10"),

@@ -5,7 +5,7 @@ use anyhow::{Context, Result, bail};
 use datasets::{ChatTemplate, GgufVocabulary, HfTokenizer};
 use std::path::Path;
 use workbench::gguf::{GgufFile, GgufValue, load_gguf_model, read_gguf_model};
-use workbench::hf::{Architecture, HfConfig, load_model, rope_scaling_of};
+use workbench::hf::{HfConfig, load_model, rope_scaling_of};
 use workbench::model::Llama;
 use workbench::model::RopeScaling;
 
@@ -16,14 +16,14 @@ pub fn is_gguf(path: &Path) -> bool {
 }
 
 /// What a pretrained model says of itself: a Hugging Face directory's config, or a GGUF file's
-/// metadata as the same (a LLaMA model; its end-of-sequence and beginning tokens).
+/// metadata as the same (its architecture, end-of-sequence and beginning tokens).
 pub fn pretrained_config(path: &Path) -> Result<HfConfig> {
     if !is_gguf(path) {
         return Ok(HfConfig::read(&path.join("config.json"))?);
     }
     let info = read_gguf_model(path)?;
     Ok(HfConfig {
-        architecture: Architecture::Llama,
+        architecture: info.architecture,
         model: info.config,
         eos: info.eos.into_iter().collect(),
         bos: info.bos,

@@ -1,15 +1,19 @@
 //! GGUF files against the `gguf` Python package: the committed fixture (`tests/fixtures/gguf/`,
 //! written by `make_gguf_fixture.py`) holds one tensor of every ggml type ringbench reads, and the
 //! package's own dequantization of each; ringbench's must agree within 1e-6 of each tensor's scale.
-//! Then every kind of bad file is refused in one line naming the tensor or what is wrong.
+//! Then every kind of bad file is refused in one line naming the tensor or what is wrong. Files
+//! written by llama.cpp's own converter from the Hugging Face fixtures (`converted/`) give
+//! transformers' logits.
 
 mod common;
 
-use common::temp_dir;
+use common::{decoding, temp_dir};
 use experiments::npy;
 use reference::compare::deviation;
 use std::path::{Path, PathBuf};
-use workbench::gguf::{GgmlType, GgufError, GgufFile};
+use workbench::gguf::{GgmlType, GgufError, GgufFile, read_gguf_model};
+use workbench::hf::{Architecture, HfConfig};
+use workbench::train::{Prompt, full_logits};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf")
@@ -226,4 +230,217 @@ fn unknown_tokenizer_kinds_are_refused_by_name() {
             .to_string();
         assert!(error.contains(want) && error.contains("x.gguf"), "{error}");
     }
+}
+
+/// The Hugging Face fixtures converted by llama.cpp's own `convert_hf_to_gguf.py`
+/// (`make_converted_fixture.py`): each case, what `general.architecture` the converter wrote, and
+/// how it stores the RoPE scaling.
+const CONVERTED: [(&str, Architecture, &str); 6] = [
+    ("llama_gqa", Architecture::Llama, "default"),
+    ("llama3", Architecture::Llama, "frequency_factors"),
+    ("llama_linear_tied", Architecture::Llama, "linear"),
+    ("yarn", Architecture::Llama, "yarn"),
+    ("mistral_nowindow", Architecture::Llama, "default"),
+    ("qwen2_bias", Architecture::Qwen2, "default"),
+];
+
+/// The bound, the Hugging Face tests' own (`tests/hf.rs`): transformers' float64 logits
+/// within 1e-4 of the largest; f32 over these sizes accumulates about 1e-5.
+const LOGITS_BOUND: f64 = 1e-4;
+
+fn converted(case: &str) -> PathBuf {
+    fixture().join("converted").join(format!("{case}.gguf"))
+}
+
+fn hf_case(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(case)
+}
+
+/// Each converted file gives transformers' logits of the directory it came from, on 1 rank and on 2
+/// (zig-zag and striped); LLaMA 3's scaling is read from `rope_freqs.weight`, not dropped.
+#[test]
+fn converted_files_give_transformers_logits_on_one_and_two_ranks() {
+    type B = burn::backend::Flex;
+    for (case, architecture, rope) in CONVERTED {
+        let (model, config) =
+            experiments::pretrained::load_pretrained::<B>(&converted(case), &Default::default())
+                .unwrap_or_else(|e| panic!("{case}: {e:#}"));
+        assert_eq!(config.architecture, architecture, "{case}");
+        assert_eq!(config.model.rope_scaling.name(), rope, "{case}");
+        let dir = hf_case(case);
+        let tokens = npy::read_ids(&dir.join("tokens.npy")).unwrap();
+        let want = npy::read(&dir.join("logits.npy")).unwrap();
+        for (ranks, strategy) in [(1, "contiguous"), (2, "zigzag"), (2, "striped")] {
+            let mut got = Vec::new();
+            for t in &tokens {
+                let d = decoding(strategy, ranks, &[], 0);
+                got.extend(full_logits(&model, &Prompt::from(t.clone()), &d).unwrap());
+            }
+            // `deviation` fails on a length that differs from the fixture's.
+            let d = deviation(&got, &want.data);
+            assert!(
+                d.within(LOGITS_BOUND),
+                "{case} on {ranks} {strategy} ranks: {d}"
+            );
+        }
+    }
+    // The divisors are the llama3 scaling's: the frequencies equal the directory's within the f32
+    // rounding of the stored factors (2^-24 relative).
+    let from_gguf = read_gguf_model(&converted("llama3")).unwrap().config.rope();
+    let from_hf = HfConfig::read(&hf_case("llama3").join("config.json"))
+        .unwrap()
+        .model
+        .rope();
+    let (got, _) = from_gguf.inverse_frequencies(16, 24);
+    let (want, _) = from_hf.inverse_frequencies(16, 24);
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 2f64.powi(-23) * w,
+            "frequency {i}: {g} against {w}"
+        );
+    }
+    assert!(got.iter().zip(&want).any(|(g, _)| *g < 0.9 * got[0]));
+}
+
+/// The converter's tokenizer (its `tokenizer.ggml.pre` "gpt-2") encodes as the directory's
+/// tokenizer.json does.
+#[test]
+fn the_converted_tokenizer_gives_the_directorys_ids() {
+    let tokenizer = experiments::pretrained::pretrained_tokenizer(&converted("llama_gqa"))
+        .unwrap()
+        .expect("a GGUF file's tokenizer");
+    let dir = hf_case("llama_gqa");
+    let text = std::fs::read_to_string(dir.join("text.txt")).unwrap();
+    let want: Vec<u32> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("text_ids.json")).unwrap()).unwrap();
+    assert_eq!(tokenizer.encode(&text, false).unwrap(), want);
+}
+
+/// `bytes` with the first `from` replaced by `to` (of the same length, so every offset holds).
+fn replaced(bytes: &mut [u8], from: &[u8], to: &[u8]) {
+    assert_eq!(from.len(), to.len());
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from)
+        .unwrap_or_else(|| panic!("{:?} in the file", String::from_utf8_lossy(from)));
+    bytes[at..at + to.len()].copy_from_slice(to);
+}
+
+/// What changes the computation and is not understood is refused in one line naming it: an
+/// architecture, a key under its prefix, a tensor the model would leave unread.
+#[test]
+fn what_the_reader_does_not_compute_is_refused_by_name() {
+    let refusal = |name: &str, edit: &dyn Fn(&mut Vec<u8>)| -> String {
+        let mut bytes = std::fs::read(converted("llama_gqa")).unwrap();
+        edit(&mut bytes);
+        let path = temp_dir(name).join("edited.gguf");
+        std::fs::write(&path, bytes).unwrap();
+        let text = format!("{:#}", read_gguf_model(&path).unwrap_err());
+        // The lines docs/hugging-face.md quotes (`cargo test --test gguf -- --nocapture`).
+        println!("{text}");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        text
+    };
+    // An architecture (the key's value "llama" becomes "mamba").
+    let text = refusal("gguf_arch", &|b| {
+        let mut key = b"general.architecture".to_vec();
+        key.extend(8u32.to_le_bytes());
+        key.extend(5u64.to_le_bytes());
+        let mut to = key.clone();
+        key.extend(b"llama");
+        to.extend(b"mamba");
+        replaced(b, &key, &to)
+    });
+    assert!(
+        text.contains("general.architecture") && text.contains("\"mamba\""),
+        "{text}"
+    );
+    // A key under the prefix that changes the computation (Gemma 2's soft-cap, here in place of
+    // the value width, a key of the same length).
+    let text = refusal("gguf_key", &|b| {
+        replaced(
+            b,
+            b"llama.attention.value_length",
+            b"llama.attn_logit_softcapping",
+        )
+    });
+    assert!(
+        text.contains("llama.attn_logit_softcapping") && text.contains("does not compute"),
+        "{text}"
+    );
+    // One block fewer than the file holds: layer 1's tensors would be left unread.
+    let text = refusal("gguf_tensor", &|b| {
+        let mut key = b"llama.block_count".to_vec();
+        key.extend(4u32.to_le_bytes());
+        let mut to = key.clone();
+        key.extend(2u32.to_le_bytes());
+        to.extend(1u32.to_le_bytes());
+        replaced(b, &key, &to)
+    });
+    assert!(
+        text.contains("tensor blk.1.") && text.contains("left unread"),
+        "{text}"
+    );
+}
+
+/// A GGUF file of one metadata value, written here byte by byte.
+fn one_value_file(name: &str, key: &str, value: &[u8]) -> PathBuf {
+    let mut bytes = b"GGUF".to_vec();
+    bytes.extend(3u32.to_le_bytes());
+    bytes.extend(0u64.to_le_bytes());
+    bytes.extend(1u64.to_le_bytes());
+    bytes.extend((key.len() as u64).to_le_bytes());
+    bytes.extend(key.as_bytes());
+    bytes.extend(value);
+    let path = temp_dir(name).join("one.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// Arrays nested past the bound are refused (not recursed into until the stack runs out), and
+/// nesting within it reads.
+#[test]
+fn deeply_nested_arrays_are_refused() {
+    // The value's type (an array), then `depth` arrays each holding one array (item type, count),
+    // then the innermost: an array of one u32.
+    let nested = |depth: usize| {
+        let mut value = 9u32.to_le_bytes().to_vec();
+        for _ in 0..depth {
+            value.extend(9u32.to_le_bytes());
+            value.extend(1u64.to_le_bytes());
+        }
+        value.extend(4u32.to_le_bytes());
+        value.extend(1u64.to_le_bytes());
+        value.extend(7u32.to_le_bytes());
+        value
+    };
+    let fine = one_value_file("gguf_nest_ok", "deep", &nested(2));
+    GgufFile::open(&fine).unwrap();
+    let deep = one_value_file("gguf_nest_deep", "deep", &nested(100_000));
+    let text = GgufFile::open(&deep).unwrap_err().to_string();
+    assert!(
+        text.contains("metadata deep") && text.contains("nested deeper than"),
+        "{text}"
+    );
+}
+
+/// Dimensions whose product overflows 64 bits are named, not wrapped into a small size.
+#[test]
+fn dimensions_that_overflow_are_refused() {
+    let path = edited("gguf_dims", |b| {
+        // q8_0's two dimensions sit just before its type id.
+        let at = type_offset(b, "q8_0") - 16;
+        b[at..at + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        b[at + 8..at + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    });
+    let file = GgufFile::open(&path).unwrap();
+    assert_eq!(file.tensor("q8_0").unwrap().elements(), None);
+    let text = file.values("q8_0").unwrap_err().to_string();
+    assert!(
+        text.contains("tensor q8_0") && text.contains("more than 2^64 values"),
+        "{text}"
+    );
 }

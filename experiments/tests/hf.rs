@@ -6,16 +6,14 @@
 
 mod common;
 
-use common::{ringbench, temp_dir};
+use common::{decoding, ringbench, temp_dir};
 use datasets::HfTokenizer;
 use experiments::npy;
 use reference::compare::deviation;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 use workbench::hf::{HfConfig, export_model, load_model};
-use workbench::ring::decode::DecodeMerge;
 use workbench::ring::jobs::HostTensor;
-use workbench::train::{Decoding, Prompt, full_logits};
+use workbench::train::{Prompt, full_logits};
 
 type B = burn::backend::Flex;
 
@@ -43,23 +41,6 @@ fn case_dir(case: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/hf")
         .join(case)
-}
-
-fn decoding<'a>(strategy: &str, ranks: usize, stop: &'a [u32], max_new: usize) -> Decoding<'a> {
-    Decoding {
-        max_new,
-        stop,
-        pad: 0,
-        partition: strategies::by_name(strategy).unwrap(),
-        ranks,
-        timeout: Duration::from_secs(60),
-        cache: Some(DecodeMerge::AllGather),
-        batch: 0,
-        on_batch: None,
-        keep_logits: false,
-        sampling: Default::default(),
-        stop_reply: None,
-    }
 }
 
 #[test]
@@ -311,6 +292,11 @@ fn hf_ppl_writes_tables_resumes_and_refuses_bad_settings() {
             "--buckets 30 must be between 1 and the 24 − 1",
         ),
         (vec!["--context", "24", "--ranks", "0"], "0"),
+        // 0 windows scored nothing and printed NaN.
+        (
+            vec!["--context", "24", "--max-windows", "0"],
+            "'0' for '--max-windows <MAX_WINDOWS>'",
+        ),
     ] {
         let (ok, _, stderr) = run(&extra);
         assert!(!ok && stderr.contains(want), "{extra:?}: {stderr}");
@@ -584,10 +570,29 @@ fn cli_logits_and_generate_match_the_fixtures() {
         "--out",
         gen_path.to_str().unwrap(),
     ]);
-    assert_eq!(
-        npy::read_ids(&gen_path).unwrap(),
-        npy::read_ids(&gqa.join("greedy.npy")).unwrap()
+    let want = npy::read_ids(&gqa.join("greedy.npy")).unwrap();
+    assert_eq!(npy::read_ids(&gen_path).unwrap(), want);
+    // Without --out the reply is printed and nothing is written: a chat needs no file.
+    let printed = ringbench(&[
+        "hf",
+        "generate",
+        "--model",
+        gqa.to_str().unwrap(),
+        "--tokens",
+        gqa.join("prompt.npy").to_str().unwrap(),
+        "--max-new",
+        "8",
+    ]);
+    assert!(
+        printed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&printed.stderr)
     );
+    let stdout = String::from_utf8_lossy(&printed.stdout);
+    let tokenizer = HfTokenizer::load(&gqa.join("tokenizer.json")).unwrap();
+    let reply = tokenizer.decode(&want[0]).unwrap();
+    assert!(stdout.contains(&format!("0: {reply:?}")), "{stdout}");
+    assert!(!stdout.contains("wrote"), "{stdout}");
     let _ = std::fs::remove_dir_all(&out);
 }
 

@@ -254,6 +254,51 @@ fn shards_merge_into_the_unsharded_table() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A kind with side files (the `train` kind's curves) sharded by seed and merged: the merged
+/// curves.csv holds every slice's curves, an earlier run's curves.csv and curves.svg in the output
+/// are replaced, and the figure is drawn from the merged curves.
+#[test]
+fn merged_side_files_join_every_slice_and_replace_an_earlier_runs() {
+    let dir = temp_dir("launch-side-files");
+    let quick = std::fs::read_to_string(workspace().join("experiments/train_quick.toml")).unwrap();
+    let sweep = "[sweep]\nstrategies = [\"zigzag\"]\nbackward = [\"kv\"]\nranks = [1, 2]\n\
+                 seeds = [0, 1]\n";
+    let start = quick.find("[sweep]").unwrap();
+    let end = quick.find("[task]").unwrap();
+    let spec_text =
+        format!("{}{sweep}\n{}", &quick[..start], &quick[end..]).replace("steps = 20", "steps = 3");
+    let spec = dir.join("tiny.toml");
+    std::fs::write(&spec, spec_text).unwrap();
+    let (spec, out) = (spec.to_str().unwrap(), dir.to_str().unwrap());
+    let mut slices = Vec::new();
+    for i in 1..=2 {
+        let o = run(&[spec, "--results", out, "--shard", &format!("{i}/2")], &[]);
+        assert!(o.status.success(), "{}", text(&o));
+        slices.push(dir.join(format!("tiny.shard-{i}-of-2")));
+    }
+    // An earlier run's files where the merge writes.
+    let merged = dir.join("tiny");
+    std::fs::create_dir_all(&merged).unwrap();
+    std::fs::write(merged.join("curves.csv"), "strategy,step,loss\nstale,0,9\n").unwrap();
+    std::fs::write(merged.join("curves.svg"), "<svg>stale</svg>").unwrap();
+    let mut args = vec![spec, "--results", out, "--merge"];
+    let listed: Vec<String> = slices.iter().map(|s| s.display().to_string()).collect();
+    args.extend(listed.iter().map(String::as_str));
+    let o = run(&args, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let curves = |d: &Path| Table::read(&d.join("curves.csv")).unwrap().rows;
+    let want: Vec<Record> = slices.iter().flat_map(|s| curves(s)).collect();
+    // 2 seeds × 2 rank counts × 3 steps, each slice holding one seed's.
+    assert_eq!(want.len(), 12);
+    assert_eq!(curves(&merged), want);
+    let svg = std::fs::read_to_string(merged.join("curves.svg")).unwrap();
+    assert!(
+        !svg.contains("stale") && svg.matches("<polyline").count() >= 4,
+        "{svg}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// Bad input: a shard outside 1..=N and an unknown placeholder are refused naming the value.
 #[test]
 fn bad_shards_and_launcher_commands_are_refused() {

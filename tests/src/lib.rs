@@ -7,6 +7,7 @@
 
 pub mod covering;
 pub mod device;
+pub mod skips;
 pub mod table;
 
 pub use reference::bounds::{F32_ATTENTION, F32_UNIT_ROUNDOFF, f32_attention_bound_at};

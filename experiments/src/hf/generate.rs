@@ -65,10 +65,11 @@ pub struct GenerateArgs {
     /// Recompute the whole sequence for every new token instead of the KV cache (the check).
     #[arg(long)]
     pub no_cache: bool,
-    /// The new tokens, int64 [batch, new]: the eos token that ended a row included, as
-    /// transformers' generate returns them; a shorter row padded with that eos.
+    /// Also write the new tokens, int64 [batch, new]: the eos token that ended a row included, as
+    /// transformers' generate returns them; a shorter row padded with that eos. The replies are
+    /// printed either way.
     #[arg(long)]
-    pub out: PathBuf,
+    pub out: Option<PathBuf>,
 }
 
 pub(super) struct GenerateOn<'a>(pub(super) &'a GenerateArgs);
@@ -125,13 +126,15 @@ impl OnBackend for GenerateOn<'_> {
                 None => println!("{i}: {row:?}"),
             }
         }
-        let rows = padded(rows, pad);
-        npy::write_ids(&args.out, &rows)?;
-        println!(
-            "wrote {} rows of new tokens to {}",
-            rows.len(),
-            args.out.display()
-        );
+        if let Some(out) = &args.out {
+            let rows = padded(rows, pad);
+            npy::write_ids(out, &rows)?;
+            println!(
+                "wrote {} rows of new tokens to {}",
+                rows.len(),
+                out.display()
+            );
+        }
         Ok(())
     }
 }

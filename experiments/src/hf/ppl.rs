@@ -8,6 +8,7 @@ use crate::perplexity::{self, Scoring, Setting, ring_key, scaling_label, score_w
 use crate::pretrained::{load_pretrained, pretrained_config, pretrained_tokenizer, rope_override};
 use anyhow::{Context, Result, bail};
 use indicatif::ProgressBar;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use workbench::LayerBackend;
 use workbench::model::RopeScaling;
@@ -29,7 +30,7 @@ pub struct PplArgs {
     pub context: usize,
     /// Windows scored at most, in document order (all when absent).
     #[arg(long)]
-    pub max_windows: Option<usize>,
+    pub max_windows: Option<NonZeroUsize>,
     /// RoPE scalings to evaluate, comma-separated: none (the model's own), linear, dynamic,
     /// yarn, llama3 (each at --factor, over the model's context length).
     #[arg(long, value_delimiter = ',', default_value = "none")]

@@ -159,28 +159,64 @@ impl Plan for KneePlan {
 
     fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
         let ranks = self.ranks[index];
-        let (heads, head_dim, repeats) = (self.heads, self.head_dim, self.repeats);
-        let set_tokens = self.set_tokens;
-        let blocks = &self.blocks;
         let bar = context.bar;
-        let block_bytes = |c: usize| (2 * c * heads * head_dim * 4) as f64;
+        // A burst of other work on the machine can leave no link-bound block size to fit the link
+        // on (the link was set while the compute ran slow, say): the point is measured again, up
+        // to ATTEMPTS times, rather than written with empty knee cells.
+        let mut attempt = 1;
+        loop {
+            let sweep = self.measure(ranks, bar)?;
+            if sweep.knee.is_some() || attempt == ATTEMPTS {
+                return self.rows(ranks, &sweep);
+            }
+            bar.println(format!(
+                "knee N={ranks}: no link-bound block size in attempt {attempt} of {ATTEMPTS} \
+                 (the machine's load changed during it?): measuring again"
+            ));
+            attempt += 1;
+        }
+    }
+}
+
+/// How many times a point is measured before its knee cells are left empty.
+const ATTEMPTS: usize = 3;
+
+/// One rank count's measurements: the link rate set, each block size's free and limited passes,
+/// and the knee found from them.
+struct KneeSweep {
+    bytes_per_s: f64,
+    points: Vec<KneePoint>,
+    free: Vec<RingTiming>,
+    limited: Vec<RingTiming>,
+    knee: Option<FittedKnee>,
+}
+
+impl KneePlan {
+    fn block_bytes(&self, c: usize) -> f64 {
+        (2 * c * self.heads * self.head_dim * 4) as f64
+    }
+
+    /// Times every block size on a free link, sets the link from the compute at the set knee, then
+    /// times every block size on the limited link.
+    fn measure(&self, ranks: usize, bar: &indicatif::ProgressBar) -> Result<KneeSweep> {
+        let (heads, head_dim, repeats) = (self.heads, self.head_dim, self.repeats);
         let mut free: Vec<RingTiming> = Vec::new();
-        for &c in blocks {
+        for &c in &self.blocks {
             bar.set_message(format!("knee N={ranks} c={c}, free link"));
             free.push(time_ring(ranks, c, heads, head_dim, None, repeats)?);
         }
-        let at_set = match blocks.iter().position(|&c| c == set_tokens) {
+        let at_set = match self.blocks.iter().position(|&c| c == self.set_tokens) {
             Some(i) => free[i],
-            None => time_ring(ranks, set_tokens, heads, head_dim, None, repeats)?,
+            None => time_ring(ranks, self.set_tokens, heads, head_dim, None, repeats)?,
         };
-        let bytes_per_s = block_bytes(set_tokens) / at_set.compute_per_step;
+        let bytes_per_s = self.block_bytes(self.set_tokens) / at_set.compute_per_step;
         let link = Link {
             bytes_per_s,
             latency: Duration::ZERO,
         };
         let mut points = Vec::new();
         let mut limited = Vec::new();
-        for (&c, f) in blocks.iter().zip(&free) {
+        for (&c, f) in self.blocks.iter().zip(&free) {
             bar.set_message(format!("knee N={ranks} c={c}, limited link"));
             let l = time_ring(ranks, c, heads, head_dim, Some(link), repeats)?;
             points.push(KneePoint {
@@ -191,18 +227,32 @@ impl Plan for KneePlan {
             limited.push(l);
         }
         let knee = measured_knee(&points, ranks);
-        points
+        Ok(KneeSweep {
+            bytes_per_s,
+            points,
+            free,
+            limited,
+            knee,
+        })
+    }
+
+    /// The rows of one rank count's sweep.
+    fn rows(&self, ranks: usize, sweep: &KneeSweep) -> Result<Vec<Record>> {
+        let (heads, head_dim, knee) = (self.heads, self.head_dim, sweep.knee);
+        let bytes_per_s = sweep.bytes_per_s;
+        sweep
+            .points
             .iter()
-            .zip(free.iter().zip(&limited))
+            .zip(sweep.free.iter().zip(&sweep.limited))
             .map(|(p, (f, l))| {
-                let t_comm = block_bytes(p.block) / bytes_per_s;
+                let t_comm = self.block_bytes(p.block) / bytes_per_s;
                 // Theory: each of the N − 1 transfers exposes max(0, T_comm − T_comp).
                 let theory = (ranks - 1) as f64 * (t_comm - p.compute).max(0.0);
                 let pass = ranks as f64 * p.compute;
                 Record::of(&Row {
                     ranks,
                     block_size: p.block,
-                    set_knee_tokens: set_tokens,
+                    set_knee_tokens: self.set_tokens,
                     link_mb_per_s: bytes_per_s / 1e6,
                     compute_ms_per_step: p.compute * 1e3,
                     comm_ms_per_step: t_comm * 1e3,
@@ -212,7 +262,7 @@ impl Plan for KneePlan {
                     theory_exposed_fraction: theory / (theory + pass),
                     measured_link_mb_per_s: knee.map(|k| k.link_bytes_per_s(heads, head_dim) / 1e6),
                     measured_knee_tokens: knee.map(|k| k.tokens),
-                    measured_over_set: knee.map(|k| k.tokens / set_tokens as f64),
+                    measured_over_set: knee.map(|k| k.tokens / self.set_tokens as f64),
                 })
             })
             .collect()
@@ -245,7 +295,10 @@ impl FittedKnee {
 /// on the link-bound block sizes (from the smallest up to the first whose exposed share is within
 /// noise, ≤ 5%) `exposed / (N − 1) + T_comp` is the link time of a block: fit it as `β·c` (least
 /// squares through the origin), then find where the measured compute time per step `T_comp(c)`
-/// overtakes `β·c` (linear interpolation between block sizes).
+/// overtakes `β·c`: between two block sizes by linear interpolation; past either end of the sweep
+/// (the machine ran slower or faster than when the link was set) on the compute curve extended as
+/// a `c × c` tile grows, `T_comp(c_end) · (c / c_end)²`, which meets `β·c` at
+/// `β · c_end² / T_comp(c_end)`. `None` when no block size was link-bound.
 fn measured_knee(points: &[KneePoint], ranks: usize) -> Option<FittedKnee> {
     let transfers = ranks.saturating_sub(1).max(1) as f64;
     let bound: Vec<&KneePoint> = points
@@ -261,16 +314,28 @@ fn measured_knee(points: &[KneePoint], ranks: usize) -> Option<FittedKnee> {
     });
     let beta = sxy / sxx;
     let gap = |p: &KneePoint| p.compute - beta * p.block as f64;
-    points.windows(2).find_map(|w| {
-        let (g0, g1) = (gap(&w[0]), gap(&w[1]));
-        (g0 < 0.0 && g1 >= 0.0).then(|| {
-            let (c0, c1) = (w[0].block as f64, w[1].block as f64);
-            FittedKnee {
-                tokens: c0 + (c1 - c0) * (-g0) / (g1 - g0),
-                seconds_per_token: beta,
-            }
+    let knee = |tokens: f64| FittedKnee {
+        tokens,
+        seconds_per_token: beta,
+    };
+    let on_quadratic = |p: &KneePoint| {
+        let c = p.block as f64;
+        knee(beta * c * c / p.compute)
+    };
+    let (first, last) = (points.first()?, points.last()?);
+    if gap(first) >= 0.0 {
+        return Some(on_quadratic(first));
+    }
+    points
+        .windows(2)
+        .find_map(|w| {
+            let (g0, g1) = (gap(&w[0]), gap(&w[1]));
+            (g0 < 0.0 && g1 >= 0.0).then(|| {
+                let (c0, c1) = (w[0].block as f64, w[1].block as f64);
+                knee(c0 + (c1 - c0) * (-g0) / (g1 - g0))
+            })
         })
-    })
+        .or_else(|| Some(on_quadratic(last)))
 }
 
 #[cfg(test)]
@@ -296,6 +361,33 @@ mod tests {
         assert!((knee.seconds_per_token - beta).abs() < 1e-12);
         // Linear interpolation of γc² − βc between 450 and 550.
         assert!((knee.tokens - 500.0).abs() < 5.0, "{knee:?}");
+        // No block size link-bound: no knee.
         assert_eq!(measured_knee(&points[5..], 2), None);
+        // The crossing past the largest block size measured (the link set while the compute ran
+        // slow, say): found on the c² extension of the compute curve, exactly here.
+        let knee = measured_knee(&points[..4], 2).unwrap();
+        assert!((knee.tokens - 500.0).abs() < 1e-6, "{knee:?}");
+    }
+
+    /// A compute curve measured under a burst of load (the link set from a slow measurement, so
+    /// every block size is link-bound) still gives a knee: the one its own curve crosses.
+    #[test]
+    fn a_knee_past_the_sweep_is_found_on_the_compute_curve() {
+        // The link takes βc; the compute γc²: the knee is β/γ = 2,400, past the sweep's 2,048.
+        let (beta, gamma) = (2.4e-5, 1e-8);
+        let points: Vec<KneePoint> = [256, 512, 768, 1024, 1536, 2048]
+            .iter()
+            .map(|&c| {
+                let c_f = c as f64;
+                KneePoint {
+                    block: c,
+                    exposed: beta * c_f - gamma * c_f * c_f,
+                    compute: gamma * c_f * c_f,
+                }
+            })
+            .collect();
+        let knee = measured_knee(&points, 2).unwrap();
+        assert!((knee.tokens - 2400.0).abs() < 1e-6, "{knee:?}");
+        assert!((knee.seconds_per_token - beta).abs() < 1e-15);
     }
 }

@@ -14,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use burn::backend::Flex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use workbench::hf::HfConfig;
 use workbench::model::Llama;
@@ -57,7 +58,7 @@ struct Data {
     /// Or token ids, int32/int64 `[documents, tokens]`.
     tokens: Option<PathBuf>,
     /// Windows scored at most per point.
-    max_windows: Option<usize>,
+    max_windows: Option<NonZeroUsize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -104,7 +105,7 @@ struct PplPlan {
     path: PathBuf,
     documents: Vec<Vec<u32>>,
     prefix: Vec<u32>,
-    max_windows: Option<usize>,
+    max_windows: Option<NonZeroUsize>,
     buckets: usize,
     keep_parts: bool,
     config: HfConfig,

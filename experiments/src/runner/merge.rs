@@ -1,6 +1,8 @@
 //! `ringbench run SPEC --merge DIR... --results OUT`: the slices of a sharded sweep (`--shard I/N`,
-//! one directory each) joined into one table in the order an unsharded run writes it. Rows of
-//! another spec's settings and points found in two slices are refused; missing points are listed.
+//! one directory each) joined into one table in the order an unsharded run writes it, with the
+//! kind's side files (the `train` kind's curves, `exorl`'s data) joined from every slice and its
+//! figures drawn from the joined data. Rows of another spec's settings and points found in two
+//! slices are refused; missing points are listed.
 
 use super::{RunSummary, is_failed, write_tables};
 use crate::dir_lock::DirLock;
@@ -81,6 +83,7 @@ pub fn merge(path: &Path, slices: &[PathBuf], results: &Path) -> Result<RunSumma
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let _lock = DirLock::take(&dir)?;
     table.write_csv(&dir.join("results.csv"))?;
+    join_side_files(kind.side_files(), slices, &dir)?;
     let listed: Vec<String> = slices.iter().map(|s| s.display().to_string()).collect();
     let command = format!(
         "ringbench run {} --merge {} --results {}",
@@ -108,4 +111,39 @@ pub fn merge(path: &Path, slices: &[PathBuf], results: &Path) -> Result<RunSumma
         kept: points.len() - missing.len(),
         failed,
     })
+}
+
+/// The kind's side files in `dir`, from the slices: each CSV's rows from every slice that has it
+/// (a row two slices both wrote, such as a task's shared data, once), in slice order. Whatever
+/// `dir` held under those names before is removed first, so no earlier run's file stays beside the
+/// merged rows; the figures among them are drawn again from the joined data.
+fn join_side_files(sides: &[&str], slices: &[PathBuf], dir: &Path) -> Result<()> {
+    for side in sides {
+        let target = dir.join(side);
+        match std::fs::remove_file(&target) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing {}", target.display()));
+            }
+            _ => {}
+        }
+        if !side.ends_with(".csv") {
+            continue;
+        }
+        let mut joined = Table::default();
+        for slice in slices {
+            let path = slice.join(side);
+            if !path.exists() {
+                continue;
+            }
+            for row in Table::read(&path)?.rows {
+                if !joined.rows.contains(&row) {
+                    joined.rows.push(row);
+                }
+            }
+        }
+        if !joined.rows.is_empty() {
+            joined.write_csv(&target)?;
+        }
+    }
+    Ok(())
 }

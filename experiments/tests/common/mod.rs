@@ -14,6 +14,30 @@ pub const PEER_TIMEOUT_S: u64 = 600;
 /// and the seconds a job takes (a few, even on a loaded 2-core machine), so neither side is close.
 pub const ENDS_BEFORE_TIMEOUT: Duration = Duration::from_secs(PEER_TIMEOUT_S / 2);
 
+/// Greedy decoding on `ranks` ranks of `strategy` (the KV cache all-gathered), `max_new` tokens at
+/// most, stopping at `stop`.
+pub fn decoding<'a>(
+    strategy: &str,
+    ranks: usize,
+    stop: &'a [u32],
+    max_new: usize,
+) -> workbench::train::Decoding<'a> {
+    workbench::train::Decoding {
+        max_new,
+        stop,
+        pad: 0,
+        partition: strategies::by_name(strategy).unwrap(),
+        ranks,
+        timeout: Duration::from_secs(60),
+        cache: Some(workbench::ring::decode::DecodeMerge::AllGather),
+        batch: 0,
+        on_batch: None,
+        keep_logits: false,
+        sampling: Default::default(),
+        stop_reply: None,
+    }
+}
+
 /// A file of the NumPy-written `attn` fixture.
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -70,9 +70,9 @@ pub struct GgufTensor {
 }
 
 impl GgufTensor {
-    /// Elements.
-    pub fn elements(&self) -> u64 {
-        self.dims.iter().product()
+    /// Elements; `None` when the dimensions' product overflows 64 bits (a corrupt entry).
+    pub fn elements(&self) -> Option<u64> {
+        self.dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
     }
 }
 
@@ -100,6 +100,10 @@ impl std::fmt::Debug for GgufFile {
 
 /// The data section's alignment when the file does not set `general.alignment`.
 const DEFAULT_ALIGNMENT: u64 = 32;
+
+/// How deep metadata arrays may nest (an array of arrays is depth 2): GGUF's writers nest at most
+/// once, and a bound keeps a corrupt file from recursing until the stack runs out.
+pub const MAX_ARRAY_DEPTH: usize = 4;
 
 /// A cursor over the mapped bytes that refuses to read past the end.
 struct Cursor<'a> {
@@ -151,8 +155,8 @@ impl<'a> Cursor<'a> {
         })
     }
 
-    /// A value of metadata type id `type_id`.
-    fn value(&mut self, type_id: u32, key: &str) -> Result<GgufValue, GgufError> {
+    /// A value of metadata type id `type_id`, inside `depth` arrays.
+    fn value(&mut self, type_id: u32, key: &str, depth: usize) -> Result<GgufValue, GgufError> {
         let what = || format!("metadata {key}");
         Ok(match type_id {
             0 => GgufValue::Uint(u64::from(self.array::<1>(&what)?[0])),
@@ -165,6 +169,13 @@ impl<'a> Cursor<'a> {
             7 => GgufValue::Bool(self.array::<1>(&what)?[0] != 0),
             8 => GgufValue::Text(self.text(&what)?),
             9 => {
+                if depth >= MAX_ARRAY_DEPTH {
+                    return Err(GgufError::BadValue {
+                        path: self.path.to_path_buf(),
+                        key: key.to_owned(),
+                        what: format!("arrays nested deeper than {MAX_ARRAY_DEPTH}"),
+                    });
+                }
                 let item_type = self.u32(&what)?;
                 let len = self.u64(&what)?;
                 // Each item takes at least a byte: a count beyond the file is a truncation, found
@@ -179,7 +190,7 @@ impl<'a> Cursor<'a> {
                     });
                 }
                 let items = (0..len)
-                    .map(|_| self.value(item_type, key))
+                    .map(|_| self.value(item_type, key, depth + 1))
                     .collect::<Result<_, _>>()?;
                 GgufValue::Array(items)
             }
@@ -234,7 +245,7 @@ impl GgufFile {
         for i in 0..kv_count {
             let key = c.text(&|| format!("metadata key {i} of {kv_count}"))?;
             let type_id = c.u32(&|| format!("metadata {key}"))?;
-            let value = c.value(type_id, &key)?;
+            let value = c.value(type_id, &key, 0)?;
             metadata.insert(key, value);
         }
         let mut tensors = Vec::new();
@@ -331,14 +342,23 @@ impl GgufFile {
                 known: KNOWN.to_owned(),
             });
         };
-        let elements = tensor.elements();
+        let Some(elements) = tensor.elements() else {
+            return Err(bad(format!(
+                "dimensions {:?} hold more than 2^64 values",
+                tensor.dims
+            )));
+        };
         let per_block = kind.block_values() as u64;
         if !elements.is_multiple_of(per_block) {
             return Err(bad(format!(
                 "{elements} values do not fill whole blocks of {per_block} ({kind:?})"
             )));
         }
-        let bytes = elements / per_block * kind.block_bytes() as u64;
+        let Some(bytes) = (elements / per_block).checked_mul(kind.block_bytes() as u64) else {
+            return Err(bad(format!(
+                "{elements} values of {kind:?} take more than 2^64 bytes"
+            )));
+        };
         let start = self.data_start.checked_add(tensor.offset);
         let end = start.and_then(|s| s.checked_add(bytes));
         match (start, end) {

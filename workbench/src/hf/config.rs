@@ -253,9 +253,18 @@ impl HfConfig {
         })
     }
 
-    /// The config as `config.json` holds it for transformers (its class, sizes, RoPE, tokens).
-    pub fn to_json(&self) -> Value {
+    /// The config as `config.json` holds it for transformers (its class, sizes, RoPE, tokens); a
+    /// RoPE scaling transformers has no form for (a GGUF file's per-frequency factors) is refused,
+    /// naming `path`, the file it was to go to.
+    pub fn to_json(&self, path: &Path) -> Result<Value, HfError> {
         let m = &self.model;
+        let rope_scaling = rope_json(m.rope_scaling).ok_or_else(|| HfError::Config {
+            path: path.to_path_buf(),
+            what: format!(
+                "RoPE scaling {} (a GGUF file's rope_freqs.weight) has no config.json form",
+                m.rope_scaling.name()
+            ),
+        })?;
         let mut out = json!({
             "architectures": [self.architecture.class()],
             "model_type": self.architecture.model_type(),
@@ -283,7 +292,7 @@ impl HfConfig {
             "bos_token_id": self.bos,
         });
         let fields = out.as_object_mut().expect("an object");
-        fields.insert("rope_scaling".into(), rope_json(m.rope_scaling));
+        fields.insert("rope_scaling".into(), rope_scaling);
         match self.architecture {
             Architecture::Mistral => {
                 fields.insert("sliding_window".into(), json!(m.window));
@@ -295,7 +304,7 @@ impl HfConfig {
             }
             Architecture::Llama => {}
         }
-        out
+        Ok(out)
     }
 }
 
@@ -476,9 +485,11 @@ fn max_positions(given: Option<usize>, scaling: RopeScaling) -> usize {
     }
 }
 
-/// A RoPE scaling as `rope_scaling` holds it (null for none).
-fn rope_json(scaling: RopeScaling) -> Value {
-    match scaling {
+/// A RoPE scaling as `rope_scaling` holds it (null for none); `None` for per-frequency factors,
+/// which transformers cannot read.
+fn rope_json(scaling: RopeScaling) -> Option<Value> {
+    Some(match scaling {
+        RopeScaling::FrequencyFactors { .. } => return None,
         RopeScaling::Default => Value::Null,
         RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": factor}),
         RopeScaling::Dynamic { factor, .. } => json!({"rope_type": "dynamic", "factor": factor}),
@@ -510,5 +521,5 @@ fn rope_json(scaling: RopeScaling) -> Value {
             "attention_factor": attention_factor,
             "truncate": truncate,
         }),
-    }
+    })
 }

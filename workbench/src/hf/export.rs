@@ -51,6 +51,8 @@ pub fn export_model<B: HostRead>(
     config: &HfConfig,
     dir: &Path,
 ) -> Result<(), HfError> {
+    let config_path = dir.join("config.json");
+    let json = config.to_json(&config_path)?;
     std::fs::create_dir_all(dir).map_err(|e| HfError::io(dir, e))?;
     let mut tensors: Vec<(String, Pending<B>)> = Vec::new();
     // A projection is held [in, out] and written [out, in]; anything else as it is.
@@ -108,8 +110,7 @@ pub fn export_model<B: HostRead>(
             what: format!("writing: {e}"),
         }
     })?;
-    let config_path = dir.join("config.json");
-    let text = serde_json::to_string_pretty(&config.to_json()).expect("JSON of a config");
+    let text = serde_json::to_string_pretty(&json).expect("JSON of a config");
     std::fs::write(&config_path, text + "\n").map_err(|e| HfError::io(&config_path, e))?;
     Ok(())
 }

@@ -128,7 +128,7 @@ fn matmul_with(a: &[f32], m: usize, b: &PackedBf16, fast: bool) -> Vec<f32> {
                             _ => tile_avx512::<1>((a_block, kp, 1), kp, &b.pairs, n, j0, (at, n)),
                         }
                     } else {
-                        tile_portable(a_block, rows, kp, &b.pairs, n, j0, nc, at, n);
+                        tile_portable((a_block, kp, 1), rows, kp, &b.pairs, n, j0, nc, (at, n));
                     }
                 }
             }
@@ -186,10 +186,30 @@ fn pack_interleaved(even: &[f32], odd: Option<&[f32]>, words: &mut [u32]) {
 /// rounded to bf16 (nearest, ties to even) as it is packed and given by its strides (one of each
 /// operand's strides must be 1), C row-major with rows `ldc` apart; `accumulate` adds to C, else
 /// overwrites it. The fused attention kernel's products in bf16 (their operands are bf16 values
-/// already, so packing only drops zero bits). Callers check [`has_bf16_dot`] first: on a CPU
-/// without it this panics.
+/// already, so packing only drops zero bits). On a CPU without AVX512-BF16 the portable tile
+/// computes the same sums in the same order.
 #[allow(clippy::too_many_arguments)]
 pub fn product_strided(
+    c: &mut [f32],
+    ldc: usize,
+    a: &[f32],
+    a_strides: Strides,
+    b: &[f32],
+    b_strides: Strides,
+    shape: (usize, usize, usize),
+    alpha: f32,
+    accumulate: bool,
+) {
+    let fast = has_bf16_dot();
+    product_strided_with(
+        c, ldc, a, a_strides, b, b_strides, shape, alpha, accumulate, fast,
+    );
+}
+
+/// [`product_strided`] on the AVX512-BF16 tile (`fast`: the caller checked [`has_bf16_dot`]) or
+/// the portable one.
+#[allow(clippy::too_many_arguments)]
+fn product_strided_with(
     c: &mut [f32],
     ldc: usize,
     a: &[f32],
@@ -199,8 +219,12 @@ pub fn product_strided(
     (m, n, k): (usize, usize, usize),
     alpha: f32,
     accumulate: bool,
+    fast: bool,
 ) {
-    assert!(has_bf16_dot(), "product_strided needs AVX512-BF16");
+    assert!(
+        !fast || has_bf16_dot(),
+        "the AVX512-BF16 tile on a CPU without it"
+    );
     if m == 0 || n == 0 {
         return;
     }
@@ -274,18 +298,22 @@ pub fn product_strided(
         let nc = COLS.min(n - j0);
         for r0 in (0..m).step_by(ROWS) {
             let rows = ROWS.min(m - r0);
-            let a_block = &a_pairs[r0 * a_row..];
+            let a_block = (&a_pairs[r0 * a_row..], a_row, a_pair);
+            let at = tile.as_mut_ptr();
             // SAFETY: the tile holds ROWS × COLS values, COLS apart; columns j0..j0 + 64 lie inside
-            // B's padded np; A's words (i, p) for i < rows, p < kp lie inside a_block; the CPU has
-            // AVX512-BF16 (asserted above).
-            #[cfg(target_arch = "x86_64")]
+            // B's padded np; A's words (i, p) for i < rows, p < kp lie inside a_block; the fast
+            // tile runs only where the CPU has AVX512-BF16 (asserted above).
             unsafe {
-                let (at, a_block) = (tile.as_mut_ptr(), (a_block, a_row, a_pair));
-                match rows {
-                    4 => tile_avx512::<4>(a_block, kp, &b_pairs, np, j0, (at, COLS)),
-                    3 => tile_avx512::<3>(a_block, kp, &b_pairs, np, j0, (at, COLS)),
-                    2 => tile_avx512::<2>(a_block, kp, &b_pairs, np, j0, (at, COLS)),
-                    _ => tile_avx512::<1>(a_block, kp, &b_pairs, np, j0, (at, COLS)),
+                if fast {
+                    #[cfg(target_arch = "x86_64")]
+                    match rows {
+                        4 => tile_avx512::<4>(a_block, kp, &b_pairs, np, j0, (at, COLS)),
+                        3 => tile_avx512::<3>(a_block, kp, &b_pairs, np, j0, (at, COLS)),
+                        2 => tile_avx512::<2>(a_block, kp, &b_pairs, np, j0, (at, COLS)),
+                        _ => tile_avx512::<1>(a_block, kp, &b_pairs, np, j0, (at, COLS)),
+                    }
+                } else {
+                    tile_portable(a_block, rows, kp, &b_pairs, np, j0, COLS, (at, COLS));
                 }
             }
             for (i, t) in tile.chunks(COLS).take(rows).enumerate() {
@@ -375,27 +403,31 @@ pub fn has_bf16_dot() -> bool {
 }
 
 /// The portable tile: `rows × nc` of C from the pairs, in `vdpbf16ps`'s order (the high product
-/// first, then the low, each addition rounded to f32).
+/// first, then the low, each addition rounded to f32); A's word (i, p) at `a[i · a_row + p ·
+/// a_pair]`, C's rows `ldc` apart.
+///
+/// # Safety
+/// C's rows i < rows hold nc values from `c + i · ldc`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile_portable(
-    a: &[u32],
+    (a, a_row, a_pair): (&[u32], usize, usize),
     rows: usize,
     kp: usize,
     b: &[u32],
     n: usize,
     j0: usize,
     nc: usize,
-    c: *mut f32,
-    ldc: usize,
+    (c, ldc): (*mut f32, usize),
 ) {
     for i in 0..rows {
         for j in 0..nc {
             let mut acc = 0.0f32;
             for p in 0..kp {
-                let (wa, wb) = (a[i * kp + p], b[p * n + j0 + j]);
+                let (wa, wb) = (a[i * a_row + p * a_pair], b[p * n + j0 + j]);
                 acc += from_bf16((wa >> 16) as u16) * from_bf16((wb >> 16) as u16);
                 acc += from_bf16(wa as u16) * from_bf16(wb as u16);
             }
+            // SAFETY: as the caller promises.
             unsafe { *c.add(i * ldc + j) = acc };
         }
     }
@@ -453,13 +485,20 @@ mod tests {
     }
 
     /// The strided product: each element within [`product_bound`]`(k)·(|A|·|B|)` of float64 plus
-    /// what C held (and the f32 rounding of that last addition), for transposed operands, C rows wider than n, tails of rows and columns, odd k, and
-    /// both overwriting and accumulating.
+    /// what C held (and the f32 rounding of that last addition), for transposed operands, C rows
+    /// wider than n, tails of rows and columns, odd k, and both overwriting and accumulating; on
+    /// the portable tile on every CPU, and on the AVX512-BF16 one where the CPU has it.
     #[test]
     fn strided_products_stay_within_the_bf16_bound_of_float64() {
-        if !has_bf16_dot() {
-            return;
-        }
+        let tiles: &[bool] = if has_bf16_dot() {
+            &[false, true]
+        } else {
+            ringbench_tests::skips::record(
+                "bf16_matmul: the AVX512-BF16 tile of product_strided",
+                "this CPU has no AVX512-BF16 (its portable twin was tested)",
+            );
+            &[false]
+        };
         for (m, n, k, transposed) in [(7, 70, 33, false), (9, 64, 64, true), (1, 3, 1, true)] {
             let (a, b) = (values(m * k, 11 + k as u64), values(k * n, 5 + m as u64));
             // Transposed: A stored [k, m] and B stored [n, k].
@@ -469,20 +508,14 @@ mod tests {
                 ((k, 1), (n, 1))
             };
             let (ldc, alpha) = (n + 5, 0.5f32);
-            for accumulate in [false, true] {
+            for (&fast, accumulate) in tiles.iter().flat_map(|f| [(f, false), (f, true)]) {
                 let start = values(m * ldc, 2);
                 let mut c = start.clone();
-                product_strided(
-                    &mut c,
-                    ldc,
-                    &a,
-                    a_strides,
-                    &b,
-                    b_strides,
-                    (m, n, k),
-                    alpha,
-                    accumulate,
+                let shape = (m, n, k);
+                product_strided_with(
+                    &mut c, ldc, &a, a_strides, &b, b_strides, shape, alpha, accumulate, fast,
                 );
+
                 for i in 0..m {
                     for j in 0..n {
                         let (mut exact, mut size) = (0.0f64, 0.0f64);
@@ -504,7 +537,7 @@ mod tests {
                         let err = (f64::from(c[i * ldc + j]) - want).abs();
                         assert!(
                             err <= bound,
-                            "[{m}, {k}] · [{k}, {n}] at ({i}, {j}), accumulate {accumulate}: {err:e} > {bound:e}"
+                            "[{m}, {k}] · [{k}, {n}] at ({i}, {j}), fast {fast}, accumulate {accumulate}: {err:e} > {bound:e}"
                         );
                     }
                     // Past n, C's row is untouched.

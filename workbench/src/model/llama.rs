@@ -177,7 +177,11 @@ impl LlamaConfig {
                 self.window, self.window_every
             )));
         }
-        if let Some(fault) = self.rope_scaling.fault() {
+        if let Some(fault) = self
+            .rope_scaling
+            .fault()
+            .or_else(|| self.rope_scaling.head_fault(self.head_dim()))
+        {
             return Err(RingError::ModelConfig(format!(
                 "rope scaling {}: {fault}",
                 self.rope_scaling.name()

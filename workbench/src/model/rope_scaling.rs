@@ -5,9 +5,12 @@
 //! With `d` the rotated width and `i < d / 2`, the unscaled inverse frequencies are
 //! `ω_i = θ^(−2i/d)`; token `p` rotates pair `i` by `p · ω_i`. The scalings change `ω` (and YaRN
 //! multiplies cos and sin by an attention factor, which scales every score by its square).
+//! A GGUF file written by llama.cpp's converter carries LLaMA 3's scaling as its table of
+//! per-frequency divisors (`rope_freqs.weight`): [`RopeScaling::FrequencyFactors`].
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::f64::consts::PI;
+use std::sync::Mutex;
 
 /// A RoPE scaling (`rope_scaling` / `rope_parameters` in a Hugging Face config).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -58,6 +61,71 @@ pub enum RopeScaling {
         /// Whether the ramp's ends are rounded to whole dimensions (true by default).
         truncate: bool,
     },
+    /// A divisor per frequency: `ω_i / factors[i]` (llama.cpp's `rope_freqs.weight`, which its
+    /// converter computes from a LLaMA 3 scaling).
+    #[serde(rename = "frequency_factors")]
+    FrequencyFactors {
+        /// One divisor for each of the head's `d / 2` frequencies.
+        factors: FrequencyFactors,
+    },
+}
+
+/// A table of per-frequency divisors, held once per distinct table for the life of the process
+/// (a model's config is copied into every layer and every rank; the table is a few hundred bytes,
+/// and a process loads a handful of models), so that the scaling stays a plain `Copy` value.
+#[derive(Clone, Copy)]
+pub struct FrequencyFactors(&'static [f64]);
+
+/// Every distinct table made so far.
+static TABLES: Mutex<Vec<&'static [f64]>> = Mutex::new(Vec::new());
+
+impl FrequencyFactors {
+    /// The table of `factors`: the one made before when equal, else a new one.
+    pub fn new(factors: &[f64]) -> Self {
+        let mut tables = TABLES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&known) = tables.iter().find(|t| {
+            t.len() == factors.len()
+                && t.iter()
+                    .zip(factors)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+        }) {
+            return FrequencyFactors(known);
+        }
+        let table: &'static [f64] = Box::leak(factors.to_vec().into_boxed_slice());
+        tables.push(table);
+        FrequencyFactors(table)
+    }
+
+    /// The divisors, lowest frequency index first.
+    pub fn values(&self) -> &'static [f64] {
+        self.0
+    }
+}
+
+impl std::fmt::Debug for FrequencyFactors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl PartialEq for FrequencyFactors {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Serialize for FrequencyFactors {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for FrequencyFactors {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(FrequencyFactors::new(&Vec::<f64>::deserialize(
+            deserializer,
+        )?))
+    }
 }
 
 /// RoPE's base and scaling: what rotates a token at a global position.
@@ -70,7 +138,8 @@ pub struct RopeFrequencies {
 }
 
 impl RopeScaling {
-    /// Its name in configs: `default`, `linear`, `dynamic`, `llama3` or `yarn`.
+    /// Its name in configs: `default`, `linear`, `dynamic`, `llama3`, `yarn` or
+    /// `frequency_factors`.
     pub fn name(&self) -> &'static str {
         match self {
             RopeScaling::Default => "default",
@@ -78,6 +147,7 @@ impl RopeScaling {
             RopeScaling::Dynamic { .. } => "dynamic",
             RopeScaling::Llama3 { .. } => "llama3",
             RopeScaling::Yarn { .. } => "yarn",
+            RopeScaling::FrequencyFactors { .. } => "frequency_factors",
         }
     }
 
@@ -140,6 +210,26 @@ impl RopeScaling {
                     (original_max_position_embeddings == 0)
                         .then(|| "original_max_position_embeddings must be above 0".to_string())
                 }),
+            RopeScaling::FrequencyFactors { factors } => factors
+                .values()
+                .iter()
+                .enumerate()
+                .find_map(|(i, &f)| factor_fault(&format!("factors[{i}]"), f)),
+        }
+    }
+
+    /// A scaling that cannot rotate a head of `head_dim` (a table of frequency factors of another
+    /// length), named; `None` when it fits.
+    pub fn head_fault(&self, head_dim: usize) -> Option<String> {
+        match self {
+            RopeScaling::FrequencyFactors { factors } if factors.values().len() != head_dim / 2 => {
+                Some(format!(
+                    "{} frequency factors for heads of {head_dim} ({} frequencies)",
+                    factors.values().len(),
+                    head_dim / 2
+                ))
+            }
+            _ => None,
         }
     }
 }
@@ -230,6 +320,15 @@ impl RopeFrequencies {
                     })
                     .collect();
                 (scaled, attention_factor)
+            }
+            RopeScaling::FrequencyFactors { factors } => {
+                assert_eq!(
+                    factors.values().len(),
+                    plain.len(),
+                    "frequency factors for heads of {d} (LlamaConfig::validate checks this)"
+                );
+                let scaled = plain.iter().zip(factors.values()).map(|(w, f)| w / f);
+                (scaled.collect(), 1.0)
             }
         }
     }
