@@ -57,6 +57,9 @@ pub struct FlashGpu {
     pub name: &'static str,
     /// Forward-only throughput, causal.
     pub fwd_causal: RateCurve,
+    /// Why the forward curves are another pass's, where no forward curve was published legibly
+    /// for this GPU (a prediction of a forward names it in its table); `None`: they are its own.
+    pub forward_stand_in: Option<&'static str>,
     /// Forward-only throughput, no mask.
     pub fwd_full: RateCurve,
     /// Forward + backward throughput, causal.
@@ -175,6 +178,10 @@ pub const FLASH_GPUS: &[FlashGpu] = &[
         // could not read): the fwd+bwd curves stand in; their causal over no-mask ratio at 8K
         // (0.905) is H100 FA2's forward one (0.900).
         fwd_causal: FA2_A100_FWD_BWD_CAUSAL,
+        forward_stand_in: Some(
+            "the A100 forward costed at FlashAttention-2's A100 fwd+bwd rates (no forward A100 \
+             curve is legible in its paper)",
+        ),
         fwd_full: FA2_A100_FWD_BWD_FULL,
         fwd_bwd_causal: FA2_A100_FWD_BWD_CAUSAL,
         fwd_bwd_full: FA2_A100_FWD_BWD_FULL,
@@ -196,6 +203,7 @@ pub const FLASH_GPUS: &[FlashGpu] = &[
         // H800 SXM5 is H100 SXM5's chip with NVLink cut (DeepSeek-V3 report §3.2.2): H100's
         // FlashAttention-2 curves.
         fwd_causal: FA2_H100_FWD_CAUSAL,
+        forward_stand_in: None,
         fwd_full: FA2_H100_FWD_FULL,
         fwd_bwd_causal: FA2_H100_FWD_BWD_CAUSAL,
         fwd_bwd_full: FA2_H100_FWD_BWD_FULL,

@@ -55,6 +55,24 @@ impl GgufValue {
     }
 }
 
+impl std::fmt::Display for GgufValue {
+    /// The value as the file holds it: a number, quoted text, or an array's length and first items.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GgufValue::Uint(v) => write!(f, "{v}"),
+            GgufValue::Int(v) => write!(f, "{v}"),
+            GgufValue::Float(v) => write!(f, "{v}"),
+            GgufValue::Bool(v) => write!(f, "{v}"),
+            GgufValue::Text(v) => write!(f, "{v:?}"),
+            GgufValue::Array(items) => {
+                let shown: Vec<String> = items.iter().take(3).map(ToString::to_string).collect();
+                let more = if items.len() > 3 { ", ..." } else { "" };
+                write!(f, "[{}{more}] ({} items)", shown.join(", "), items.len())
+            }
+        }
+    }
+}
+
 /// One tensor's directory entry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GgufTensor {

@@ -263,7 +263,7 @@ fn model_of(file: &GgufFile) -> Result<GgufModel, GgufError> {
     }) {
         return Err(bad(
             unknown,
-            format!("{value:?}: ringbench does not compute what this key changes"),
+            format!("= {value}: ringbench does not compute what this key changes"),
         ));
     }
     let count = |name: &str| -> Result<Option<usize>, GgufError> {
@@ -274,7 +274,7 @@ fn model_of(file: &GgufFile) -> Result<GgufModel, GgufError> {
                 .and_then(|n| usize::try_from(n).ok())
                 .filter(|&n| n > 0)
                 .map(Some)
-                .ok_or_else(|| bad(&key(name), format!("{v:?}, not a positive integer"))),
+                .ok_or_else(|| bad(&key(name), format!("{v}, not a positive integer"))),
         }
     };
     let required = |name: &str| count(name)?.ok_or_else(|| bad(&key(name), "missing".into()));
@@ -285,7 +285,7 @@ fn model_of(file: &GgufFile) -> Result<GgufModel, GgufError> {
                 .as_f64()
                 .filter(|x| x.is_finite() && *x > 0.0)
                 .map(Some)
-                .ok_or_else(|| bad(&key(name), format!("{v:?}, not a positive number"))),
+                .ok_or_else(|| bad(&key(name), format!("{v}, not a positive number"))),
         }
     };
     if let Some(v) = file.get(&key("attention.causal"))
@@ -293,7 +293,7 @@ fn model_of(file: &GgufFile) -> Result<GgufModel, GgufError> {
     {
         return Err(bad(
             &key("attention.causal"),
-            format!("{v:?}: only causal language models are computed"),
+            format!("{v}: only causal language models are computed"),
         ));
     }
     let embed = file.tensor("token_embd.weight")?;
@@ -345,7 +345,7 @@ fn model_of(file: &GgufFile) -> Result<GgufModel, GgufError> {
             None => {
                 return Err(bad(
                     &key("attention.sliding_window"),
-                    format!("{v:?}, not a whole number"),
+                    format!("{v}, not a whole number"),
                 ));
             }
         },
@@ -409,7 +409,7 @@ fn rope_scaling(
         None => "none",
         Some(v) => v
             .as_str()
-            .ok_or_else(|| bad(&key("rope.scaling.type"), format!("{v:?}, not text")))?,
+            .ok_or_else(|| bad(&key("rope.scaling.type"), format!("{v}, not text")))?,
     };
     let factor = || {
         number("rope.scaling.factor")?
@@ -428,7 +428,7 @@ fn rope_scaling(
             {
                 return Err(bad(
                     &mix_key,
-                    format!("{v:?}: only YaRN's own ramp (1, or below 0 for it) is computed"),
+                    format!("{v}: only YaRN's own ramp (1, or below 0 for it) is computed"),
                 ));
             }
             let original = number("rope.scaling.original_context_length")?.ok_or_else(|| {

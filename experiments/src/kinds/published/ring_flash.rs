@@ -13,6 +13,7 @@ use crate::extremes::largest;
 use crate::hardware::FlashGpu;
 use crate::simulator::simulate;
 use crate::tile_model::{Heads, Passes, Piece, call_seconds, memory_seconds};
+use std::ops::Add;
 
 /// Where the published cells were read.
 pub const REFERENCE: &str = "ring-flash-attention README, benchmark table of 556ddaae (2024-10-30)";
@@ -156,6 +157,20 @@ pub fn setup(c: &Cell) -> String {
     )
 }
 
+/// The kernel rates a cell's prediction runs at: the GPU's published FlashAttention-2 curves of
+/// the cell's passes, or, where the GPU has no forward curve, what stands in for it.
+pub fn kernel_rates(gpu: &FlashGpu, c: &Cell) -> String {
+    match (c.passes, gpu.forward_stand_in) {
+        (Passes::Forward, Some(stand_in)) => format!("stand-in: {stand_in}"),
+        (Passes::Forward, None) => {
+            format!("FlashAttention-2's published {} forward rates", gpu.name)
+        }
+        (Passes::ForwardBackward, _) => {
+            format!("FlashAttention-2's published {} fwd+bwd rates", gpu.name)
+        }
+    }
+}
+
 /// The document patterns a cell's iterations cycle through.
 fn patterns(c: &Cell) -> Vec<&'static [usize]> {
     if c.varlen {
@@ -174,7 +189,7 @@ pub fn predict(gpu: &FlashGpu, c: &Cell, merge: Merge) -> f64 {
         ideal += call_seconds(gpu, c.passes, HEADS, &local);
         ring += match c.variant {
             Variant::Llama3 => llama3_seconds(gpu, c.passes, docs),
-            v => ring_seconds(gpu, c.passes, merge, v, docs),
+            _ => ring_seconds(gpu, c, merge, docs),
         };
     }
     RANKS as f64 * ideal / ring
@@ -223,6 +238,129 @@ fn merge_seconds(
     seconds
 }
 
+/// Memory passes a variant's source runs besides its calls, merges and gradient adds, counted in
+/// its code at 556ddaa (the file and line beside each): bytes read plus written, and the kernels
+/// that move them. The ideal's plain FlashAttention call pays none of them (`flash_attn_kvpacked_func`
+/// reads the packed K and V in place and returns bf16).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Copies {
+    /// Bytes read and written.
+    pub bytes: f64,
+    /// Kernels launched.
+    pub kernels: f64,
+}
+
+impl Copies {
+    fn of(kernels: f64, bytes: f64) -> Copies {
+        Copies { bytes, kernels }
+    }
+
+    fn plus(self, other: Copies) -> Copies {
+        Copies::of(self.kernels + other.kernels, self.bytes + other.bytes)
+    }
+
+    /// Seconds at the GPU's memory rate, each kernel paying its launch.
+    fn seconds(self, gpu: &FlashGpu) -> f64 {
+        if self.kernels == 0.0 {
+            return 0.0;
+        }
+        memory_seconds(gpu, self.bytes) + (self.kernels - 1.0) * gpu.launch_s.value
+    }
+}
+
+/// A copy of `elements` values of `bytes` each: read and written.
+fn copied(kernels: f64, elements: f64, bytes: f64) -> Copies {
+    Copies::of(kernels, 2.0 * bytes * elements)
+}
+
+/// The log-sum-exp (fp32, one a head and row) of `rows` query rows.
+fn lse_elems(rows: usize) -> f64 {
+    (rows * HEADS.q) as f64
+}
+
+/// Whether varlen zig-zag takes its halves with a boolean mask (several documents:
+/// `get_half_index` builds a CPU bool tensor, zigzag_ring_flash_attn_varlen.py:31-40; one document
+/// gets slices, 25-29). Each mask index is a gather or an index_put, which copies.
+fn masked_halves(c: &Cell, docs: &[usize]) -> bool {
+    c.varlen && c.variant == Variant::ZigZag && docs.len() > 1
+}
+
+/// Once a call, before the first step: the kvpacked API hands the variant `kv[:, :, 0]` and
+/// `kv[:, :, 1]`, which it makes contiguous (`k = k.contiguous()`: ring_flash_attn.py:164-165,
+/// zigzag 207-208, stripe 219-220, ring varlen 206-207, zigzag varlen 327-328); varlen zig-zag's
+/// masked halves also gather `q1 = q[half_index1]` (94), and with the backward `dout1`, `q1`,
+/// `out1` (211-213).
+fn before_steps(c: &Cell, docs: &[usize]) -> Copies {
+    let mut copies = copied(2.0, 2.0 * kv_elems(TOKENS), BYTES);
+    if masked_halves(c, docs) {
+        copies = copies.plus(copied(1.0, q_elems(TOKENS / 2), BYTES));
+        if c.passes == Passes::ForwardBackward {
+            copies = copies.plus(copied(3.0, 3.0 * q_elems(TOKENS / 2), BYTES));
+        }
+    }
+    copies
+}
+
+/// Once a call, after the last step: the fp32 output to bf16 (`out = out.to(q.dtype)`:
+/// ring_flash_attn.py:55, zigzag 76, stripe 76, ring varlen 87, zigzag varlen 176: read 4, write
+/// 2); with the backward, dQ, dK, dV to bf16 (ring 141, zigzag 184, stripe 196, ring varlen 181,
+/// zigzag varlen 302) and autograd's backward of the two `kv` views (ring 250-251: a zeroed packed
+/// gradient per view, the view's gradient copied in, the two added).
+fn after_steps(c: &Cell) -> Copies {
+    let out = Copies::of(1.0, (F32 + BYTES) * q_elems(TOKENS));
+    if c.passes == Passes::Forward {
+        return out;
+    }
+    let to_bf16 = Copies::of(
+        3.0,
+        (F32 + BYTES) * (q_elems(TOKENS) + 2.0 * kv_elems(TOKENS)),
+    );
+    let packed = 2.0 * kv_elems(TOKENS);
+    let select_backward = Copies::of(2.0, BYTES * 2.0 * packed)
+        .plus(copied(2.0, 2.0 * kv_elems(TOKENS), BYTES))
+        .plus(Copies::of(1.0, 3.0 * BYTES * packed));
+    out.plus(to_bf16).plus(select_backward)
+}
+
+/// At `step` of `rank`, besides the call and the merge the model counts:
+/// - the sliced merge's write-back (`out[slice_], lse[slice_] = slice_out, slice_lse`, utils.py:58-62)
+///   of zig-zag's second half past the rank (zigzag_ring_flash_attn.py:63-69) and of stripe's
+///   rows past the first past the rank (stripe_flash_attn.py:67-69): read and write 4 bytes an
+///   element, and the log-sum-exp;
+/// - varlen zig-zag's masked halves instead gather `out[half_index1]` and `lse` and put them back
+///   (zigzag_ring_flash_attn_varlen.py:167-169), and gather `k[half_index0]`, `v[half_index0]` at
+///   steps up to the rank (149-150); with the backward, gather K and V's halves again (272-273),
+///   and add dK, dV (285-286) and dQ (278) into masked halves by gather, add, index_put.
+fn step_copies(c: &Cell, docs: &[usize], rank: usize, step: usize) -> Copies {
+    let back = c.passes == Passes::ForwardBackward;
+    let half_q = q_elems(TOKENS / 2);
+    let half_kv = kv_elems(TOKENS / 2);
+    if step == 0 {
+        return Copies::default();
+    }
+    let past = step > rank;
+    match c.variant {
+        Variant::ZigZag if masked_halves(c, docs) => {
+            if past {
+                let forward = copied(4.0, 2.0 * (half_q + lse_elems(TOKENS / 2)), F32);
+                let backward = copied(2.0, 2.0 * half_q, F32);
+                if back {
+                    forward.plus(backward)
+                } else {
+                    forward
+                }
+            } else {
+                let halves = copied(2.0, 2.0 * half_kv, BYTES);
+                let backward = halves.plus(copied(4.0, 4.0 * half_kv, F32));
+                if back { halves.plus(backward) } else { halves }
+            }
+        }
+        Variant::ZigZag if past => copied(2.0, half_q + lse_elems(TOKENS / 2), F32),
+        Variant::Stripe if past => copied(2.0, q_elems(TOKENS - 1) + lse_elems(TOKENS - 1), F32),
+        _ => Copies::default(),
+    }
+}
+
 /// Bytes a ring step sends: K and V in bf16; with the backward also K, V again and dK, dV in fp32.
 fn step_bytes(passes: Passes) -> f64 {
     let kv = 2.0 * kv_elems(TOKENS);
@@ -233,16 +371,15 @@ fn step_bytes(passes: Passes) -> f64 {
 }
 
 /// One iteration of a ring variant over documents `docs` (each document's local piece; every
-/// document is split over the ranks as the variant splits the sequence): each rank's calls and
-/// merges per step as its source runs them, pipelined by the ring simulator with the link's
-/// achieved rate. The forward and backward run as one pass whose steps cost both.
-fn ring_seconds(
-    gpu: &FlashGpu,
-    passes: Passes,
-    merge: Merge,
-    variant: Variant,
-    docs: &[usize],
-) -> f64 {
+/// document is split over the ranks as the variant splits the sequence): each rank's calls,
+/// merges and copies per step as its source runs them, pipelined by the ring simulator with the
+/// link's achieved rate, between the copies every rank makes before its first step and after its
+/// last. The forward and backward run as one pass whose steps cost both; the backward sends dK
+/// and dV once more after its last step (ring_flash_attn.py:135-137, zigzag 178-180, stripe
+/// 190-192, ring varlen 175-177, zigzag varlen 296-298, each waited for before returning), a
+/// transfer nothing overlaps.
+fn ring_seconds(gpu: &FlashGpu, c: &Cell, merge: Merge, docs: &[usize]) -> f64 {
+    let (passes, variant) = (c.passes, c.variant);
     let compute: Vec<Vec<f64>> = (0..RANKS)
         .map(|rank| {
             (0..RANKS)
@@ -289,12 +426,20 @@ fn ring_seconds(
                         }
                         Variant::Llama3 => unreachable!("llama3 is not a ring"),
                     }
+                    .add(step_copies(c, docs, rank, step).seconds(gpu))
                 })
                 .collect()
         })
         .collect();
-    let link = step_bytes(passes) / gpu.link_bytes_per_s.value;
-    simulate(&compute, link).makespan
+    let link = gpu.link_bytes_per_s.value;
+    let last_gradients = match passes {
+        Passes::Forward => 0.0,
+        Passes::ForwardBackward => 2.0 * kv_elems(TOKENS) * F32 / link,
+    };
+    before_steps(c, docs).seconds(gpu)
+        + simulate(&compute, step_bytes(passes) / link).makespan
+        + after_steps(c).seconds(gpu)
+        + last_gradients
 }
 
 /// Llama 3's context parallelism (`llama3_flash_attn_varlen.py`): the global sequence (every
@@ -355,5 +500,65 @@ fn llama3_seconds(gpu: &FlashGpu, passes: Passes, docs: &[usize]) -> f64 {
             let backward = slowest(Passes::ForwardBackward) - forward;
             pass(forward, 0.0) + pass(backward, gather)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MB: f64 = 1e6;
+
+    fn cell_of(varlen: bool, fb: bool, variant: Variant) -> Cell {
+        cell("8xH800", varlen, fb, variant, 50.0)
+    }
+
+    /// The copies are the bytes the source moves, counted by hand from its shapes (Q = 8192 × 32
+    /// × 128 elements, K = 8192 × 8 × 128): the per-step write-backs and gathers, and what every
+    /// call does once.
+    #[test]
+    fn the_copies_are_the_sources_bytes() {
+        let (q, k) = (8192.0 * 32.0 * 128.0, 8192.0 * 8.0 * 128.0);
+        let lse = 8192.0 * 32.0;
+        let close = |got: Copies, bytes: f64, kernels: f64| {
+            assert!((got.bytes - bytes).abs() < 1.0 && got.kernels == kernels, "{got:?}");
+        };
+        let batch = [TOKENS].as_slice();
+        let zigzag = cell_of(false, false, Variant::ZigZag);
+        // Step 0 and steps up to the rank write nothing back; past it, half of out and lse.
+        close(step_copies(&zigzag, batch, 3, 0), 0.0, 0.0);
+        close(step_copies(&zigzag, batch, 3, 3), 0.0, 0.0);
+        close(step_copies(&zigzag, batch, 3, 4), 8.0 * (q + lse) / 2.0, 2.0);
+        assert!((step_copies(&zigzag, batch, 3, 4).bytes / MB - 135.3).abs() < 0.1);
+        // Stripe writes back all rows but the first.
+        let stripe = cell_of(false, false, Variant::Stripe);
+        let rows = 8191.0 / 8192.0;
+        close(step_copies(&stripe, batch, 0, 5), 8.0 * (q + lse) * rows, 2.0);
+        close(step_copies(&cell_of(false, false, Variant::Ring), batch, 0, 5), 0.0, 0.0);
+        // Varlen zig-zag with several documents: gathers and index_puts.
+        let masked = cell_of(true, true, Variant::ZigZag);
+        let docs = VARLEN_DOCUMENTS[1];
+        close(
+            step_copies(&masked, docs, 2, 5),
+            16.0 * (q / 2.0 + lse / 2.0) + 16.0 * q / 2.0,
+            6.0,
+        );
+        // Up to the rank: K and V's halves gathered by the forward and again by the backward,
+        // then dK and dV each gathered, added and put back.
+        close(
+            step_copies(&masked, docs, 2, 1),
+            2.0 * 8.0 * k / 2.0 + 32.0 * k / 2.0,
+            8.0,
+        );
+        // One document: slices, so only the batch API's write-back.
+        close(step_copies(&masked, VARLEN_DOCUMENTS[0], 2, 5), 8.0 * (q + lse) / 2.0, 2.0);
+        // Once a call: K and V made contiguous; out to bf16; with the backward the three casts and
+        // autograd's backward of the two views.
+        close(before_steps(&zigzag, batch), 8.0 * k, 2.0);
+        close(after_steps(&zigzag), 6.0 * q, 1.0);
+        let fb = cell_of(false, true, Variant::Ring);
+        let select_backward = 8.0 * k + 8.0 * k + 12.0 * k;
+        close(after_steps(&fb), 6.0 * q + 6.0 * (q + 2.0 * k) + select_backward, 9.0);
+        assert!((select_backward / MB - 234.9).abs() < 0.1);
     }
 }
