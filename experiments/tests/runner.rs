@@ -385,7 +385,16 @@ fn every_kind_resumes_without_recomputing() {
     // The cheap kinds here; attn and train resume in their own tests, the measured ones share the
     // runner's resume path (a point is done when its rows are in results.csv).
     let root = temp("resume");
+    // A kind whose key holds a float (ppl's factor): the point's key is written as its row's is.
+    let gqa = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama_gqa");
+    let ppl = format!(
+        "kind = \"ppl\"\n[model]\nhf = \"{}\"\n[data]\ntokens = \"{}\"\n[sweep]\n\
+         contexts = [12]\nscalings = [\"none\", \"linear\"]\nfactors = [2.0]\nranks = [1]\n",
+        gqa.display(),
+        gqa.join("tokens.npy").display()
+    );
     for (name, text) in [
+        ("p", ppl.as_str()),
         (
             "b",
             "kind = \"balance\"\n[sweep]\nstrategies = [\"striped\"]\nranks = [2, 4]\nblock_sizes = [64]\nprofiles = [\"tpu-v4\"]\n",

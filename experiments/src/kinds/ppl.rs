@@ -97,6 +97,16 @@ struct Row {
     engine_peak_bytes: u64,
 }
 
+/// A point's key columns, as its rows hold them.
+#[derive(Serialize)]
+struct PointKey<'a> {
+    context: usize,
+    scaling: &'a str,
+    factor: f64,
+    ranks: usize,
+    strategy: &'a str,
+}
+
 /// One point: (context, scaling, factor, ranks, strategy).
 type Key = (usize, String, f64, usize, String);
 
@@ -256,13 +266,16 @@ impl Plan for PplPlan {
         self.points
             .iter()
             .map(|(context, kind, factor, n, strategy)| {
-                Point::single(Record::new([
-                    ("context", context.to_string()),
-                    ("scaling", kind.clone()),
-                    ("factor", factor.to_string()),
-                    ("ranks", n.to_string()),
-                    ("strategy", strategy.clone()),
-                ]))
+                // Written by the serializer that writes the rows, so that a kept row matches its
+                // point (a factor of 2 is "2.0" in both, not "2").
+                let key = PointKey {
+                    context: *context,
+                    scaling: kind,
+                    factor: *factor,
+                    ranks: *n,
+                    strategy,
+                };
+                Point::single(Record::of(&key).expect("a key of plain fields"))
             })
             .collect()
     }

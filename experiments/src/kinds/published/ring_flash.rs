@@ -521,20 +521,35 @@ mod tests {
         let (q, k) = (8192.0 * 32.0 * 128.0, 8192.0 * 8.0 * 128.0);
         let lse = 8192.0 * 32.0;
         let close = |got: Copies, bytes: f64, kernels: f64| {
-            assert!((got.bytes - bytes).abs() < 1.0 && got.kernels == kernels, "{got:?}");
+            assert!(
+                (got.bytes - bytes).abs() < 1.0 && got.kernels == kernels,
+                "{got:?}"
+            );
         };
         let batch = [TOKENS].as_slice();
         let zigzag = cell_of(false, false, Variant::ZigZag);
         // Step 0 and steps up to the rank write nothing back; past it, half of out and lse.
         close(step_copies(&zigzag, batch, 3, 0), 0.0, 0.0);
         close(step_copies(&zigzag, batch, 3, 3), 0.0, 0.0);
-        close(step_copies(&zigzag, batch, 3, 4), 8.0 * (q + lse) / 2.0, 2.0);
+        close(
+            step_copies(&zigzag, batch, 3, 4),
+            8.0 * (q + lse) / 2.0,
+            2.0,
+        );
         assert!((step_copies(&zigzag, batch, 3, 4).bytes / MB - 135.3).abs() < 0.1);
         // Stripe writes back all rows but the first.
         let stripe = cell_of(false, false, Variant::Stripe);
         let rows = 8191.0 / 8192.0;
-        close(step_copies(&stripe, batch, 0, 5), 8.0 * (q + lse) * rows, 2.0);
-        close(step_copies(&cell_of(false, false, Variant::Ring), batch, 0, 5), 0.0, 0.0);
+        close(
+            step_copies(&stripe, batch, 0, 5),
+            8.0 * (q + lse) * rows,
+            2.0,
+        );
+        close(
+            step_copies(&cell_of(false, false, Variant::Ring), batch, 0, 5),
+            0.0,
+            0.0,
+        );
         // Varlen zig-zag with several documents: gathers and index_puts.
         let masked = cell_of(true, true, Variant::ZigZag);
         let docs = VARLEN_DOCUMENTS[1];
@@ -551,14 +566,22 @@ mod tests {
             8.0,
         );
         // One document: slices, so only the batch API's write-back.
-        close(step_copies(&masked, VARLEN_DOCUMENTS[0], 2, 5), 8.0 * (q + lse) / 2.0, 2.0);
+        close(
+            step_copies(&masked, VARLEN_DOCUMENTS[0], 2, 5),
+            8.0 * (q + lse) / 2.0,
+            2.0,
+        );
         // Once a call: K and V made contiguous; out to bf16; with the backward the three casts and
         // autograd's backward of the two views.
         close(before_steps(&zigzag, batch), 8.0 * k, 2.0);
         close(after_steps(&zigzag), 6.0 * q, 1.0);
         let fb = cell_of(false, true, Variant::Ring);
         let select_backward = 8.0 * k + 8.0 * k + 12.0 * k;
-        close(after_steps(&fb), 6.0 * q + 6.0 * (q + 2.0 * k) + select_backward, 9.0);
+        close(
+            after_steps(&fb),
+            6.0 * q + 6.0 * (q + 2.0 * k) + select_backward,
+            9.0,
+        );
         assert!((select_backward / MB - 234.9).abs() < 0.1);
     }
 }
