@@ -255,6 +255,7 @@ pub(crate) fn assemble<B: Backend>(
                 sinks: m
                     .sinks
                     .then(|| Param::from_tensor(Tensor::zeros([m.heads], device))),
+                lora: None,
                 bf16: None,
             }
         })

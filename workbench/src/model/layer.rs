@@ -13,9 +13,10 @@
 
 use crate::error::RingError;
 use crate::kernels::bf16_matmul::PackedBf16;
-use crate::model::bf16::{Bf16Backend, project_bf16};
+use crate::model::bf16::{Bf16Backend, Bf16Layer, project_bf16};
 use crate::model::elementwise::{heads_first, heads_last, rms_norm, rms_norm_backward, swiglu};
 use crate::model::ffn::{FfnBackend, blockwise_swiglu, swiglu_backward};
+use crate::model::lora::LoraTarget;
 use crate::model::loss::LossBackend;
 use crate::model::project::{ProjectBackend, flat, project};
 use crate::model::rope::{Rope, RopeBackend};
@@ -141,21 +142,32 @@ fn forward_with<B: FfnBackend + RopeBackend + Bf16Backend + ProjectBackend, S>(
     ) -> Result<(Tensor<B, 4>, S), RingError>,
 ) -> Result<Forward<B, S>, RingError> {
     let [b, t, d] = x.dims();
+    let packed = w.bf16.as_deref();
+    // The feed-forward's hand-written backward (under `ffn` or `block`) takes its weights alone:
+    // its adapters are folded into them (`model::lora`).
+    let merged;
+    let w = match (&w.lora, packed, trunk.checkpoint) {
+        (Some(_), None, Checkpoint::Ffn | Checkpoint::Block) => {
+            merged = w.clone().with_merged(&FFN_TARGETS);
+            &merged
+        }
+        _ => w,
+    };
     let (h1, r1) = rms_norm(x.clone(), &w.attn_norm, w.epsilons[0]);
     let [bq, bk, bv] = w
         .qkv_bias
         .clone()
         .map_or([None, None, None], |b| b.map(Some));
-    let packed = w.bf16.as_deref();
-    let q = biased(&h1, (&w.wq, packed.map(|p| &p.wq)), bq);
-    let k = biased(&h1, (&w.wk, packed.map(|p| &p.wk)), bk);
-    let v = biased(&h1, (&w.wv, packed.map(|p| &p.wv)), bv);
+    let map = |target| Linear::of(w, target, packed);
+    let q = biased(&h1, map(LoraTarget::Q), bq);
+    let k = biased(&h1, map(LoraTarget::K), bk);
+    let v = biased(&h1, map(LoraTarget::V), bv);
     let q = rope.rotate(heads_first(q, trunk.heads), false);
     let k = rope.rotate(heads_first(k, trunk.kv_heads), false);
     let v = heads_first(v, trunk.kv_heads);
     let (out, saved) = attention(q, k, v)?;
     let a = heads_last(out.clone());
-    let x2 = x + biased(&a, (&w.wo, packed.map(|p| &p.wo)), None);
+    let x2 = x + biased(&a, map(LoraTarget::O), None);
     let (h2, r2) = rms_norm(x2.clone(), &w.ffn_norm, w.epsilons[1]);
     let chunk = trunk.ffn_chunk.max(1);
     let ffn = match (packed, trunk.checkpoint) {
@@ -164,24 +176,16 @@ fn forward_with<B: FfnBackend + RopeBackend + Bf16Backend + ProjectBackend, S>(
         }
         // Chunk by chunk: without checkpointing autodiff keeps each chunk's hidden activations; with
         // bf16 weights (inference) nothing is kept.
-        (packed, _) => {
+        (_, _) => {
             let chunks = (0..t)
                 .step_by(chunk)
                 .map(|s| {
                     let e = (s + chunk).min(t);
                     let c = h2.clone().slice([0..b, s..e, 0..d]);
-                    let up =
-                        |w: &Tensor<B, 2>, p: Option<&PackedBf16>| flat(biased(&c, (w, p), None));
-                    let m = swiglu(
-                        up(&w.w1, packed.map(|p| &p.w1)),
-                        up(&w.w3, packed.map(|p| &p.w3)),
-                    );
+                    let up = |linear| flat(biased(&c, linear, None));
+                    let m = swiglu(up(map(LoraTarget::Gate)), up(map(LoraTarget::Up)));
                     let f = m.dims()[1];
-                    biased(
-                        &m.reshape([b, e - s, f]),
-                        (&w.w2, packed.map(|p| &p.w2)),
-                        None,
-                    )
+                    biased(&m.reshape([b, e - s, f]), map(LoraTarget::Down), None)
                 })
                 .collect();
             Tensor::cat(chunks, 1)
@@ -199,17 +203,51 @@ fn forward_with<B: FfnBackend + RopeBackend + Bf16Backend + ProjectBackend, S>(
     })
 }
 
-/// `x · w (+ bias)` for `x: [b, t, n]`, `w: [n, m]`, `bias: [m]`: by the packed bf16 copy of `w`
-/// when the layer has one.
+/// The feed-forward's linear maps.
+const FFN_TARGETS: [LoraTarget; 3] = [LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down];
+
+/// One linear map of a layer: its weight `[n, m]`, the packed bf16 copy the layer runs instead when
+/// it has one, and its LoRA adapter `(A, B, s)` when one runs beside it.
+struct Linear<'a, B: Backend> {
+    weight: &'a Tensor<B, 2>,
+    packed: Option<&'a PackedBf16>,
+    lora: Option<(&'a Tensor<B, 2>, &'a Tensor<B, 2>, f64)>,
+}
+
+impl<'a, B: Backend> Linear<'a, B> {
+    /// The map `target` of the layer `w`, and its packed copy in `packed` when the layer has one.
+    fn of(w: &'a Weights<B>, target: LoraTarget, packed: Option<&'a Bf16Layer>) -> Self {
+        let (weight, copy) = match target {
+            LoraTarget::Q => (&w.wq, packed.map(|p| &p.wq)),
+            LoraTarget::K => (&w.wk, packed.map(|p| &p.wk)),
+            LoraTarget::V => (&w.wv, packed.map(|p| &p.wv)),
+            LoraTarget::O => (&w.wo, packed.map(|p| &p.wo)),
+            LoraTarget::Gate => (&w.w1, packed.map(|p| &p.w1)),
+            LoraTarget::Up => (&w.w3, packed.map(|p| &p.w3)),
+            LoraTarget::Down => (&w.w2, packed.map(|p| &p.w2)),
+        };
+        Linear {
+            weight,
+            packed: copy,
+            lora: w.lora(target),
+        }
+    }
+}
+
+/// `x · w (+ s·(x·A)·B) (+ bias)` for `x: [b, t, n]`, `w: [n, m]`, `bias: [m]`: by the packed bf16
+/// copy of `w` when the layer has one.
 fn biased<B: Bf16Backend + ProjectBackend>(
     x: &Tensor<B, 3>,
-    (w, packed): (&Tensor<B, 2>, Option<&PackedBf16>),
+    linear: Linear<'_, B>,
     bias: Option<Tensor<B, 1>>,
 ) -> Tensor<B, 3> {
-    let y = match packed {
+    let mut y = match linear.packed {
         Some(packed) => project_bf16(x.clone(), packed),
-        None => project(x.clone(), w),
+        None => project(x.clone(), linear.weight),
     };
+    if let Some((a, b, scale)) = linear.lora {
+        y = y + project(project(x.clone(), a), b) * scale;
+    }
     match bias {
         Some(bias) => y + bias.unsqueeze::<3>(),
         None => y,
@@ -282,6 +320,7 @@ fn backward<B: RingBackend + FfnBackend + RopeBackend + Bf16Backend + ProjectBac
             sinks: dsinks,
             epsilons: w.epsilons,
             bf16: None,
+            lora: None,
         },
     ))
 }
@@ -465,9 +504,10 @@ pub(crate) fn run_layers<B: LayerBackend>(
         let w = Weights::of(layer);
         let attend = trunk.attend(i, &ctx.config);
         x = match trunk.checkpoint {
+            // The checkpointed layer's backward takes its weights alone: its adapters are folded in.
             Checkpoint::Block => wrap(B::checkpointed_layer(
                 unwrap(x),
-                w.clone().into_primitives(),
+                w.clone().with_merged(&LoraTarget::ALL).into_primitives(),
                 w.epsilons,
                 unwrap(rope.cos.clone()),
                 unwrap(rope.sin.clone()),

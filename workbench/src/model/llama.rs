@@ -12,6 +12,7 @@ use crate::model::layer::{
     Checkpoint, LayerBackend, LayerKv, NewTokens, Trunk, decode_layers, prefill_layers, run_layers,
 };
 use crate::model::lazy::materialize;
+use crate::model::lora::{LayerLora, LoraConfig, LoraTarget};
 use crate::model::rope_scaling::{RopeFrequencies, RopeScaling};
 use crate::model::weights::DecoderLayer;
 use crate::ring::cache::KvCache;
@@ -230,6 +231,7 @@ impl LlamaConfig {
                 sinks: self
                     .sinks
                     .then(|| Param::from_tensor(Tensor::zeros([self.heads], device))),
+                lora: None,
                 bf16: None,
             })
             .collect()
@@ -301,16 +303,108 @@ impl<B: Backend> Llama<B> {
 impl<B: Backend> Llama<B> {
     /// The model with bf16 copies of its projections and output head, which its prefill and decoding
     /// then multiply by (see the module's doc). Bytes added: half the f32 weights' (less the
-    /// embedding's, when untied).
-    pub fn with_bf16_weights(mut self) -> Self {
-        for layer in &mut self.blocks {
+    /// embedding's, when untied). LoRA adapters are folded in first.
+    pub fn with_bf16_weights(self) -> Self {
+        let mut model = self.merge_lora();
+        for layer in &mut model.blocks {
             layer.bf16 = Some(Arc::new(layer.packed()));
         }
-        let head = match &self.head {
+        let head = match &model.head {
             Some(head) => head.weight.val(),
-            None => self.embed.weight.val().transpose(),
+            None => model.embed.weight.val().transpose(),
         };
-        self.head_bf16 = Some(Arc::new(pack(head)));
+        model.head_bf16 = Some(Arc::new(pack(head)));
+        model
+    }
+
+    /// The model adapted with LoRA (`model::lora`): every base weight frozen (no gradient, no
+    /// optimizer state), adapters on `config.targets` of every layer (A drawn from `seed` as PEFT
+    /// draws it, B zero: the model computes as before), and the embedding and norms trainable where
+    /// `config` says. A model already adapted is refused.
+    pub fn with_lora(self, config: &LoraConfig, seed: u64) -> Result<Self, RingError> {
+        config.validate()?;
+        let device = self.embed.weight.device();
+        let layers = self
+            .blocks
+            .iter()
+            .enumerate()
+            .map(|(i, layer)| {
+                let dims = |target: LoraTarget| {
+                    let [inputs, outputs] = layer.linear(target).weight.dims();
+                    (inputs, outputs)
+                };
+                LayerLora::drawn(config, dims, seed.wrapping_add(i as u64), &device)
+            })
+            .collect();
+        self.with_adapters(layers, config)
+    }
+
+    /// The model with `layers[i]` on layer i (adapters read from a PEFT directory, say): the base
+    /// frozen, the embedding and norms trainable where `config` says (its targets and scale are
+    /// the adapters' own).
+    pub fn with_adapters(
+        self,
+        layers: Vec<LayerLora<B>>,
+        config: &LoraConfig,
+    ) -> Result<Self, RingError> {
+        if self.blocks.iter().any(|b| b.lora.is_some()) {
+            return Err(RingError::ModelConfig(
+                "LoRA: the model has adapters already; merge them first".into(),
+            ));
+        }
+        if layers.len() != self.blocks.len() {
+            return Err(RingError::ModelConfig(format!(
+                "LoRA: adapters for {} layers, the model has {}",
+                layers.len(),
+                self.blocks.len()
+            )));
+        }
+        if config.train_embeddings && self.head.is_none() {
+            return Err(RingError::ModelConfig(
+                "LoRA: train_embeddings on a model whose head is its embedding (tied): PEFT's \
+                 modules_to_save would train a copy and leave the head on the original; train \
+                 norms and adapters only"
+                    .into(),
+            ));
+        }
+        let mut model = self.no_grad();
+        for (block, lora) in model.blocks.iter_mut().zip(layers) {
+            block.lora = Some(lora);
+            if config.train_norms {
+                block.attn_norm.gamma = block.attn_norm.gamma.clone().set_require_grad(true);
+                block.ffn_norm.gamma = block.ffn_norm.gamma.clone().set_require_grad(true);
+            }
+        }
+        if config.train_norms {
+            model.norm.gamma = model.norm.gamma.set_require_grad(true);
+        }
+        if config.train_embeddings {
+            model.embed.weight = model.embed.weight.set_require_grad(true);
+        }
+        Ok(model)
+    }
+
+    /// Each layer's adapters, when the model is adapted.
+    pub fn lora_layers(&self) -> Option<Vec<&LayerLora<B>>> {
+        self.blocks.iter().map(|b| b.lora.as_ref()).collect()
+    }
+
+    /// The adapters folded into the weights (`W + s·A·B`) and removed: the plain model they
+    /// compute (for export, inference, or packing in bf16). A model without adapters is returned
+    /// as it is.
+    pub fn merge_lora(mut self) -> Self {
+        for block in &mut self.blocks {
+            let Some(lora) = block.lora.take() else {
+                continue;
+            };
+            for target in LoraTarget::ALL {
+                if let Some(pair) = lora.pair(target) {
+                    let linear = block.linear_mut(target);
+                    let merged = (linear.weight.val() + pair.delta(lora.scale())).detach();
+                    linear.weight = Param::from_tensor(merged);
+                }
+            }
+        }
         self
     }
 

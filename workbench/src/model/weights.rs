@@ -2,6 +2,7 @@
 //! (`Weights`), and as the primitives a custom autodiff op takes ([`WeightPrimitives`]).
 
 use crate::model::bf16::{Bf16Layer, pack};
+use crate::model::lora::{LayerLora, LoraTarget, LoraWeights};
 use crate::primitive::{unwrap, wrap};
 use burn::module::{Module, Param};
 use burn::nn::{Linear, RmsNorm};
@@ -25,12 +26,40 @@ pub struct DecoderLayer<B: Backend> {
     pub(crate) w2: Linear<B>,
     /// Attention sink logits `[heads]`.
     pub(crate) sinks: Option<Param<Tensor<B, 1>>>,
+    /// LoRA adapters on the linear maps (`model::lora`), when the model is being adapted.
+    pub(crate) lora: Option<LayerLora<B>>,
     /// The projections packed as bf16, when the model runs them so (`model::bf16`).
     #[module(skip)]
     pub(crate) bf16: Option<Arc<Bf16Layer>>,
 }
 
 impl<B: Backend> DecoderLayer<B> {
+    /// The linear map `target`.
+    pub(crate) fn linear(&self, target: LoraTarget) -> &Linear<B> {
+        match target {
+            LoraTarget::Q => &self.wq,
+            LoraTarget::K => &self.wk,
+            LoraTarget::V => &self.wv,
+            LoraTarget::O => &self.wo,
+            LoraTarget::Gate => &self.w1,
+            LoraTarget::Up => &self.w3,
+            LoraTarget::Down => &self.w2,
+        }
+    }
+
+    /// The linear map `target`, to change.
+    pub(crate) fn linear_mut(&mut self, target: LoraTarget) -> &mut Linear<B> {
+        match target {
+            LoraTarget::Q => &mut self.wq,
+            LoraTarget::K => &mut self.wk,
+            LoraTarget::V => &mut self.wv,
+            LoraTarget::O => &mut self.wo,
+            LoraTarget::Gate => &mut self.w1,
+            LoraTarget::Up => &mut self.w3,
+            LoraTarget::Down => &mut self.w2,
+        }
+    }
+
     /// The layer's projections packed as bf16.
     pub(crate) fn packed(&self) -> Bf16Layer {
         Bf16Layer {
@@ -65,6 +94,9 @@ pub(crate) struct Weights<B: Backend> {
     pub(crate) epsilons: [f64; 2],
     /// The projections packed as bf16, when the model runs them so.
     pub(crate) bf16: Option<Arc<Bf16Layer>>,
+    /// LoRA adapters applied beside the linear maps (a branch: [`Weights::with_merged`] folds
+    /// some or all of them into the weights instead).
+    pub(crate) lora: Option<LoraWeights<B>>,
 }
 
 /// The primitives of a layer's parameters, in [`DecoderLayer`]'s field order: nine, then the three
@@ -91,7 +123,35 @@ impl<B: Backend> Weights<B> {
             sinks: layer.sinks.as_ref().map(Param::val),
             epsilons: [layer.attn_norm.epsilon, layer.ffn_norm.epsilon],
             bf16: layer.bf16.clone(),
+            lora: layer.lora.as_ref().map(LoraWeights::of),
         }
+    }
+
+    /// These weights with the adapters on `targets` folded in (`W + s·A·B`) and taken off the
+    /// branch: what a hand-written backward, which takes the weights alone, is given.
+    pub(crate) fn with_merged(mut self, targets: &[LoraTarget]) -> Self {
+        let Some(mut lora) = self.lora.take() else {
+            return self;
+        };
+        for &target in targets {
+            let slot = match target {
+                LoraTarget::Q => &mut self.wq,
+                LoraTarget::K => &mut self.wk,
+                LoraTarget::V => &mut self.wv,
+                LoraTarget::O => &mut self.wo,
+                LoraTarget::Gate => &mut self.w1,
+                LoraTarget::Up => &mut self.w3,
+                LoraTarget::Down => &mut self.w2,
+            };
+            *slot = lora.merge(target, slot.clone());
+        }
+        self.lora = (!lora.is_empty()).then_some(lora);
+        self
+    }
+
+    /// The adapter on `target` as `(A, B, s)`, when it runs as a branch.
+    pub(crate) fn lora(&self, target: LoraTarget) -> Option<(&Tensor<B, 2>, &Tensor<B, 2>, f64)> {
+        self.lora.as_ref().and_then(|l| l.get(target))
     }
 
     pub(crate) fn zeros_like(&self) -> Self {
@@ -112,6 +172,7 @@ impl<B: Backend> Weights<B> {
             sinks: self.sinks.as_ref().map(Tensor::zeros_like),
             epsilons: self.epsilons,
             bf16: None,
+            lora: None,
         }
     }
 
@@ -154,6 +215,7 @@ impl<B: Backend> Weights<B> {
             sinks: p.next().map(wrap),
             epsilons,
             bf16: None,
+            lora: None,
         }
     }
 }

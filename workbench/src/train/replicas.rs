@@ -6,8 +6,9 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 
-/// Collects every float parameter's gradient, in module order, as a 1-d tensor on its device (zeros
-/// where a parameter got none), to be joined into one flat gradient.
+/// Collects every trained float parameter's gradient, in module order, as a 1-d tensor on its
+/// device (zeros where a parameter got none), to be joined into one flat gradient. A frozen
+/// parameter (one that requires no gradient: a LoRA run's base weights) has no place in it.
 struct Flatten<'a, I: Backend> {
     grads: &'a mut GradientsParams,
     parts: Vec<Tensor<I, 1>>,
@@ -15,6 +16,9 @@ struct Flatten<'a, I: Backend> {
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for Flatten<'_, B::InnerBackend> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if !param.val().is_require_grad() {
+            return;
+        }
         let n = param.val().shape().num_elements();
         let grad = match self.grads.remove::<B::InnerBackend, D>(param.id) {
             Some(g) => g,
@@ -24,8 +28,9 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Flatten<'_, B::InnerBackend> {
     }
 }
 
-/// Every parameter's gradient in `grads`, in module order, joined on the device into one 1-d tensor
-/// (zeros where a parameter got none), so that one all-reduce carries them all.
+/// Every trained parameter's gradient in `grads`, in module order, joined on the device into one
+/// 1-d tensor (zeros where a parameter got none; frozen parameters left out), so that one
+/// all-reduce carries them all.
 pub(crate) fn flat_gradient<B: AutodiffBackend, M: Module<B>>(
     module: &M,
     grads: &mut GradientsParams,
@@ -62,6 +67,9 @@ struct Unflatten<I: Backend> {
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for Unflatten<B::InnerBackend> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if !param.val().is_require_grad() {
+            return;
+        }
         let shape = param.val().shape();
         let n = shape.num_elements();
         let grad = self.flat.clone().narrow(0, self.offset, n).reshape(shape);
