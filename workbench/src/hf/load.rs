@@ -180,7 +180,7 @@ fn read_file<B: Backend>(
 }
 
 /// Little-endian elements of `dtype` as f32 (F64 rounded); `None` for a type that is not a float.
-fn to_f32(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
+pub(crate) fn to_f32(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
     Some(match dtype {
         Dtype::F32 => bytes
             .chunks_exact(4)

@@ -8,12 +8,14 @@
 //! | `names.rs` | the tensor names |
 //! | `load.rs` | the weights, memory-mapped and converted one tensor at a time |
 //! | `export.rs` | `model.safetensors` and `config.json` written |
+//! | `peft.rs` | PEFT's LoRA adapter directory, written and read onto a base model |
 
 mod config;
 mod error;
 mod export;
 mod load;
 mod names;
+mod peft;
 
 pub use config::{Architecture, HfConfig, rope_scaling_of};
 pub use error::HfError;
@@ -21,3 +23,4 @@ pub use export::export_model;
 pub use load::{INDEX_FILE, WEIGHTS_FILE, load_model};
 pub(crate) use load::{assemble, transpose};
 pub use names::{LayerNames, TensorRole};
+pub use peft::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, Adapter, read_adapter, write_adapter};
