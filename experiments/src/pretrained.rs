@@ -5,8 +5,9 @@ use anyhow::{Context, Result, bail};
 use datasets::{ChatTemplate, GgufVocabulary, HfTokenizer};
 use std::path::Path;
 use workbench::gguf::{GgufFile, GgufValue, load_gguf_model, read_gguf_model};
-use workbench::hf::{HfConfig, load_model, rope_scaling_of};
-use workbench::model::Llama;
+use burn::tensor::backend::Backend;
+use workbench::hf::{HfConfig, load_model, read_adapter, rope_scaling_of};
+use workbench::model::{Llama, LlamaConfig};
 use workbench::model::RopeScaling;
 
 /// Whether `path` names a GGUF file (by its extension) rather than a model directory.
@@ -32,17 +33,37 @@ pub fn pretrained_config(path: &Path) -> Result<HfConfig> {
 }
 
 /// A pretrained model onto `device`, in f32: a Hugging Face directory, or a GGUF file (its
-/// tensors dequantized).
+/// tensors dequantized), with the PEFT adapter in `adapter` folded into its weights where one is
+/// given ([`with_adapter`]).
 pub fn load_pretrained<B: workbench::LayerBackend>(
     path: &Path,
+    adapter: Option<&Path>,
     device: &B::Device,
 ) -> Result<(Llama<B>, HfConfig)> {
-    if !is_gguf(path) {
-        return Ok(load_model::<B>(path, device)?);
-    }
-    let config = pretrained_config(path)?;
-    let (model, _) = load_gguf_model::<B>(path, device)?;
-    Ok((model, config))
+    let (model, config) = if is_gguf(path) {
+        let config = pretrained_config(path)?;
+        (load_gguf_model::<B>(path, device)?.0, config)
+    } else {
+        load_model::<B>(path, device)?
+    };
+    Ok((with_adapter(model, &config.model, adapter, device)?, config))
+}
+
+/// `model` with the PEFT LoRA adapter in `adapter` (trained by ringbench or anywhere) read onto it
+/// and folded into its weights (`W + s·A·B`, its saved norms and embedding in place): the model
+/// the adapter computes, for inference. `None`: the model as it is.
+pub fn with_adapter<B: Backend>(
+    model: Llama<B>,
+    config: &LlamaConfig,
+    adapter: Option<&Path>,
+    device: &B::Device,
+) -> Result<Llama<B>> {
+    let Some(dir) = adapter else {
+        return Ok(model);
+    };
+    let read = read_adapter::<B>(dir, config, device)
+        .with_context(|| format!("--adapter {}", dir.display()))?;
+    Ok(model.with_peft(read)?.merge_lora())
 }
 
 /// A pretrained model's tokenizer: a directory's `tokenizer.json`, or the one a GGUF file's

@@ -193,7 +193,7 @@ impl Subject {
     fn load<B: LayerBackend>(&self) -> Result<Llama<B>> {
         let device = Default::default();
         Ok(match &self.dir {
-            Some(dir) => crate::pretrained::load_pretrained::<B>(dir, &device)?.0,
+            Some(dir) => crate::pretrained::load_pretrained::<B>(dir, None, &device)?.0,
             None => seeded::<B, _>(0, &device, || self.config.init::<B>(&device)),
         })
     }

@@ -20,6 +20,10 @@ pub struct GenerateArgs {
     /// its tokenizer.ggml.* metadata).
     #[arg(long)]
     pub model: PathBuf,
+    /// A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors; trained by
+    /// ringbench or by peft) folded into the model's weights.
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
     /// Prompt token ids: int32 or int64 [batch, seq].
     #[arg(long, conflicts_with_all = ["prompt", "prompts", "chat"])]
     pub tokens: Option<PathBuf>,
@@ -108,7 +112,7 @@ impl OnBackend for GenerateOn<'_> {
                 .unwrap_or_default();
             args.stop.iter().any(|s| text.contains(s.as_str()))
         };
-        let (model, _) = load_pretrained::<I>(&args.model, &devices[0])?;
+        let (model, _) = load_pretrained::<I>(&args.model, args.adapter.as_deref(), &devices[0])?;
         let mut decoding = decoding(&args.ring, &config.eos, args.max_new)?;
         if args.no_cache {
             decoding.cache = None;

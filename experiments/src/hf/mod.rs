@@ -65,6 +65,10 @@ pub struct LogitsArgs {
     /// a LLaMA-family GGUF file (its tensors dequantized to f32).
     #[arg(long)]
     pub model: PathBuf,
+    /// A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors; trained by
+    /// ringbench or by peft) folded into the model's weights.
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
     /// Token ids: int32 or int64 [batch, seq].
     #[arg(long)]
     pub tokens: PathBuf,
@@ -164,7 +168,8 @@ impl OnBackend for LogitsOn<'_> {
     fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<()> {
         let args = self.0;
         let rows = npy::read_ids(&args.tokens)?;
-        let (model, config) = load_pretrained::<I>(&args.model, &devices[0])?;
+        let (model, config) =
+            load_pretrained::<I>(&args.model, args.adapter.as_deref(), &devices[0])?;
         let vocab = config.model.vocab;
         check_ids(&rows, vocab, &args.tokens)?;
         let decoding = decoding(&args.ring, &[], 0)?;

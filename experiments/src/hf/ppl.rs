@@ -19,6 +19,10 @@ pub struct PplArgs {
     /// A Hugging Face model directory or a LLaMA-family GGUF file.
     #[arg(long)]
     pub model: PathBuf,
+    /// A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors; trained by
+    /// ringbench or by peft) folded into the model's weights.
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
     /// Text files, each a document, tokenized by the model's tokenizer.
     #[arg(long, num_args = 1.., conflicts_with = "tokens", required_unless_present = "tokens")]
     pub text: Vec<PathBuf>,
@@ -86,7 +90,7 @@ impl OnBackend for PplOn<'_> {
         let source = args.tokens.clone().unwrap_or_else(|| args.text[0].clone());
         let windows = perplexity::windows(&documents, args.context, &prefix, args.max_windows)?;
         check_ids(&windows, config.model.vocab, &source)?;
-        let (model, _) = load_pretrained::<I>(&args.model, &devices[0])?;
+        let (model, _) = load_pretrained::<I>(&args.model, args.adapter.as_deref(), &devices[0])?;
         let model_name = args.model.file_name().map_or_else(
             || args.model.display().to_string(),
             |n| n.to_string_lossy().into(),

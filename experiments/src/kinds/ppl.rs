@@ -48,6 +48,9 @@ struct Sweep {
 struct ModelSpec {
     /// A Hugging Face directory or a GGUF file.
     hf: PathBuf,
+    /// A PEFT LoRA adapter directory folded into its weights.
+    #[serde(default)]
+    adapter: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -113,6 +116,7 @@ type Key = (usize, String, f64, usize, String);
 struct PplPlan {
     points: Vec<Key>,
     path: PathBuf,
+    adapter: Option<PathBuf>,
     documents: Vec<Vec<u32>>,
     prefix: Vec<u32>,
     max_windows: Option<NonZeroUsize>,
@@ -216,6 +220,7 @@ impl Experiment for PplKind {
         Ok(Box::new(PplPlan {
             points,
             path,
+            adapter: parsed.model.adapter.clone(),
             documents,
             prefix,
             max_windows: parsed.data.max_windows,
@@ -283,7 +288,8 @@ impl Plan for PplPlan {
     fn compute(&mut self, index: usize, ctx: &PointContext) -> Result<Vec<Record>> {
         let (context, kind, factor, ranks, strategy) = self.points[index].clone();
         if self.model.is_none() {
-            self.model = Some(load_pretrained::<Flex>(&self.path, &Default::default())?.0);
+            let adapter = self.adapter.as_deref();
+            self.model = Some(load_pretrained::<Flex>(&self.path, adapter, &Default::default())?.0);
         }
         let mut config = self.config.model.clone();
         if let Some(scaling) = rope_override(&kind, factor, &self.config)? {
@@ -296,10 +302,16 @@ impl Plan for PplPlan {
             .with_trunk_of(&config);
         let windows = windows(&self.documents, context, &self.prefix, self.max_windows)?;
         let partition = strategies::by_name(&strategy)?;
-        let name = self
-            .path
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let file_name = |p: &Path| {
+            p.file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        };
+        // The model's name, and its adapter's where it has one: parts kept under another name are
+        // never mixed in.
+        let name = match &self.adapter {
+            Some(adapter) => format!("{}+{}", file_name(&self.path), file_name(adapter)),
+            None => file_name(&self.path),
+        };
         // With keep_parts, each window's sums are kept beside the table: a point stopped mid-way
         // resumes from them.
         let scoring = Scoring {

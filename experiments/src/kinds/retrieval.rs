@@ -83,8 +83,11 @@ impl Default for DecodeSpec {
 struct ModelEntry {
     /// The row's label.
     name: String,
-    /// A checkpoint directory (`ringbench train`'s, or a Hugging Face one).
+    /// A checkpoint directory (`ringbench train`'s, or a Hugging Face one), or a GGUF file.
     checkpoint: PathBuf,
+    /// A PEFT LoRA adapter directory folded into the checkpoint's weights.
+    #[serde(default)]
+    adapter: Option<PathBuf>,
     /// The figure's panel (default: one panel).
     #[serde(default)]
     panel: String,
@@ -306,7 +309,7 @@ impl RetrievalPlan {
         if self.loaded.as_ref().is_none_or(|l| l.index != index) {
             let entry = &self.models[index];
             let (mut model, tokenizer) =
-                load_trained::<Flex>(&entry.checkpoint, &Default::default())
+                load_trained::<Flex>(&entry.checkpoint, entry.adapter.as_deref(), &Default::default())
                     .with_context(|| format!("[[model]] '{}'", entry.name))?;
             let (chat, scaled) = pretrained_options(
                 &entry.checkpoint,

@@ -30,6 +30,10 @@ pub struct EvalArgs {
     /// LLaMA-family GGUF file.
     #[arg(long)]
     pub checkpoint: PathBuf,
+    /// A PEFT LoRA adapter directory (trained by ringbench or by peft) folded into the
+    /// checkpoint's weights (a Hugging Face or GGUF base).
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
     /// Prompt through the model's chat template (a user message; the reply begins the
     /// assistant's turn), as LongChat prompts an instruct model.
     #[arg(long)]
@@ -57,9 +61,9 @@ pub struct EvalArgs {
     /// Prompts decoded together.
     #[arg(long, default_value_t = 25)]
     pub batch: usize,
-    /// Writes the CSV here; with `--plot`, an SVG of accuracy against the number of lines too.
+    /// Also write the table as CSV here (it is printed either way).
     #[arg(long)]
-    pub out: PathBuf,
+    pub out: Option<PathBuf>,
     /// Also plot accuracy against the prompt's length in tokens here (Figure 3's axes), with the
     /// checkpoint's longest training prompt marked when its train.toml says.
     #[arg(long)]
@@ -131,8 +135,10 @@ pub fn run_eval(args: &EvalArgs) -> Result<Vec<AccuracyRow>> {
         return Ok(Vec::new()); // an MPI rank other than 0: rank 0 writes the results
     };
     let rows = evaluation.rows;
-    let table = Table::of(rows.iter().map(Record::of).collect::<Result<_>>()?);
-    table.write_csv(&args.out)?;
+    if let Some(out) = &args.out {
+        let table = Table::of(rows.iter().map(Record::of).collect::<Result<_>>()?);
+        table.write_csv(out)?;
+    }
     if let Some(path) = &args.replies {
         let mut text = String::new();
         for reply in &evaluation.replies {
@@ -196,7 +202,8 @@ impl OnBackend for EvalOn<'_> {
         let args = self.0;
         let (chat, scaling) =
             pretrained_options(&args.checkpoint, args.chat, &args.rope_scaling, args.factor)?;
-        let (mut model, tokenizer) = load_trained::<I>(&args.checkpoint, &devices[0])?;
+        let (mut model, tokenizer) =
+            load_trained::<I>(&args.checkpoint, args.adapter.as_deref(), &devices[0])?;
         let tokenizer = &*tokenizer;
         if let Some(config) = scaling {
             model = model.with_trunk_of(&config);

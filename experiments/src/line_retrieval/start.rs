@@ -4,7 +4,7 @@
 
 use super::checkpoint::{load_checkpoint, save_checkpoint};
 use super::spec::ModelSpec;
-use crate::pretrained::{is_gguf, pretrained_config, pretrained_tokenizer};
+use crate::pretrained::{is_gguf, pretrained_config, pretrained_tokenizer, with_adapter};
 use anyhow::{Context, Result, bail};
 use burn::backend::Flex;
 use burn::tensor::backend::Backend;
@@ -172,14 +172,17 @@ pub fn drawn_on_host<B: Backend>(config: &LlamaConfig, seed: u64, device: &B::De
 }
 
 /// A trained model and its tokenizer: a `ringbench train` checkpoint (`model.mpk`), a Hugging
-/// Face directory (one that `train` wrote from `model.hf`, or any other), or a GGUF file.
+/// Face directory (one that `train` wrote from `model.hf`, or any other), or a GGUF file, with the
+/// PEFT adapter in `adapter` folded into it where one is given (a Hugging Face or GGUF base).
 pub fn load_trained<B: Backend>(
     dir: &Path,
+    adapter: Option<&Path>,
     device: &B::Device,
 ) -> Result<(Llama<B>, Box<dyn TextTokenizer>)> {
     if is_gguf(dir) && dir.is_file() {
         let config = pretrained_config(dir)?;
         let (model, _) = load_gguf_model::<B>(dir, device)?;
+        let model = with_adapter(model, &config.model, adapter, device)?;
         return Ok((model, Box::new(hf_text(dir, &config)?)));
     }
     if !dir.is_dir() {
@@ -189,10 +192,19 @@ pub fn load_trained<B: Backend>(
         );
     }
     if dir.join("model.mpk").exists() || !dir.join("config.json").exists() {
+        if let Some(adapter) = adapter {
+            bail!(
+                "--adapter {}: a PEFT adapter goes on a Hugging Face or GGUF base, not on the \
+                 ringbench checkpoint {}",
+                adapter.display(),
+                dir.display()
+            );
+        }
         let (model, _, tokenizer) = load_checkpoint::<B>(dir, device)?;
         return Ok((model, Box::new(tokenizer)));
     }
     let (model, config) = load_model::<B>(dir, device)?;
+    let model = with_adapter(model, &config.model, adapter, device)?;
     let tokenizer = hf_text(dir, &config)?;
     Ok((model, Box::new(tokenizer)))
 }
