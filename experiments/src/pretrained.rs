@@ -2,12 +2,12 @@
 //! config (or the GGUF metadata as the same), its weights in f32, its tokenizer and chat template.
 
 use anyhow::{Context, Result, bail};
+use burn::tensor::backend::Backend;
 use datasets::{ChatTemplate, GgufVocabulary, HfTokenizer};
 use std::path::Path;
 use workbench::gguf::{GgufFile, GgufValue, load_gguf_model, read_gguf_model};
-use burn::tensor::backend::Backend;
-use workbench::hf::{HfConfig, load_model, read_adapter, rope_scaling_of};
-use workbench::model::{Llama, LlamaConfig};
+use workbench::hf::{HfConfig, load_model, read_adapter, read_adapter_rope, rope_scaling_of};
+use workbench::model::Llama;
 use workbench::model::RopeScaling;
 
 /// Whether `path` names a GGUF file (by its extension) rather than a model directory.
@@ -34,36 +34,50 @@ pub fn pretrained_config(path: &Path) -> Result<HfConfig> {
 
 /// A pretrained model onto `device`, in f32: a Hugging Face directory, or a GGUF file (its
 /// tensors dequantized), with the PEFT adapter in `adapter` folded into its weights where one is
-/// given ([`with_adapter`]).
+/// given ([`with_adapter`]; the config then holds the RoPE the adapter was trained with).
 pub fn load_pretrained<B: workbench::LayerBackend>(
     path: &Path,
     adapter: Option<&Path>,
     device: &B::Device,
 ) -> Result<(Llama<B>, HfConfig)> {
-    let (model, config) = if is_gguf(path) {
+    let (model, mut config) = if is_gguf(path) {
         let config = pretrained_config(path)?;
         (load_gguf_model::<B>(path, device)?.0, config)
     } else {
         load_model::<B>(path, device)?
     };
-    Ok((with_adapter(model, &config.model, adapter, device)?, config))
+    let model = with_adapter(model, &mut config, adapter, device)?;
+    Ok((model, config))
 }
 
 /// `model` with the PEFT LoRA adapter in `adapter` (trained by ringbench or anywhere) read onto it
-/// and folded into its weights (`W + s·A·B`, its saved norms and embedding in place): the model
-/// the adapter computes, for inference. `None`: the model as it is.
+/// and folded into its weights (`W + s·A·B`, its saved norms and embedding in place), rotating as
+/// the adapter was trained where it says (`adapter_rope.json`: `config` is changed to match): the
+/// model the adapter computes, for inference. `None`: the model as it is.
 pub fn with_adapter<B: Backend>(
     model: Llama<B>,
-    config: &LlamaConfig,
+    config: &mut HfConfig,
     adapter: Option<&Path>,
     device: &B::Device,
 ) -> Result<Llama<B>> {
     let Some(dir) = adapter else {
         return Ok(model);
     };
-    let read = read_adapter::<B>(dir, config, device)
-        .with_context(|| format!("--adapter {}", dir.display()))?;
-    Ok(model.with_peft(read)?.merge_lora())
+    let context = || format!("--adapter {}", dir.display());
+    let read = read_adapter::<B>(dir, &config.model, device).with_context(context)?;
+    let mut model = model.with_peft(read)?.merge_lora();
+    if let Some((theta, scaling)) =
+        read_adapter_rope(dir, config.max_positions).with_context(context)?
+    {
+        config.model = config
+            .model
+            .clone()
+            .with_rope_theta(theta)
+            .with_rope_scaling(scaling);
+        config.model.validate()?;
+        model = model.with_trunk_of(&config.model);
+    }
+    Ok(model)
 }
 
 /// A pretrained model's tokenizer: a directory's `tokenizer.json`, or the one a GGUF file's

@@ -14,7 +14,7 @@ use safetensors::SafeTensors;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use workbench::hf::{Architecture, load_model, read_adapter, write_adapter};
+use workbench::hf::{load_model, read_adapter, write_adapter};
 use workbench::model::{Llama, LoraTarget};
 use workbench::train::{Example, Prompt, flat_params, full_logits, global_gradient};
 
@@ -190,7 +190,7 @@ fn an_adapter_written_has_peft_names_and_reads_back_bit_for_bit() {
     .unwrap()
     .config;
     let out = temp_dir("lora-written");
-    write_adapter(&model, &config, ("llama_gqa", Architecture::Llama), &out).unwrap();
+    write_adapter(&model, &config, "llama_gqa", &out).unwrap();
     // PEFT's own file, tensor for tensor: the same names, shapes and f32 bytes.
     let theirs = tensors_of(&fixture().join("adapter/adapter_model.safetensors"));
     let ours = tensors_of(&out.join("adapter_model.safetensors"));

@@ -308,20 +308,27 @@ impl RetrievalPlan {
     fn load(&mut self, index: usize) -> Result<&Loaded> {
         if self.loaded.as_ref().is_none_or(|l| l.index != index) {
             let entry = &self.models[index];
-            let (mut model, tokenizer) =
-                load_trained::<Flex>(&entry.checkpoint, entry.adapter.as_deref(), &Default::default())
-                    .with_context(|| format!("[[model]] '{}'", entry.name))?;
+            let (mut model, tokenizer) = load_trained::<Flex>(
+                &entry.checkpoint,
+                entry.adapter.as_deref(),
+                &Default::default(),
+            )
+            .with_context(|| format!("[[model]] '{}'", entry.name))?;
             let (chat, scaled) = pretrained_options(
                 &entry.checkpoint,
+                entry.adapter.as_deref(),
                 entry.chat,
-                entry.rope_scaling.as_deref().unwrap_or("none"),
-                entry.factor.unwrap_or(4.0),
+                (
+                    entry.rope_scaling.as_deref().unwrap_or("none"),
+                    entry.factor.unwrap_or(4.0),
+                ),
             )
             .with_context(|| format!("[[model]] '{}'", entry.name))?;
             if let Some(config) = scaled {
                 model = model.with_trunk_of(&config);
             }
-            let trained_lines = trained_lines(&entry.checkpoint);
+            // A LoRA run's train.toml lies beside its adapter.
+            let trained_lines = trained_lines(entry.adapter.as_ref().unwrap_or(&entry.checkpoint));
             self.loaded = Some(Loaded {
                 index,
                 model,

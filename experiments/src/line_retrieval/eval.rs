@@ -188,7 +188,8 @@ pub fn run_eval(args: &EvalArgs) -> Result<Vec<AccuracyRow>> {
 /// The checkpoint's most training lines (from its train.toml) and their mean prompt tokens, when
 /// that line count was evaluated.
 fn trained_length(args: &EvalArgs, rows: &[AccuracyRow]) -> Option<(usize, f64)> {
-    let lines = super::trained_lines(&args.checkpoint)?;
+    // A LoRA run's train.toml lies beside its adapter.
+    let lines = super::trained_lines(args.adapter.as_ref().unwrap_or(&args.checkpoint))?;
     let row = rows.iter().find(|r| r.num_lines == lines)?;
     Some((lines, row.prompt_tokens))
 }
@@ -200,8 +201,12 @@ impl OnBackend for EvalOn<'_> {
     type Output = Option<Evaluation>;
     fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<Option<Evaluation>> {
         let args = self.0;
-        let (chat, scaling) =
-            pretrained_options(&args.checkpoint, args.chat, &args.rope_scaling, args.factor)?;
+        let (chat, scaling) = pretrained_options(
+            &args.checkpoint,
+            args.adapter.as_deref(),
+            args.chat,
+            (&args.rope_scaling, args.factor),
+        )?;
         let (mut model, tokenizer) =
             load_trained::<I>(&args.checkpoint, args.adapter.as_deref(), &devices[0])?;
         let tokenizer = &*tokenizer;
@@ -240,13 +245,14 @@ impl OnBackend for EvalOn<'_> {
 }
 
 /// The chat template (`chat`) and the model config with the RoPE scaling overridden
-/// (`rope_scaling` at `factor`; `none` keeps it), for a Hugging Face or GGUF model at `path`; the
-/// project's checkpoints have neither.
+/// (`rope_scaling` at `factor`; `none` keeps it), for a Hugging Face or GGUF model at `path` (with
+/// `adapter`'s RoPE where the adapter was trained with its own); the project's checkpoints have
+/// neither.
 pub fn pretrained_options(
     path: &Path,
+    adapter: Option<&Path>,
     chat: bool,
-    rope_scaling: &str,
-    factor: f64,
+    (rope_scaling, factor): (&str, f64),
 ) -> Result<(Option<ChatTemplate>, Option<LlamaConfig>)> {
     if !chat && rope_scaling == "none" {
         return Ok((None, None));
@@ -257,7 +263,17 @@ pub fn pretrained_options(
             path.display()
         );
     }
-    let config = pretrained_config(path)?;
+    let mut config = pretrained_config(path)?;
+    if let Some((theta, scaling)) = adapter
+        .map(|dir| workbench::hf::read_adapter_rope(dir, config.max_positions))
+        .transpose()?
+        .flatten()
+    {
+        config.model = config
+            .model
+            .with_rope_theta(theta)
+            .with_rope_scaling(scaling);
+    }
     let chat = if chat {
         let Some(tokenizer) = pretrained_tokenizer(path)? else {
             bail!("{}: --chat needs the model's tokenizer", path.display());

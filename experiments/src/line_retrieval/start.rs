@@ -180,9 +180,9 @@ pub fn load_trained<B: Backend>(
     device: &B::Device,
 ) -> Result<(Llama<B>, Box<dyn TextTokenizer>)> {
     if is_gguf(dir) && dir.is_file() {
-        let config = pretrained_config(dir)?;
+        let mut config = pretrained_config(dir)?;
         let (model, _) = load_gguf_model::<B>(dir, device)?;
-        let model = with_adapter(model, &config.model, adapter, device)?;
+        let model = with_adapter(model, &mut config, adapter, device)?;
         return Ok((model, Box::new(hf_text(dir, &config)?)));
     }
     if !dir.is_dir() {
@@ -203,8 +203,8 @@ pub fn load_trained<B: Backend>(
         let (model, _, tokenizer) = load_checkpoint::<B>(dir, device)?;
         return Ok((model, Box::new(tokenizer)));
     }
-    let (model, config) = load_model::<B>(dir, device)?;
-    let model = with_adapter(model, &config.model, adapter, device)?;
+    let (model, mut config) = load_model::<B>(dir, device)?;
+    let model = with_adapter(model, &mut config, adapter, device)?;
     let tokenizer = hf_text(dir, &config)?;
     Ok((model, Box::new(tokenizer)))
 }

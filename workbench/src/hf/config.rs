@@ -487,7 +487,7 @@ fn max_positions(given: Option<usize>, scaling: RopeScaling) -> usize {
 
 /// A RoPE scaling as `rope_scaling` holds it (null for none); `None` for per-frequency factors,
 /// which transformers cannot read.
-fn rope_json(scaling: RopeScaling) -> Option<Value> {
+pub(crate) fn rope_json(scaling: RopeScaling) -> Option<Value> {
     Some(match scaling {
         RopeScaling::FrequencyFactors { .. } => return None,
         RopeScaling::Default => Value::Null,

@@ -23,4 +23,7 @@ pub use export::export_model;
 pub use load::{INDEX_FILE, WEIGHTS_FILE, load_model};
 pub(crate) use load::{assemble, transpose};
 pub use names::{LayerNames, TensorRole};
-pub use peft::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, Adapter, read_adapter, write_adapter};
+pub use peft::{
+    ADAPTER_CONFIG, ADAPTER_ROPE, ADAPTER_WEIGHTS, Adapter, read_adapter, read_adapter_rope,
+    write_adapter, write_adapter_rope,
+};

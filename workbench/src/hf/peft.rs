@@ -7,7 +7,7 @@
 //! LLaMA-family base (a Hugging Face directory or a GGUF file). A setting that changes what the
 //! adapter computes and is not computed here (DoRA, a bias, per-module ranks) is refused by name.
 
-use crate::hf::config::Architecture;
+use crate::hf::config::{rope_json, rope_scaling_of};
 use crate::hf::error::HfError;
 use crate::hf::load::{to_f32, transpose};
 use crate::hf::names::{LayerNames, TensorRole};
@@ -15,6 +15,7 @@ use crate::host::HostRead;
 use crate::model::Llama;
 use crate::model::llama::LlamaConfig;
 use crate::model::lora::{LayerLora, LoraConfig, LoraInit, LoraPair, LoraTarget};
+use crate::model::rope_scaling::RopeScaling;
 use burn::module::Param;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
@@ -27,6 +28,10 @@ use std::path::Path;
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
 /// The adapter's tensors.
 pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
+/// The RoPE the adapter was trained with, where it is not its base's (a raised base, a context
+/// extension): `{"rope_theta", "rope_scaling"}` as config.json holds them. PEFT's format has no
+/// place for it (a peft user sets them on the base's config); `--adapter` applies it.
+pub const ADAPTER_ROPE: &str = "adapter_rope.json";
 /// What PEFT puts before a base model's module names.
 const PREFIX: &str = "base_model.model.";
 
@@ -61,11 +66,11 @@ fn saved_key(name: &str) -> String {
 
 /// Writes the adapters of `model` (with the settings of `config`) as a PEFT adapter directory
 /// `dir`: its trained norms and embedding as `modules_to_save`. `base` is what
-/// `base_model_name_or_path` records; `architecture` the base's class.
+/// `base_model_name_or_path` records.
 pub fn write_adapter<B: HostRead>(
     model: &Llama<B>,
     config: &LoraConfig,
-    (base, architecture): (&str, Architecture),
+    base: &str,
     dir: &Path,
 ) -> Result<(), HfError> {
     let bad = |what: String| HfError::Config {
@@ -165,11 +170,54 @@ pub fn write_adapter<B: HostRead>(
         "rank_pattern": {},
         "alpha_pattern": {},
         "revision": null,
-        "ringbench_base_class": architecture.class(),
     });
     let path = dir.join(ADAPTER_CONFIG);
     let text = serde_json::to_string_pretty(&settings).expect("JSON of an adapter config");
     std::fs::write(&path, text + "\n").map_err(|e| HfError::io(&path, e))
+}
+
+/// Writes [`ADAPTER_ROPE`] into `dir`: the RoPE base and scaling the adapter was trained with.
+pub fn write_adapter_rope(dir: &Path, theta: f64, scaling: RopeScaling) -> Result<(), HfError> {
+    let path = dir.join(ADAPTER_ROPE);
+    let scaling = rope_json(scaling).ok_or_else(|| HfError::Config {
+        path: path.clone(),
+        what: format!(
+            "RoPE scaling {} (a GGUF file's rope_freqs.weight) has no config.json form",
+            scaling.name()
+        ),
+    })?;
+    let text = serde_json::to_string_pretty(&json!({"rope_theta": theta, "rope_scaling": scaling}))
+        .expect("JSON of a RoPE");
+    std::fs::write(&path, text + "\n").map_err(|e| HfError::io(&path, e))
+}
+
+/// The RoPE base and scaling [`ADAPTER_ROPE`] in `dir` gives, if the adapter has one (a scaling's
+/// omitted keys get transformers' defaults, `max_positions` being the base's length).
+pub fn read_adapter_rope(
+    dir: &Path,
+    max_positions: Option<usize>,
+) -> Result<Option<(f64, RopeScaling)>, HfError> {
+    let path = dir.join(ADAPTER_ROPE);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| HfError::io(&path, e))?;
+    let bad = |what: String| HfError::Config {
+        path: path.clone(),
+        what,
+    };
+    let value: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let theta = value
+        .get("rope_theta")
+        .and_then(Value::as_f64)
+        .filter(|t| t.is_finite() && *t > 1.0)
+        .ok_or_else(|| bad("rope_theta: missing, or not a number above 1".into()))?;
+    let scaling = match value.get("rope_scaling") {
+        None | Some(Value::Null) => RopeScaling::Default,
+        Some(Value::Object(object)) => rope_scaling_of(&path, object, max_positions)?,
+        Some(other) => return Err(bad(format!("rope_scaling = {other}: an object or null"))),
+    };
+    Ok(Some((theta, scaling)))
 }
 
 /// A PEFT adapter read for a base model: its settings and each layer's adapters, and the saved
