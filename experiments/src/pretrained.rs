@@ -10,6 +10,14 @@ use workbench::hf::{HfConfig, load_model, read_adapter, read_adapter_rope, rope_
 use workbench::model::Llama;
 use workbench::model::RopeScaling;
 
+/// The files the tokenizer of a Hugging Face directory is made of, copied beside a model written
+/// from it.
+pub const TOKENIZER_FILES: [&str; 3] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+];
+
 /// Whether `path` names a GGUF file (by its extension) rather than a model directory.
 pub fn is_gguf(path: &Path) -> bool {
     path.extension()

@@ -13,12 +13,14 @@ use ppl::PplOn;
 use crate::backend::{BackendName, OnBackend, on_backend};
 use crate::line_retrieval::load_checkpoint;
 use crate::npy;
-use crate::pretrained::{load_pretrained, pretrained_tokenizer};
+use crate::pretrained::{TOKENIZER_FILES, load_pretrained, pretrained_tokenizer};
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use workbench::LayerBackend;
-use workbench::hf::{Architecture, HfConfig, export_model, load_model};
+use workbench::hf::{
+    ADAPTER_ROPE, Architecture, HfConfig, export_model, load_model, read_adapter, write_adapter,
+};
 use workbench::ring::decode::DecodeMerge;
 use workbench::ring::jobs::HostTensor;
 use workbench::train::{Decoding, Prompt, full_logits};
@@ -102,6 +104,15 @@ pub struct ExportArgs {
     /// checkpoint has a Hugging Face one).
     #[arg(long)]
     pub out: PathBuf,
+    /// A PEFT LoRA adapter on the checkpoint (a Hugging Face directory or GGUF file): written as a
+    /// PEFT adapter directory that `peft.PeftModel.from_pretrained(base, OUT)` loads, or with
+    /// `--merge` folded into the weights of a whole model directory.
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
+    /// With --adapter: write the base with the adapter folded into its weights (and the RoPE it
+    /// trained with in config.json) instead of the adapter alone.
+    #[arg(long, requires = "adapter")]
+    pub merge: bool,
 }
 
 /// Runs `ringbench hf …`.
@@ -213,6 +224,9 @@ fn export(args: &ExportArgs) -> Result<()> {
             args.out.display()
         );
     }
+    if let Some(adapter) = &args.adapter {
+        return export_adapter(from, adapter, &args.out, args.merge);
+    }
     if from.join("model.mpk").exists() {
         let (model, config, _) = load_checkpoint::<B>(from, &device)?;
         let hf = own_model_config(&config).with_context(|| format!("{}", from.display()))?;
@@ -229,11 +243,7 @@ fn export(args: &ExportArgs) -> Result<()> {
     let (model, config) = load_model::<B>(from, &device)?;
     export_model(&model, &config, &args.out)?;
     let mut copied = Vec::new();
-    for name in [
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-    ] {
+    for name in TOKENIZER_FILES {
         if from.join(name).exists() {
             std::fs::copy(from.join(name), args.out.join(name))
                 .with_context(|| format!("copying {name}"))?;
@@ -249,6 +259,50 @@ fn export(args: &ExportArgs) -> Result<()> {
         } else {
             copied.join(", ")
         }
+    );
+    Ok(())
+}
+
+/// `hf export --adapter`: the adapter on `base` written as a PEFT adapter directory (its
+/// `base_model_name_or_path` the base, its RoPE file kept), or with `merge` the merged model as a
+/// whole Hugging Face directory.
+fn export_adapter(base: &Path, adapter: &Path, out: &Path, merge: bool) -> Result<()> {
+    type B = burn::backend::Flex;
+    let device = Default::default();
+    if merge {
+        let (model, config) = load_pretrained::<B>(base, Some(adapter), &device)?;
+        export_model(&model, &config, out)?;
+        for name in TOKENIZER_FILES {
+            if base.join(name).exists() {
+                std::fs::copy(base.join(name), out.join(name))
+                    .with_context(|| format!("copying {name}"))?;
+            }
+        }
+        println!(
+            "wrote {} with {} merged into its weights to {}",
+            base.display(),
+            adapter.display(),
+            out.display()
+        );
+        return Ok(());
+    }
+    let (model, config) = load_pretrained::<B>(base, None, &device)?;
+    let read = read_adapter::<B>(adapter, &config.model, &device)?;
+    let lora = read.config.clone();
+    let model = model.with_peft(read)?;
+    write_adapter(&model, &lora, &base.display().to_string(), out)?;
+    let rope = adapter.join(ADAPTER_ROPE);
+    if rope.exists() {
+        std::fs::copy(&rope, out.join(ADAPTER_ROPE))
+            .with_context(|| format!("copying {}", rope.display()))?;
+    }
+    println!(
+        "wrote the PEFT adapter {} (r = {}, alpha = {}, on {}) to {}",
+        adapter.display(),
+        lora.rank,
+        lora.alpha,
+        base.display(),
+        out.display()
     );
     Ok(())
 }

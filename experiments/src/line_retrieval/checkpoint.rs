@@ -8,7 +8,7 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::Backend;
 use datasets::Tokenizer;
 use std::path::Path;
-use workbench::model::{Llama, LlamaConfig};
+use workbench::model::{Llama, LlamaConfig, LoraConfig};
 
 fn recorder() -> NamedMpkFileRecorder<FullPrecisionSettings> {
     NamedMpkFileRecorder::<FullPrecisionSettings>::new()
@@ -55,7 +55,7 @@ pub fn load_checkpoint<B: Backend>(
             config.vocab
         );
     }
-    let model = load_model_file::<B>(&dir.join("model.mpk"), &config, device)?;
+    let model = load_model_file::<B>(&dir.join("model.mpk"), &config, None, device)?;
     Ok((model, config, tokenizer))
 }
 
@@ -64,9 +64,14 @@ pub fn load_checkpoint<B: Backend>(
 pub fn load_model_file<B: Backend>(
     file: &Path,
     config: &LlamaConfig,
+    lora: Option<&LoraConfig>,
     device: &B::Device,
 ) -> Result<Llama<B>> {
-    let fresh = config.init::<B>(device);
+    // A LoRA run's model holds its adapters (and the base frozen) before the record fills them.
+    let fresh = match lora {
+        Some(lora) => config.init::<B>(device).with_lora(lora, 0)?,
+        None => config.init::<B>(device),
+    };
     let expected = param_shapes(&fresh);
     let model = fresh
         .load_file(file.with_extension(""), &recorder(), device)

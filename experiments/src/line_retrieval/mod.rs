@@ -1,11 +1,13 @@
 //! `ringbench train`, `ringbench eval-lines` and `ringbench gen-lines`: the LongChat line-retrieval task.
 //!
-//! `spec.rs` is the training spec and its prompts, `train.rs` one sitting of a training run,
+//! `spec.rs` is the training spec and its prompts, [`data`] what a step sees (plain records, chat
+//! turns, a user's conversations), `train.rs` one sitting of a training run,
 //! [`resume`] its resumable checkpoints, [`metrics`] its `metrics.csv`, `checkpoint.rs` the final
 //! checkpoint `eval-lines` reads, [`start`] what a model starts from (its own seeded init or a Hugging
 //! Face directory) and is saved as, `eval.rs` evaluation and fresh cases.
 
 mod checkpoint;
+pub mod data;
 mod eval;
 pub mod metrics;
 pub mod resume;

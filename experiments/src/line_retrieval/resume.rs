@@ -15,7 +15,7 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use workbench::model::{Llama, LlamaConfig};
+use workbench::model::{Llama, LlamaConfig, LoraConfig};
 use workbench::train::{OptimizerRecord, TrainOptimizer};
 
 /// The folder of a run's resumable checkpoints, inside its `out`.
@@ -239,14 +239,15 @@ impl Checkpoints {
         )
     }
 
-    /// Loads `found` onto `device` for a model of `config`: the weights (their shapes checked
-    /// against the config), AdamW's state, the metrics so far.
+    /// Loads `found` onto `device` for a model of `config` (adapted by `lora` in a LoRA run): the
+    /// weights (their shapes checked against the config), AdamW's state, the metrics so far.
     pub fn load<B: AutodiffBackend>(
         found: &Found,
         config: &LlamaConfig,
+        lora: Option<&LoraConfig>,
         device: &B::Device,
     ) -> Result<Resumed<B>> {
-        let model = load_model_file::<B>(&found.dir.join(MODEL_FILE), config, device)?;
+        let model = load_model_file::<B>(&found.dir.join(MODEL_FILE), config, lora, device)?;
         let file = found.dir.join(OPTIMIZER_FILE);
         let optimizer = recorder()
             .load::<OptimizerRecord<Llama<B>, B>>(file.with_extension(""), device)

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use workbench::hf::HfConfig;
-use workbench::model::{Checkpoint, LlamaConfig, RopeScaling};
+use workbench::model::{Checkpoint, LlamaConfig, LoraConfig, RopeScaling};
 use workbench::train::{Example, TrainOptions};
 use workbench::{BackwardScheme, Direction, Kernel, RingConfig};
 
@@ -24,6 +24,10 @@ pub struct TrainSpec {
     pub ring: RingSpec,
     /// `[train]`.
     pub train: LineTrainSection,
+    /// `[lora]`: fine-tune LoRA adapters (and, if it says, the norms or the embedding) on the
+    /// frozen model instead of every weight; the run's `out` then holds a PEFT adapter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
 }
 
 /// The LLaMA-style model's shape: the project's own (every size given), or a Hugging Face model
@@ -128,10 +132,23 @@ pub struct LineTrainSection {
     /// language-modelling weight teaches copying (the asked name repeats an earlier one) early.
     #[serde(default)]
     pub lm_weight: f32,
-    /// Each training prompt has between `min_lines` and `num_lines` lines.
+    /// Each training prompt has between `min_lines` and `num_lines` lines (line-retrieval data).
+    #[serde(default)]
     pub min_lines: usize,
-    /// Most lines in a prompt.
+    /// Most lines in a prompt (line-retrieval data).
+    #[serde(default)]
     pub num_lines: usize,
+    /// Prompt through the model's chat template: a record and its first question as the user's
+    /// turn, each answer as the assistant's reply, each later question a user turn of its own; the
+    /// loss is on the replies and their end-of-turn tokens (every other token weighs `lm_weight`).
+    #[serde(default)]
+    pub chat: bool,
+    /// Train on these conversations instead of line retrieval: a JSONL file, one
+    /// `{"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}` a line, through
+    /// the model's chat template, the loss on the assistant's turns; `batch` a step, in a seeded
+    /// order drawn anew each pass over the file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversations: Option<PathBuf>,
     /// Lines asked about in each training prompt, one question after another (distinct lines; at
     /// most the prompt's lines). More answers per prompt give more retrieval gradient per token.
     #[serde(default = "one_question")]
@@ -315,10 +332,12 @@ impl ModelSpec {
         )?))
     }
 
-    /// With `hf`: its directory's config, with this spec's chunking and checkpointing; a size given
-    /// here that contradicts config.json is refused naming both.
+    /// With `hf`: its directory's (or GGUF file's) config, with this spec's chunking,
+    /// checkpointing and RoPE (a fine-tuning may raise the base or extend the context: the run
+    /// trains with them and writes them into what it saves); a size given here that contradicts
+    /// the model's is refused naming both.
     pub fn hf_config(&self, dir: &Path) -> Result<HfConfig> {
-        let mut hf = HfConfig::read(&dir.join("config.json"))?;
+        let mut hf = crate::pretrained::pretrained_config(dir)?;
         let m = &hf.model;
         let given = [
             ("d_model", self.d_model, m.d_model),
@@ -331,20 +350,12 @@ impl ModelSpec {
                 && mine != theirs
             {
                 bail!(
-                    "model.{key} = {mine} contradicts {}/config.json ({theirs})",
+                    "model.{key} = {mine} contradicts {}'s config ({theirs})",
                     dir.display()
                 );
             }
         }
-        if let Some(theta) = self.rope_theta
-            && theta != m.rope_theta
-        {
-            bail!(
-                "model.rope_theta = {theta} contradicts {}/config.json ({})",
-                dir.display(),
-                m.rope_theta
-            );
-        }
+
         if let Some(k) = self.ffn_multiple_of {
             bail!(
                 "model.ffn_multiple_of = {k}: with model.hf the feed-forward width is config.json's \
@@ -353,9 +364,11 @@ impl ModelSpec {
             );
         }
         let scaling = self.scaling(hf.max_positions)?.unwrap_or(m.rope_scaling);
+        let theta = self.rope_theta.unwrap_or(m.rope_theta);
         hf.model = hf
             .model
             .clone()
+            .with_rope_theta(theta)
             .with_rope_scaling(scaling)
             .with_ffn_chunk(self.ffn_chunk)
             .with_checkpoint(self.checkpoint);
@@ -430,17 +443,22 @@ impl Prompts {
         tokenizer: &dyn TextTokenizer,
         step: usize,
     ) -> Result<Vec<Example>, TokenizerError> {
-        let mut rng =
-            SplitMix64::new(self.seed ^ (step as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
+        let mut rng = self.step_rng(step);
         (0..self.batch)
-            .map(|_| {
-                let lines =
-                    rng.range_inclusive(self.min_lines as u64, self.num_lines as u64) as usize;
-                let quiz = generate_quiz(&mut rng, lines, self.questions, WordSplit::Train)
-                    .expect("line counts checked by Prompts::check");
-                example(tokenizer, &quiz, self.lm_weight)
-            })
+            .map(|_| example(tokenizer, &self.draw(&mut rng), self.lm_weight))
             .collect()
+    }
+
+    /// The generator of step `step`'s records.
+    pub(crate) fn step_rng(&self, step: usize) -> SplitMix64 {
+        SplitMix64::new(self.seed ^ (step as u64).wrapping_mul(0x2545_F491_4F6C_DD1D))
+    }
+
+    /// One record from `rng`: `min_lines..=num_lines` lines of training words, `questions` asked.
+    pub(crate) fn draw(&self, rng: &mut SplitMix64) -> Quiz {
+        let lines = rng.range_inclusive(self.min_lines as u64, self.num_lines as u64) as usize;
+        generate_quiz(rng, lines, self.questions, WordSplit::Train)
+            .expect("line counts checked by Prompts::check")
     }
 }
 

@@ -4,18 +4,23 @@
 
 use super::checkpoint::{load_checkpoint, save_checkpoint};
 use super::spec::ModelSpec;
-use crate::pretrained::{is_gguf, pretrained_config, pretrained_tokenizer, with_adapter};
+use crate::pretrained::{
+    TOKENIZER_FILES, is_gguf, load_pretrained, pretrained_config, pretrained_tokenizer,
+    with_adapter,
+};
 use anyhow::{Context, Result, bail};
 use burn::backend::Flex;
 use burn::tensor::backend::Backend;
 use datasets::{HfText, TextTokenizer, Tokenizer};
 use std::path::{Path, PathBuf};
-use workbench::HostRead;
 use workbench::gguf::load_gguf_model;
-use workbench::hf::{HfConfig, export_model, load_model};
+use workbench::hf::{
+    HfConfig, export_model, load_model, read_adapter, write_adapter, write_adapter_rope,
+};
 use workbench::model::lazy::seeded;
-use workbench::model::{Llama, LlamaConfig};
+use workbench::model::{Llama, LlamaConfig, LoraConfig};
 use workbench::train::{flat_params, with_flat_params};
+use workbench::{HostRead, LayerBackend};
 
 /// A training run's model source, its config and its tokenizer.
 #[derive(Debug)]
@@ -37,13 +42,6 @@ pub enum Start {
         tokenizer: Box<HfText>,
     },
 }
-
-/// The files the tokenizer of a Hugging Face directory is made of, copied beside a saved model.
-const TOKENIZER_FILES: [&str; 3] = [
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-];
 
 /// The Hugging Face tokenizer of `dir` (a directory's tokenizer.json, or a GGUF file's vocabulary)
 /// with its BOS and EOS, as a transformers user gets them:
@@ -126,20 +124,90 @@ impl Start {
         }
     }
 
-    /// The starting weights: drawn from `seed`, or read from the Hugging Face directory.
-    pub fn weights<B: Backend>(&self, seed: u64, device: &B::Device) -> Result<Llama<B>> {
+    /// The starting weights: drawn from `seed`, or read from the Hugging Face directory or GGUF
+    /// file.
+    pub fn weights<B: LayerBackend>(&self, seed: u64, device: &B::Device) -> Result<Llama<B>> {
         match self {
             Start::Own { config, .. } => Ok(drawn_on_host::<B>(config, seed, device)),
             Start::Hf { dir, config, .. } => {
-                let (model, _) = load_model::<B>(dir, device)?;
+                let (model, _) = load_pretrained::<B>(dir, None, device)?;
                 Ok(model.with_trunk_of(&config.model))
             }
         }
     }
 
+    /// The starting weights with a LoRA run's adapters: new ones drawn from `seed`, or, from
+    /// `init` (a PEFT adapter directory: an earlier stage's, or peft's), that adapter, its settings
+    /// the spec's own.
+    pub fn adapted<B: LayerBackend>(
+        &self,
+        lora: &LoraConfig,
+        init: Option<&Path>,
+        seed: u64,
+        device: &B::Device,
+    ) -> Result<Llama<B>> {
+        let model = self.weights::<B>(seed, device)?;
+        let Some(dir) = init else {
+            return Ok(model.with_lora(lora, seed)?);
+        };
+        let adapter = read_adapter::<B>(dir, self.config(), device)
+            .with_context(|| format!("train.init = {}", dir.display()))?;
+        let theirs = &adapter.config;
+        // Everything but dropout and init (which only a new adapter reads) must agree.
+        let settings = |a: &LoraConfig| {
+            let mut targets = a.targets.clone();
+            targets.sort();
+            let flags = (a.rslora, a.train_norms, a.train_embeddings);
+            (a.rank, a.alpha, targets, flags)
+        };
+        if settings(theirs) != settings(lora) {
+            bail!(
+                "train.init = {}: its adapter (r = {}, alpha = {}, targets {:?}, rslora {}, \
+                 norms {}, embeddings {}) is not the spec's [lora] (r = {}, alpha = {}, \
+                 targets {:?}, rslora {}, norms {}, embeddings {})",
+                dir.display(),
+                theirs.rank,
+                theirs.alpha,
+                theirs.targets,
+                theirs.rslora,
+                theirs.train_norms,
+                theirs.train_embeddings,
+                lora.rank,
+                lora.alpha,
+                lora.targets,
+                lora.rslora,
+                lora.train_norms,
+                lora.train_embeddings
+            );
+        }
+        Ok(model.with_peft(adapter)?)
+    }
+
     /// Writes the trained `model` into `dir`: `model.mpk`, `config.json` and the piece tokenizer,
-    /// or a Hugging Face directory (config.json, model.safetensors, the tokenizer's files).
-    pub fn save<B: HostRead>(&self, dir: &Path, model: &Llama<B>) -> Result<()> {
+    /// or a Hugging Face directory (config.json, model.safetensors, the tokenizer's files); a LoRA
+    /// run's adapters as a PEFT adapter directory, with `adapter_rope.json` when it trained with
+    /// another RoPE than its base's.
+    pub fn save<B: HostRead>(
+        &self,
+        dir: &Path,
+        model: &Llama<B>,
+        lora: Option<&LoraConfig>,
+    ) -> Result<()> {
+        if let Some(lora) = lora {
+            let Start::Hf {
+                dir: base, config, ..
+            } = self
+            else {
+                bail!("[lora] adapts a Hugging Face or GGUF model (model.hf)");
+            };
+            write_adapter(model, lora, &base.display().to_string(), dir)?;
+            let own = pretrained_config(base)?.model;
+            let m = &config.model;
+            if (m.rope_theta, m.rope_scaling) != (own.rope_theta, own.rope_scaling) {
+                write_adapter_rope(dir, m.rope_theta, m.rope_scaling)?;
+            }
+            return Ok(());
+        }
         match self {
             Start::Own { config, tokenizer } => save_checkpoint(dir, model, config, tokenizer),
             Start::Hf {

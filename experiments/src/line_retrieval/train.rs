@@ -4,11 +4,13 @@
 //! curve.
 
 use super::checkpoint::load_checkpoint;
+use super::data::{TrainData, read_conversations};
 use super::metrics::{METRICS_FILE, MetricsRow, start_file};
 use super::resume::{Checkpoints, FINISHED_FILE, RunState, resumable};
 use super::spec::{Prompts, TrainSpec};
 use super::start::Start;
 use crate::dir_lock::DirLock;
+use crate::pretrained::chat_template;
 use crate::results::write_whole;
 use anyhow::{Context, Result, bail};
 use burn::module::AutodiffModule;
@@ -49,12 +51,22 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
     let start_from_model = Start::of(&spec.model)?;
     let (config, tokenizer) = (start_from_model.config(), start_from_model.tokenizer());
     let t = &spec.train;
-    if let (Some(init), Some(hf)) = (&t.init, &spec.model.hf) {
+    let lora = spec.lora.as_ref();
+    if let (Some(init), Some(hf), None) = (&t.init, &spec.model.hf, lora) {
         bail!(
-            "train.init = {} and model.hf = {} both name starting weights; keep one",
+            "train.init = {} and model.hf = {} both name starting weights; keep one (with [lora], \
+             train.init names an adapter to continue on model.hf)",
             init.display(),
             hf.display()
         );
+    }
+    if let Some(lora) = lora {
+        lora.validate().context("[lora]")?;
+        if spec.model.hf.is_none() {
+            bail!(
+                "[lora] adapts a pretrained model: give model.hf (a Hugging Face directory or GGUF file)"
+            );
+        }
     }
     let partition = strategies::by_name(&spec.ring.strategy)?;
     let mut options = t.schedule().options(spec.ring.ranks, spec.ring.config()?);
@@ -72,15 +84,49 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
         questions: t.questions,
         lm_weight: t.lm_weight,
     };
-    prompts.check().context("train")?;
     if t.steps == 0 {
         bail!("train.steps = 0 (or --steps 0): train at least 1 step");
     }
-    // Every case is made of these strings: a tokenizer that encodes them encodes every step's
-    // prompts (checked here, so that no step fails later).
-    tokenizer
-        .text_ids(&datasets::line_retrieval::every_string())
-        .context("train: the tokenizer cannot encode the line-retrieval prompts' strings")?;
+    let template = match (&start_from_model, t.chat || t.conversations.is_some()) {
+        (_, false) => None,
+        (
+            Start::Hf {
+                dir,
+                config,
+                tokenizer,
+            },
+            true,
+        ) => Some(chat_template(dir, &tokenizer.tokenizer, config)?),
+        (Start::Own { .. }, true) => {
+            bail!("train.chat and train.conversations need a model with a chat template (model.hf)")
+        }
+    };
+    let data = match (&t.conversations, &template) {
+        (Some(path), Some(chat)) => TrainData::Conversations {
+            all: read_conversations(path).context("train.conversations")?,
+            batch: t.batch,
+            seed: t.seed,
+            chat,
+            lm_weight: t.lm_weight,
+        },
+        _ => {
+            prompts.check().context("train")?;
+            // Every case is made of these strings: a tokenizer that encodes them encodes every
+            // step's prompts (checked here, so that no step fails later).
+            tokenizer
+                .text_ids(&datasets::line_retrieval::every_string())
+                .context(
+                    "train: the tokenizer cannot encode the line-retrieval prompts' strings",
+                )?;
+            match &template {
+                Some(chat) => TrainData::ChatLines(prompts, chat),
+                None => TrainData::Lines(prompts),
+            }
+        }
+    };
+    // Step 0's examples are made now: a template or conversation that fails fails here.
+    data.batch(tokenizer, 0)
+        .context("train: step 0's examples")?;
     let spec_text = toml::to_string(spec)?;
     let rank = match &comm {
         Some(comm) => comm.rank(),
@@ -130,7 +176,7 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
     let (model, start, optimizer, rows, elapsed_before) = match &found {
         Some(found) => {
             let ring = resumable(&found.state.spec, &spec_text, &found.dir)?;
-            let resumed = Checkpoints::load::<B>(found, config, device)?;
+            let resumed = Checkpoints::load::<B>(found, config, lora, device)?;
             println!(
                 "resuming from step {} of {} ({}){}",
                 found.state.steps_done,
@@ -154,9 +200,12 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
             )
         }
         None => {
-            let model = match &t.init {
-                None => start_from_model.weights::<B>(t.seed, device)?,
-                Some(dir) => start_from::<B>(dir, config, device)?,
+            let model = match (&t.init, lora) {
+                (init, Some(lora)) => {
+                    start_from_model.adapted::<B>(lora, init.as_deref(), t.seed, device)?
+                }
+                (None, None) => start_from_model.weights::<B>(t.seed, device)?,
+                (Some(dir), None) => start_from::<B>(dir, config, device)?,
             };
             (model, 0, None, Vec::new(), 0.0)
         }
@@ -165,9 +214,33 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
         write_whole(&t.out.join("train.toml"), spec_text.as_bytes())?;
     }
     if start == 0 {
+        let what = match lora {
+            Some(lora) => format!(
+                "LoRA adapters (r = {}, alpha = {}, {} of {} parameters trainable)",
+                lora.rank,
+                lora.alpha,
+                trainable_params(&model),
+                config.num_params()
+            ),
+            None => format!("{} parameters", config.num_params()),
+        };
+        let data_said = match &data {
+            TrainData::Conversations { all, .. } => {
+                format!(
+                    "{} conversations from {}",
+                    all.len(),
+                    t.conversations
+                        .as_ref()
+                        .map_or(String::new(), |p| p.display().to_string())
+                )
+            }
+            TrainData::ChatLines(..) => {
+                format!("chat prompts with {}..={} lines", t.min_lines, t.num_lines)
+            }
+            TrainData::Lines(_) => format!("prompts with {}..={} lines", t.min_lines, t.num_lines),
+        };
         println!(
-            "training {} parameters{} on {} ranks ({}), {} steps of {} prompts with {}..={} lines{}",
-            config.num_params(),
+            "training {what}{} on {} ranks ({}), {} steps of {} {data_said}{}",
             t.init
                 .as_ref()
                 .or(spec.model.hf.as_ref())
@@ -177,8 +250,6 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
             spec.ring.strategy,
             t.steps,
             t.batch,
-            t.min_lines,
-            t.num_lines,
             match t.questions {
                 1 => String::new(),
                 q => format!(", {q} questions each"),
@@ -186,8 +257,7 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
         );
     }
     let batch_for = |step: usize| {
-        prompts
-            .batch(tokenizer, step)
+        data.batch(tokenizer, step)
             .expect("the tokenizer encoded every string a prompt is made of before step 0")
     };
     let bar = ProgressBar::new(t.steps as u64).with_style(
@@ -302,7 +372,7 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
     bar.finish();
     let steps_done = start + trained.losses.len();
     let losses: Vec<f64> = lock(&rows).iter().map(|r| r.loss).collect();
-    start_from_model.save(&t.out, &trained.model.valid())?;
+    start_from_model.save(&t.out, &trained.model.valid(), lora)?;
     loss_curve(&t.out.join("loss.svg"), &losses)?;
     let minutes = sitting.elapsed().as_secs_f64() / 60.0;
     let peak = peak_per_rank(options.ranks, comm_is_some);
@@ -331,6 +401,24 @@ pub(super) fn train_with<B: AutodiffBackend<InnerBackend: HostRead> + LayerBacke
         t.out.display()
     );
     Ok(())
+}
+
+/// Values in the parameters that train (a LoRA run's adapters, and its norms or embedding if
+/// they train).
+fn trainable_params<B: AutodiffBackend>(model: &Llama<B>) -> usize {
+    use burn::module::{Module, ModuleVisitor, Param};
+    struct Count(usize);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Count {
+        fn visit_float<const D: usize>(&mut self, param: &Param<burn::tensor::Tensor<B, D>>) {
+            let v = param.val();
+            if v.is_require_grad() {
+                self.0 += v.shape().num_elements();
+            }
+        }
+    }
+    let mut count = Count(0);
+    model.visit(&mut count);
+    count.0
 }
 
 /// The sitting's peak memory per rank, as its last line says it: the counting allocator's peak
