@@ -306,3 +306,205 @@ fn bad_adapters_are_refused_by_name() {
     assert!(text.contains("refused rather than left unread"), "{text}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// ChatML, as SmolLM2 and Qwen2 write it.
+const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// The tiny Llama fixture with a chat template, in a fresh directory.
+fn chat_model(name: &str) -> PathBuf {
+    let dir = temp_dir(name);
+    for entry in std::fs::read_dir(base_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(dir.join("chat_template.jinja"), CHATML).unwrap();
+    dir
+}
+
+/// A conversation's tokens are its template's text, a message at a time; exactly the assistant's
+/// pieces (the reply and its end of turn, after the generation prompt) weigh 1, the rest the
+/// prompt's weight.
+#[test]
+fn only_the_assistants_turns_weigh_one() {
+    use datasets::ChatMessage;
+    use experiments::line_retrieval::data::conversation_example;
+    let dir = chat_model("lora-chat-mask");
+    let config = experiments::pretrained::pretrained_config(&dir).unwrap();
+    let text = experiments::line_retrieval::start::hf_text(&dir, &config).unwrap();
+    let chat = experiments::pretrained::chat_template(&dir, &text.tokenizer, &config).unwrap();
+    let turn = |role: &str, content: &str| ChatMessage {
+        role: role.into(),
+        content: content.into(),
+    };
+    let messages = [
+        turn("system", "be brief"),
+        turn("user", "what is in line seven?"),
+        turn("assistant", "4231"),
+        turn("user", "and line two?"),
+        turn("assistant", "77"),
+    ];
+    let ex = conversation_example(&text, &chat, &messages, 0.0).unwrap();
+    assert_eq!(ex.weights.len(), ex.tokens.len() - 1);
+    // The tokens decode to the whole conversation as the template renders it.
+    let whole = chat.render(&messages, false).unwrap();
+    assert_eq!(text.tokenizer.decode(&ex.tokens).unwrap(), whole);
+    // The targets weighing 1, run by run: each reply and its end of turn.
+    let mut runs: Vec<Vec<u32>> = Vec::new();
+    let mut last = false;
+    for (w, &next) in ex.weights.iter().zip(&ex.tokens[1..]) {
+        match *w {
+            1.0 if last => runs.last_mut().unwrap().push(next),
+            1.0 => runs.push(vec![next]),
+            0.0 => {}
+            other => panic!("weight {other}"),
+        }
+        last = *w == 1.0;
+    }
+    let replies: Vec<String> = runs
+        .iter()
+        .map(|r| text.tokenizer.decode(r).unwrap())
+        .collect();
+    assert_eq!(replies, ["4231<|im_end|>\n", "77<|im_end|>\n"]);
+    // A prompt weight is the weight of every other target.
+    let ex = conversation_example(&text, &chat, &messages, 0.25).unwrap();
+    assert!(ex.weights.iter().all(|&w| w == 1.0 || w == 0.25));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The quick LoRA spec with its paths made absolute and `out` in `out`, then `edit`ed.
+fn lora_spec(out: &Path, edit: impl Fn(String) -> String) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let text = std::fs::read_to_string(root.join("experiments/finetune_lora_quick.toml"))
+        .unwrap()
+        .replace(
+            "hf = \"experiments/",
+            &format!("hf = \"{}/experiments/", root.display()),
+        )
+        .replace(
+            "out = \"runs/finetune_lora_quick\"",
+            &format!("out = \"{}\"", out.display()),
+        );
+    let spec = out.with_extension("toml");
+    std::fs::write(&spec, edit(text)).unwrap();
+    spec
+}
+
+fn train(spec: &Path) -> String {
+    let o = common::ringbench(&["train", "--config", spec.to_str().unwrap()]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{said}");
+    said
+}
+
+/// A LoRA run stopped after every step (a one-step sitting) and resumed until done writes the
+/// adapter an uninterrupted run writes, bit for bit; a second stage continues from that adapter
+/// with a raised RoPE base, which `--adapter` then applies.
+#[test]
+fn lora_runs_resume_bit_for_bit_and_stages_continue_their_adapter() {
+    let root = temp_dir("lora-resume");
+    let whole = root.join("whole");
+    train(&lora_spec(&whole, |t| t));
+    let pieces = root.join("pieces");
+    let spec = lora_spec(&pieces, |t| {
+        t.replace("max_minutes = 0.0", "max_minutes = 0.000001")
+    });
+    let mut sittings = 0;
+    while !pieces.join("finished.json").exists() {
+        sittings += 1;
+        assert!(sittings <= 8, "the run never finished");
+        train(&spec);
+    }
+    assert!(sittings >= 2, "the sitting limit stopped no sitting");
+    let weights = |d: &Path| std::fs::read(d.join("adapter_model.safetensors")).unwrap();
+    assert_eq!(
+        weights(&pieces),
+        weights(&whole),
+        "resumed after {sittings} sittings"
+    );
+    // Stage 2: the same adapter continued, RoPE's base raised 4×.
+    let stage2 = root.join("stage2");
+    let init = whole.display().to_string();
+    let spec2 = lora_spec(&stage2, |t| {
+        t.replace("ffn_chunk = 64", "ffn_chunk = 64\nrope_theta = 40000.0")
+            .replace("seed = 3", &format!("seed = 3\ninit = \"{init}\""))
+    });
+    let said = train(&spec2);
+    assert!(said.contains("LoRA adapters"), "{said}");
+    let rope: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(stage2.join("adapter_rope.json")).unwrap())
+            .unwrap();
+    assert_eq!(rope["rope_theta"], 40000.0);
+    assert!(!whole.join("adapter_rope.json").exists());
+    // --adapter applies the RoPE it was trained with: the logits are the base with the merged
+    // adapter rotated at 40000 (here: not at 10000).
+    let device = Default::default();
+    let (model, config) =
+        experiments::pretrained::load_pretrained::<Flex>(&base_dir(), Some(&stage2), &device)
+            .unwrap();
+    assert_eq!(config.model.rope_theta, 40000.0);
+    let t = tokens().remove(0);
+    let d = decoding("zigzag", 1, &[], 0);
+    let rotated = full_logits(&model, &Prompt::from(t.clone()), &d).unwrap();
+    let plain_config = config.model.clone().with_rope_theta(10000.0);
+    let unrotated = full_logits(&model.with_trunk_of(&plain_config), &Prompt::from(t), &d).unwrap();
+    assert_ne!(rotated, unrotated);
+    // A stage whose adapter does not match the spec's [lora] is refused naming both.
+    let spec3 = lora_spec(&root.join("stage3"), |t| {
+        t.replace("rank = 4", "rank = 8")
+            .replace("seed = 3", &format!("seed = 3\ninit = \"{init}\""))
+    });
+    let o = common::ringbench(&["train", "--config", spec3.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && said.contains("r = 4") && said.contains("r = 8"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(root);
+}
+
+/// Conversations from a JSONL file train through the chat template; bad files are refused naming
+/// the line.
+#[test]
+fn conversations_train_through_the_chat_template() {
+    let root = temp_dir("lora-conversations");
+    let model = chat_model("lora-conversations-model");
+    let data = root.join("chats.jsonl");
+    std::fs::write(
+        &data,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"hello there\"}]}\n\
+         {\"messages\": [{\"role\": \"user\", \"content\": \"2+2?\"}, {\"role\": \"assistant\", \"content\": \"4\"}]}\n",
+    )
+    .unwrap();
+    let out = root.join("out");
+    let spec = lora_spec(&out, |t| {
+        t.replace(
+            &format!("{}", base_dir().display()),
+            &format!("{}", model.display()),
+        )
+        .replace(
+            "min_lines = 1\nnum_lines = 2\n",
+            &format!("conversations = \"{}\"\n", data.display()),
+        )
+    });
+    let said = train(&spec);
+    assert!(said.contains("2 conversations"), "{said}");
+    assert!(out.join("adapter_model.safetensors").exists());
+    // A line without an assistant turn is refused naming it.
+    std::fs::write(
+        &data,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n",
+    )
+    .unwrap();
+    let o = common::ringbench(&["train", "--config", spec.to_str().unwrap(), "--force"]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && said.contains("chats.jsonl line 1"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(root);
+    let _ = std::fs::remove_dir_all(model);
+}
