@@ -264,9 +264,12 @@ fn hf_case(case: &str) -> PathBuf {
 fn converted_files_give_transformers_logits_on_one_and_two_ranks() {
     type B = burn::backend::Flex;
     for (case, architecture, rope) in CONVERTED {
-        let (model, config) =
-            experiments::pretrained::load_pretrained::<B>(&converted(case), &Default::default())
-                .unwrap_or_else(|e| panic!("{case}: {e:#}"));
+        let (model, config) = experiments::pretrained::load_pretrained::<B>(
+            &converted(case),
+            None,
+            &Default::default(),
+        )
+        .unwrap_or_else(|e| panic!("{case}: {e:#}"));
         assert_eq!(config.architecture, architecture, "{case}");
         assert_eq!(config.model.rope_scaling.name(), rope, "{case}");
         let dir = hf_case(case);

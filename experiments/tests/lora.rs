@@ -217,6 +217,9 @@ fn an_adapter_written_has_peft_names_and_reads_back_bit_for_bit() {
     let _ = std::fs::remove_dir_all(out);
 }
 
+/// A change to an adapter's settings.
+type Edit = dyn Fn(&mut serde_json::Map<String, serde_json::Value>);
+
 /// What an adapter holds that is not computed here, or that does not fit the base, is refused in
 /// one line naming it.
 #[test]
@@ -230,7 +233,7 @@ fn bad_adapters_are_refused_by_name() {
         }
         dir
     };
-    let edit = |dir: &Path, change: &dyn Fn(&mut serde_json::Map<String, serde_json::Value>)| {
+    let edit = |dir: &Path, change: &Edit| {
         let path = dir.join("adapter_config.json");
         let mut v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -246,11 +249,7 @@ fn bad_adapters_are_refused_by_name() {
         assert_eq!(text.lines().count(), 1, "{text}");
         text
     };
-    let cases: [(
-        &str,
-        &dyn Fn(&mut serde_json::Map<String, serde_json::Value>),
-        &str,
-    ); 5] = [
+    let cases: [(&str, &Edit, &str); 5] = [
         (
             "lora-dora",
             &|m| {
