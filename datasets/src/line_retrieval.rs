@@ -3,7 +3,7 @@
 //! name. The strings below are those of LongChat's published test files.
 
 use crate::SplitMix64;
-use crate::words::{ADJECTIVES, NOUNS};
+use crate::words::{ADJECTIVES, FRESH_ADJECTIVES, FRESH_NOUNS, NOUNS};
 use serde::Deserialize;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -82,8 +82,11 @@ pub enum WordSplit {
     Train,
     /// The last 20%: names never seen in training.
     Eval,
-    /// Every word.
+    /// Every word of the two lists above.
     All,
+    /// Words of lists of their own (`words::FRESH_ADJECTIVES`, `FRESH_NOUNS`), in neither split:
+    /// 1,600 held-out names, for held-out records longer than the 441 of `Eval`.
+    Fresh,
 }
 
 impl WordSplit {
@@ -92,14 +95,23 @@ impl WordSplit {
         match self {
             WordSplit::Train => &list[..cut],
             WordSplit::Eval => &list[cut..],
-            WordSplit::All => list,
+            WordSplit::All | WordSplit::Fresh => list,
+        }
+    }
+
+    /// The adjectives and nouns names are made of.
+    fn lists(self) -> (&'static [&'static str], &'static [&'static str]) {
+        match self {
+            WordSplit::Fresh => (FRESH_ADJECTIVES, FRESH_NOUNS),
+            split => (split.words(ADJECTIVES), split.words(NOUNS)),
         }
     }
 }
 
 /// How many distinct line names `split` offers: the most lines one record of it can hold.
 pub fn name_pool(split: WordSplit) -> usize {
-    split.words(ADJECTIVES).len() * split.words(NOUNS).len()
+    let (adjectives, nouns) = split.lists();
+    adjectives.len() * nouns.len()
 }
 
 /// One test case, as in LongChat's JSONL files.
@@ -142,7 +154,7 @@ pub fn generate_quiz(
     questions: usize,
     split: WordSplit,
 ) -> Result<Quiz, DatasetError> {
-    let (adjectives, nouns) = (split.words(ADJECTIVES), split.words(NOUNS));
+    let (adjectives, nouns) = split.lists();
     let available = name_pool(split);
     if num_lines == 0 || num_lines > available {
         return Err(DatasetError::TooManyLines {
@@ -292,6 +304,24 @@ mod tests {
                 "no duplicate words"
             );
         }
+        // The fresh lists share no word with the others (nor within themselves), and a record of
+        // them names 1,600 lines.
+        let others: HashSet<&str> = ADJECTIVES.iter().chain(NOUNS).copied().collect();
+        let fresh: Vec<&str> = FRESH_ADJECTIVES
+            .iter()
+            .chain(FRESH_NOUNS)
+            .copied()
+            .collect();
+        assert!(fresh.iter().all(|w| !others.contains(w)));
+        assert_eq!(fresh.iter().collect::<HashSet<_>>().len(), fresh.len());
+        assert_eq!(name_pool(WordSplit::Fresh), 1600);
+        let long = generate(&mut SplitMix64::new(3), 700, WordSplit::Fresh).unwrap();
+        assert_eq!(long.num_lines, 700);
+        assert!(
+            !others
+                .iter()
+                .any(|w| long.prompt.contains(&format!(" {w}-")))
+        );
     }
 
     #[test]

@@ -507,3 +507,38 @@ fn conversations_train_through_the_chat_template() {
     let _ = std::fs::remove_dir_all(root);
     let _ = std::fs::remove_dir_all(model);
 }
+
+/// A spec of two stages trains each in its own directory, the second from the first's adapter with
+/// its own lines and RoPE base; run again, both are found finished.
+#[test]
+fn stages_run_in_turn_each_from_the_one_before() {
+    let root = temp_dir("lora-stages");
+    let out = root.join("out");
+    let spec = lora_spec(&out, |t| {
+        t + "\n[[stages]]\nname = \"short\"\nsteps = 2\n\n[[stages]]\nname = \"long\"\nsteps = 2\n\
+             min_lines = 2\nnum_lines = 3\nrope_theta = 20000.0\n"
+    });
+    let said = train(&spec);
+    assert!(
+        said.contains("== stage 1 of 2") && said.contains("== stage 2 of 2"),
+        "{said}"
+    );
+    for stage in ["short", "long"] {
+        assert!(
+            out.join(stage).join("adapter_model.safetensors").exists(),
+            "{stage}"
+        );
+    }
+    let second: toml::Table =
+        toml::from_str(&std::fs::read_to_string(out.join("long/train.toml")).unwrap()).unwrap();
+    assert_eq!(
+        second["train"]["init"].as_str(),
+        Some(out.join("short").to_str().unwrap())
+    );
+    assert_eq!(second["train"]["num_lines"].as_integer(), Some(3));
+    assert!(out.join("long/adapter_rope.json").exists());
+    assert!(!out.join("short/adapter_rope.json").exists());
+    let again = train(&spec);
+    assert_eq!(again.matches("nothing to do").count(), 2, "{again}");
+    let _ = std::fs::remove_dir_all(root);
+}

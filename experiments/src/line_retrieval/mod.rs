@@ -22,13 +22,13 @@ pub use eval::{
 };
 pub(crate) use spec::one_question;
 pub use spec::{
-    LineTrainSection, ModelSpec, Prompts, RingSpec, Schedule, TrainSpec, example, load_spec,
-    trained_lines,
+    LineTrainSection, ModelSpec, Prompts, RingSpec, Schedule, StageSpec, TrainSpec, example,
+    load_spec, trained_lines,
 };
 
 use crate::backend::{BackendName, OnBackend, on_backend};
 use crate::nccl_rank::NcclRank;
-use anyhow::Result;
+use anyhow::{Result, bail};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use std::path::PathBuf;
@@ -79,6 +79,9 @@ pub fn run_train(args: &TrainArgs) -> Result<()> {
         spec.ring.ranks = ranks;
     }
     if let Some(steps) = args.steps {
+        if !spec.stages.is_empty() {
+            bail!("--steps with [[stages]]: each stage gives its own steps");
+        }
         spec.train.steps = steps;
     }
     if let Some(out) = &args.out {
@@ -127,15 +130,33 @@ struct TrainOn<'a> {
 impl OnBackend for TrainOn<'_> {
     type Output = ();
     fn run<I: LayerBackend>(self, devices: Vec<I::Device>) -> Result<()> {
-        if self.spec.model.checkpointing {
-            train_with::<Autodiff<I, BalancedCheckpointing>>(
-                self.spec,
-                &devices[0],
-                self.comm,
-                self.force,
-            )
-        } else {
-            train_with::<Autodiff<I>>(self.spec, &devices[0], self.comm, self.force)
+        let runs = self.spec.runs()?;
+        if runs.len() > 1 && self.comm.is_some() {
+            bail!(
+                "[[stages]] run on threads or under mpirun: over NCCL, give each stage a command"
+            );
         }
+        let mut comm = self.comm;
+        for (i, run) in runs.iter().enumerate() {
+            if runs.len() > 1 {
+                println!(
+                    "== stage {} of {}: {}",
+                    i + 1,
+                    runs.len(),
+                    run.train.out.display()
+                );
+            }
+            if run.model.checkpointing {
+                train_with::<Autodiff<I, BalancedCheckpointing>>(
+                    run,
+                    &devices[0],
+                    comm.take(),
+                    self.force,
+                )?;
+            } else {
+                train_with::<Autodiff<I>>(run, &devices[0], comm.take(), self.force)?;
+            }
+        }
+        Ok(())
     }
 }

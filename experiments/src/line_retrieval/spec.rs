@@ -28,6 +28,96 @@ pub struct TrainSpec {
     /// frozen model instead of every weight; the run's `out` then holds a PEFT adapter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraConfig>,
+    /// `[[stages]]`: a curriculum (LWM's: longer sequences, a raised RoPE base), each stage a run
+    /// of its own in `train.out/NAME` starting from the one before (its checkpoint, Hugging Face
+    /// directory or adapter), with the stage's values in place of the spec's. A stage that
+    /// finished is kept; rerunning the command resumes where the stages stopped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<StageSpec>,
+}
+
+/// One stage of a curriculum: its name (its run's directory under `train.out`) and what it changes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageSpec {
+    /// The stage's directory under `train.out`.
+    pub name: String,
+    /// Its steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<usize>,
+    /// Its peak learning rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// Its warmup steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_steps: Option<usize>,
+    /// Its prompts' fewest lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_lines: Option<usize>,
+    /// Its prompts' most lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_lines: Option<usize>,
+    /// Its prompts per step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<usize>,
+    /// Its RoPE base.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    /// Its RoPE scaling (`[stages.rope_scaling]`, as `[model.rope_scaling]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+impl TrainSpec {
+    /// The runs of the spec: itself, or each stage's (its values in place, `train.out/NAME` its
+    /// out, the stage before it as its start: its adapter with `[lora]`, else its checkpoint, or
+    /// its Hugging Face directory as `model.hf` when the spec starts from one).
+    pub fn runs(&self) -> Result<Vec<TrainSpec>> {
+        if self.stages.is_empty() {
+            return Ok(vec![self.clone()]);
+        }
+        if self.train.init.is_some() && self.lora.is_none() && self.model.hf.is_some() {
+            bail!("stages of a Hugging Face model start from model.hf: give no train.init");
+        }
+        let mut names = std::collections::BTreeSet::new();
+        let mut runs: Vec<TrainSpec> = Vec::with_capacity(self.stages.len());
+        for stage in &self.stages {
+            let bad_name = stage.name.is_empty()
+                || stage.name.contains(['/', '\\'])
+                || stage.name.starts_with('.');
+            if bad_name || !names.insert(stage.name.clone()) {
+                bail!(
+                    "stages.name = {:?}: each stage needs its own plain directory name",
+                    stage.name
+                );
+            }
+            let mut run = self.clone();
+            run.stages.clear();
+            let t = &mut run.train;
+            t.steps = stage.steps.unwrap_or(t.steps);
+            t.lr = stage.lr.unwrap_or(t.lr);
+            t.warmup_steps = stage.warmup_steps.unwrap_or(t.warmup_steps);
+            t.min_lines = stage.min_lines.unwrap_or(t.min_lines);
+            t.num_lines = stage.num_lines.unwrap_or(t.num_lines);
+            t.batch = stage.batch.unwrap_or(t.batch);
+            t.out = self.train.out.join(&stage.name);
+            if stage.rope_theta.is_some() {
+                run.model.rope_theta = stage.rope_theta;
+            }
+            if stage.rope_scaling.is_some() {
+                run.model.rope_scaling = stage.rope_scaling.clone();
+            }
+            if let Some(before) = runs.last() {
+                let previous = before.train.out.clone();
+                match (&self.lora, &self.model.hf) {
+                    (None, Some(_)) => run.model.hf = Some(previous),
+                    _ => run.train.init = Some(previous),
+                }
+            }
+            runs.push(run);
+        }
+        Ok(runs)
+    }
 }
 
 /// The LLaMA-style model's shape: the project's own (every size given), or a Hugging Face model
