@@ -211,6 +211,19 @@ pub fn launched_rank() -> Option<usize> {
     None
 }
 
+/// Every next-token NLL of `prompt` as `decoding` says: its ranks on threads, or, in a launched
+/// point's process, this process's rank over MPI, every rank's NLLs then gathered to every process.
+pub fn score_here<B: workbench::LayerBackend>(
+    model: &workbench::model::Llama<B>,
+    prompt: &workbench::train::Prompt,
+    decoding: &workbench::train::Decoding,
+) -> Result<workbench::train::Scored> {
+    if let Some(comm) = world_comm(decoding.timeout)? {
+        return Ok(workbench::train::score_on(comm, model, prompt, decoding)?);
+    }
+    Ok(workbench::train::score(model, prompt, decoding)?)
+}
+
 /// `prompts` decoded as `decoding` says: its ranks on threads, or, in a launched point's process and
 /// with a KV cache, this process's rank over MPI, every rank's merge and cache bytes then gathered
 /// to every process so that the result reads as the threads' does.

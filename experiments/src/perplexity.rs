@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use workbench::LayerBackend;
 use workbench::model::Llama;
-use workbench::train::{Decoding, Prompt, score};
+use workbench::train::{Decoding, Prompt};
 
 /// Documents cut into windows of `context` tokens, each `prefix` (the tokenizer's BOS, if it adds
 /// one) then `context − prefix` of the document's tokens; a document's remainder shorter than a
@@ -182,7 +182,11 @@ pub fn score_windows<B: LayerBackend>(
             }
             None => {
                 let started = Instant::now();
-                let scored = score(model, &Prompt::from(window.clone()), &scoring.decoding)?;
+                let scored = crate::mpi_rank::score_here(
+                    model,
+                    &Prompt::from(window.clone()),
+                    &scoring.decoding,
+                )?;
                 let mut part = WindowPart {
                     key,
                     nll_sums: vec![0.0; buckets],
@@ -197,7 +201,9 @@ pub fn score_windows<B: LayerBackend>(
                     part.tokens[b] += 1;
                 }
                 part.seconds = started.elapsed().as_secs_f64();
-                if let Some(path) = &path {
+                // Under a launcher every process holds the part: rank 0 writes it.
+                let writer = crate::mpi_rank::launched_rank().is_none_or(|r| r == 0);
+                if let Some(path) = path.as_ref().filter(|_| writer) {
                     write_whole(path, serde_json::to_string(&part)?.as_bytes())?;
                 }
                 part

@@ -383,7 +383,9 @@ fn a_launcher_needs_the_mpi_feature() {
 
 /// Decoding points launched as processes (the KV cache sharded over processes, merged over MPI)
 /// count the thread run's bytes and cache, and stay within the decode bound of the recompute's
-/// logits; retrieval points give the thread run's replies, scored alike.
+/// logits; retrieval points give the thread run's replies, scored alike; perplexity points score
+/// every window as the threads do, bit for bit (each rank's arithmetic is the same, and the NLLs
+/// travel as their bits).
 #[cfg(feature = "mpi")]
 #[test]
 fn decoding_and_retrieval_points_under_mpirun_match_the_thread_runs() {
@@ -401,18 +403,16 @@ fn decoding_and_retrieval_points_under_mpirun_match_the_thread_runs() {
             "retrieval_quick",
             &["cases", "correct", "accuracy", "near_ties", "prompt_tokens"][..],
         ),
+        (
+            "ppl_quick",
+            &["windows", "tokens", "mean_nll", "bucket_nll"][..],
+        ),
     ] {
         let (theirs, ours) = threads_then_mpirun(&dir.join(name), name);
         assert!(!theirs.is_empty());
         assert_eq!(theirs.len(), ours.len());
-        let keys = kinds::by_name(if name == "decode_quick" {
-            "decode"
-        } else {
-            "retrieval"
-        })
-        .unwrap()
-        .card()
-        .key_columns;
+        let kind = name.strip_suffix("_quick").expect("a quick spec");
+        let keys = kinds::by_name(kind).unwrap().card().key_columns;
         for (a, b) in theirs.iter().zip(&ours) {
             assert_eq!(a.id(keys), b.id(keys));
             for column in columns {

@@ -285,6 +285,11 @@ impl Plan for PplPlan {
             .collect()
     }
 
+    /// A point's ranks: under `--launcher`, a job of that many processes scores its windows.
+    fn processes(&self, index: usize) -> Option<usize> {
+        Some(self.points[index].3)
+    }
+
     fn compute(&mut self, index: usize, ctx: &PointContext) -> Result<Vec<Record>> {
         let (context, kind, factor, ranks, strategy) = self.points[index].clone();
         if self.model.is_none() {

@@ -540,14 +540,44 @@ pub(crate) fn on_each_rank<B: LayerBackend, T: Send>(
     decoding: &Decoding,
     work: impl Fn(&Arc<RingContext>, &[usize], Tensor<B, 2, Int>) -> Result<T, RingError> + Sync,
 ) -> Result<(Vec<T>, Arc<strategies::Layout>), RingError> {
+    let (layout, sequence) = causal_layout(model, prompt, decoding)?;
+    let per_rank = run_ranks(decoding.ranks, decoding.timeout, |comm| {
+        let (ctx, tokens) = rank_of(comm, &layout, &sequence, prompt, decoding)?;
+        work(&ctx, &layout.positions[ctx.rank()], tokens)
+    });
+    Ok((all_or_root_cause(per_rank, RingError::echo_level)?, layout))
+}
+
+/// `work` as this process's rank of `prompt`'s causal layout over `comm` (one process per rank, as
+/// under mpirun): what [`on_each_rank`] runs on one of its threads.
+pub(crate) fn on_this_rank<B: LayerBackend, T>(
+    comm: Comm,
+    model: &Llama<B>,
+    prompt: &Prompt,
+    decoding: &Decoding,
+    work: impl FnOnce(&Arc<RingContext>, &[usize], Tensor<B, 2, Int>) -> Result<T, RingError>,
+) -> Result<T, RingError> {
+    if comm.world() != decoding.ranks {
+        return Err(RingError::WorldMismatch {
+            world: comm.world(),
+            layout: decoding.ranks,
+        });
+    }
+    let (layout, sequence) = causal_layout(model, prompt, decoding)?;
+    let (ctx, tokens) = rank_of(comm, &layout, &sequence, prompt, decoding)?;
+    work(&ctx, &layout.positions[ctx.rank()], tokens)
+}
+
+/// `prompt`'s causal layout over `decoding.ranks` ranks of `decoding.partition`, balanced for every
+/// layer's mask (the model's window on its windowed layers), and the sequence it holds.
+fn causal_layout<B: LayerBackend>(
+    model: &Llama<B>,
+    prompt: &Prompt,
+    decoding: &Decoding,
+) -> Result<(Arc<strategies::Layout>, Sequence), RingError> {
     let (ranks, partition) = (decoding.ranks, decoding.partition);
     let len = prompt.tokens.len();
-    let config = RingConfig {
-        causal: true,
-        ..Default::default()
-    };
-    // Balanced for every layer's mask (the model's window on its windowed layers).
-    let masks = model.layer_masks(&config);
+    let masks = model.layer_masks(&causal());
     let padded = padded_len(partition, len, ranks)?;
     let layout = Arc::new(layout_for_layers(
         partition,
@@ -561,23 +591,40 @@ pub(crate) fn on_each_rank<B: LayerBackend, T: Send>(
         len,
         doc_lens: prompt.doc_lens.clone(),
     };
-    let per_rank = run_ranks(ranks, decoding.timeout, |comm| {
-        let rank = comm.rank();
-        let ctx = Arc::new(
-            RingContext::new(comm, layout.clone(), config)?.with_sequence(sequence.clone())?,
-        );
-        let positions = &layout.positions[rank];
-        let ids: Vec<i64> = positions
-            .iter()
-            .map(|&p| i64::from(*prompt.tokens.get(p).unwrap_or(&decoding.pad)))
-            .collect();
-        let tokens = Tensor::<B, 2, Int>::from_data(
-            TensorData::new(ids, [1, positions.len()]),
-            &Default::default(),
-        );
-        work(&ctx, positions, tokens)
-    });
-    Ok((all_or_root_cause(per_rank, RingError::echo_level)?, layout))
+    Ok((layout, sequence))
+}
+
+/// The ring a prompt runs on: causal, the rest as its defaults.
+fn causal() -> RingConfig {
+    RingConfig {
+        causal: true,
+        ..Default::default()
+    }
+}
+
+/// The context of `comm`'s rank on `layout` holding `sequence`, and its positions' token ids
+/// `[1, t]` (padding past the prompt: `decoding.pad`).
+fn rank_of<B: LayerBackend>(
+    comm: Comm,
+    layout: &Arc<strategies::Layout>,
+    sequence: &Sequence,
+    prompt: &Prompt,
+    decoding: &Decoding,
+) -> Result<(Arc<RingContext>, Tensor<B, 2, Int>), RingError> {
+    let rank = comm.rank();
+    let ctx = Arc::new(
+        RingContext::new(comm, layout.clone(), causal())?.with_sequence(sequence.clone())?,
+    );
+    let positions = &layout.positions[rank];
+    let ids: Vec<i64> = positions
+        .iter()
+        .map(|&p| i64::from(*prompt.tokens.get(p).unwrap_or(&decoding.pad)))
+        .collect();
+    let tokens = Tensor::<B, 2, Int>::from_data(
+        TensorData::new(ids, [1, positions.len()]),
+        &Default::default(),
+    );
+    Ok((ctx, tokens))
 }
 
 /// [`full_logits`] of `prompt` run in a batch whose longest sequence is `batch_len` (what dynamic

@@ -21,7 +21,7 @@ pub mod step;
 pub use error::TrainError;
 pub use generation::{Decoded, Decoding, Prompt, decode, decode_on, full_logits, greedy};
 pub use objective::{Example, Objective};
-pub use perplexity::{Scored, score};
+pub use perplexity::{Scored, score, score_on};
 pub use replicas::{flat_params, with_flat_params};
 pub use resume::{AfterStep, OptimizerRecord, Progress, Snapshot, TrainOptimizer};
 pub use run::{

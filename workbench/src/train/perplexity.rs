@@ -9,7 +9,8 @@ use crate::host;
 use crate::model::Llama;
 use crate::model::layer::LayerBackend;
 use crate::model::loss::LOSS_CHUNK_ELEMENTS;
-use crate::train::generation::{Decoding, Prompt, on_each_rank};
+use crate::train::generation::{Decoding, Prompt, on_each_rank, on_this_rank};
+use crate::transport::Comm;
 use burn::tensor::{Int, Tensor, TensorData};
 use rayon::prelude::*;
 
@@ -30,41 +31,92 @@ pub fn score<B: LayerBackend>(
     prompt: &Prompt,
     decoding: &Decoding,
 ) -> Result<Scored, RingError> {
-    let len = prompt.tokens.len();
-    if len < 2 {
+    check_len(prompt)?;
+    let (per_rank, _) = on_each_rank(model, prompt, decoding, |ctx, positions, tokens| {
+        score_rank(model, prompt, ctx, positions, tokens)
+    })?;
+    Ok(joined(prompt.tokens.len(), per_rank))
+}
+
+/// [`score`] as this process's rank over `comm` (one process per rank, as under mpirun): each rank
+/// scores its own positions, then every rank's are all-gathered, so every rank returns the whole.
+pub fn score_on<B: LayerBackend>(
+    comm: Comm,
+    model: &Llama<B>,
+    prompt: &Prompt,
+    decoding: &Decoding,
+) -> Result<Scored, RingError> {
+    check_len(prompt)?;
+    on_this_rank(comm, model, prompt, decoding, |ctx, positions, tokens| {
+        let (scored, peak) = score_rank(model, prompt, ctx, positions, tokens)?;
+        // As words: the peak, then (position, the NLL's bits) pairs.
+        let mut words = vec![peak];
+        for (p, v) in &scored {
+            words.extend([*p as u64, v.to_bits()]);
+        }
+        let gathered = ctx.with_comm(|c| c.all_gather_words(&words))?;
+        let per_rank = gathered
+            .into_iter()
+            .map(|w| {
+                let pairs = w[1..]
+                    .chunks_exact(2)
+                    .map(|pv| (pv[0] as usize, f64::from_bits(pv[1])))
+                    .collect();
+                (pairs, w[0])
+            })
+            .collect();
+        Ok(joined(prompt.tokens.len(), per_rank))
+    })
+}
+
+fn check_len(prompt: &Prompt) -> Result<(), RingError> {
+    if prompt.tokens.len() < 2 {
         return Err(RingError::EmptyPrompt { row: 0 });
     }
-    let (per_rank, _) = on_each_rank(model, prompt, decoding, |ctx, positions, tokens| {
-        let hidden = model.layers_out(tokens, positions, ctx, len)?;
-        // The positions this rank scores: those with a next token.
-        let scored: Vec<usize> = (0..positions.len())
-            .filter(|&i| positions[i] + 1 < len)
+    Ok(())
+}
+
+/// One rank's NLLs of its positions (those with a next token), and its engine's peak bytes.
+fn score_rank<B: LayerBackend>(
+    model: &Llama<B>,
+    prompt: &Prompt,
+    ctx: &std::sync::Arc<crate::ring::context::RingContext>,
+    positions: &[usize],
+    tokens: Tensor<B, 2, Int>,
+) -> Result<(Vec<(usize, f64)>, u64), RingError> {
+    let len = prompt.tokens.len();
+    let hidden = model.layers_out(tokens, positions, ctx, len)?;
+    let scored: Vec<usize> = (0..positions.len())
+        .filter(|&i| positions[i] + 1 < len)
+        .collect();
+    let rows = (LOSS_CHUNK_ELEMENTS / model.vocab().max(1)).max(1);
+    let mut out = Vec::with_capacity(scored.len());
+    for chunk in scored.chunks(rows) {
+        let index = Tensor::<B, 1, Int>::from_data(
+            TensorData::new(chunk.iter().map(|&i| i as i64).collect(), [chunk.len()]),
+            &Default::default(),
+        );
+        let logits = host::read(model.logits(hidden.clone().select(1, index)));
+        let vocab = logits.len() / chunk.len();
+        let scored: Vec<(usize, Result<f64, RingError>)> = logits
+            .par_chunks(vocab)
+            .zip(chunk.par_iter())
+            .map(|(row, &i)| {
+                let p = positions[i];
+                (p, row_nll(row, prompt.tokens[p + 1] as usize, p))
+            })
             .collect();
-        let rows = (LOSS_CHUNK_ELEMENTS / model.vocab().max(1)).max(1);
-        let mut out = Vec::with_capacity(scored.len());
-        for chunk in scored.chunks(rows) {
-            let index = Tensor::<B, 1, Int>::from_data(
-                TensorData::new(chunk.iter().map(|&i| i as i64).collect(), [chunk.len()]),
-                &Default::default(),
-            );
-            let logits = host::read(model.logits(hidden.clone().select(1, index)));
-            let vocab = logits.len() / chunk.len();
-            let scored: Vec<(usize, Result<f64, RingError>)> = logits
-                .par_chunks(vocab)
-                .zip(chunk.par_iter())
-                .map(|(row, &i)| {
-                    let p = positions[i];
-                    (p, row_nll(row, prompt.tokens[p + 1] as usize, p))
-                })
-                .collect();
-            for (p, nll) in scored {
-                out.push((p, nll?));
-            }
+        for (p, nll) in scored {
+            out.push((p, nll?));
         }
-        Ok((out, ctx.ledger().peak()))
-    })?;
+    }
+    Ok((out, ctx.ledger().peak()))
+}
+
+/// Every rank's NLLs of a `len`-token prompt in position order, and their peaks in rank order.
+fn joined(len: usize, per_rank: Vec<(Vec<(usize, f64)>, u64)>) -> Scored {
     let mut nll = vec![f64::NAN; len - 1];
-    let mut engine_peak_bytes = Vec::with_capacity(decoding.ranks);
+    let mut engine_peak_bytes = Vec::with_capacity(per_rank.len());
     for (scored, peak) in per_rank {
         for (p, v) in scored {
             nll[p] = v;
@@ -75,10 +127,10 @@ pub fn score<B: LayerBackend>(
         nll.iter().all(|v| v.is_finite()),
         "every position scored once"
     );
-    Ok(Scored {
+    Scored {
         nll,
         engine_peak_bytes,
-    })
+    }
 }
 
 /// `logsumexp(row) − row[target]` in float64; a non-finite logit is an error naming `position`.
