@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use workbench::model::lazy::seeded;
-use workbench::model::{Llama, LlamaConfig};
+use workbench::model::{Llama, LlamaConfig, LoraConfig, LoraTarget};
 use workbench::ring::decode::DecodeMerge;
 use workbench::train::{Decoding, Example, Prompt, TrainOptions, decode, train};
 use workbench::{LayerBackend, RingConfig};
@@ -66,6 +66,10 @@ pub struct BenchModelArgs {
     /// Sequences a training step.
     #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     pub train_batch: usize,
+    /// Also a LoRA fine-tuning row (`train-lora`, with `--train-seq`): adapters of this rank on
+    /// every linear map (alpha 2·r, PEFT's init), the base frozen (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub train_lora: usize,
     /// Rank counts.
     #[arg(long, value_delimiter = ',', default_value = "1", value_parser = at_least_one)]
     pub ranks: Vec<usize>,
@@ -97,7 +101,8 @@ pub enum WeightType {
 /// One row of `bench_model.csv`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelBenchRow {
-    /// `prefill`, `decode` or `train`.
+    /// `prefill`, `decode`, `train` (every weight) or `train-lora` (LoRA adapters on a frozen
+    /// base).
     pub work: &'static str,
     /// The model directory's name, or `own`.
     pub model: String,
@@ -232,6 +237,9 @@ pub fn measure(args: &BenchModelArgs) -> Result<(Vec<ModelBenchRow>, String)> {
     }
     if args.train_seq > 0 {
         works.push(("train", args.train_seq, args.train_batch));
+        if args.train_lora > 0 {
+            works.push(("train-lora", args.train_seq, args.train_batch));
+        }
     }
     let bar = ProgressBar::new((works.len() * args.ranks.len()) as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed_precise} {msg}")
@@ -273,7 +281,11 @@ pub fn measure(args: &BenchModelArgs) -> Result<(Vec<ModelBenchRow>, String)> {
             let (tokens, reading) = match work {
                 "prefill" => prefill(&inference, partition, seq, ranks, args.repeats)?,
                 "decode" => decoding(&inference, partition, seq, args.decode, ranks, args.repeats)?,
-                _ => training(&subject, partition, seq, batch, ranks, args.repeats)?,
+                "train" => training(&subject, None, partition, (seq, batch, ranks), args.repeats)?,
+                _ => {
+                    let lora = Some(args.train_lora);
+                    training(&subject, lora, partition, (seq, batch, ranks), args.repeats)?
+                }
             };
             let row = ModelBenchRow {
                 work,
@@ -290,7 +302,7 @@ pub fn measure(args: &BenchModelArgs) -> Result<(Vec<ModelBenchRow>, String)> {
                 tokens,
                 ranks,
                 strategy: args.strategy.clone(),
-                weights: if work == "train" {
+                weights: if work.starts_with("train") {
                     WeightType::F32
                 } else {
                     args.weights
@@ -339,7 +351,7 @@ pub fn measure(args: &BenchModelArgs) -> Result<(Vec<ModelBenchRow>, String)> {
          is the fastest of {} repetitions after one warm-up. prefill: one prompt, its logits after the \
          last token; decode: tokens generated over the KV cache after a prompt of `seq` tokens (the \
          steps after the prefill); train: one step of `batch` sequences of `seq` tokens (forward, \
-         backward, all-reduce, AdamW). `cores_busy`: (user + system) CPU time over wall time. Decode \
+         backward, all-reduce, AdamW; `train-lora`: LoRA adapters on every linear map, the base frozen). `cores_busy`: (user + system) CPU time over wall time. Decode \
          rows also say how close they come to the memory's read rate: `read_gb_per_s` is measured \
          here (the best of three parallel sums over {} MiB), `bandwidth_bound_tokens_per_s` is that \
          rate over `weight_bytes_per_token`.{}",
@@ -483,17 +495,33 @@ fn decoding(
     Ok((new, reading))
 }
 
-/// Training steps of `batch` random sequences of `seq` tokens on `ranks` ranks: one warm-up step,
-/// then `repeats` timed ones.
+/// Training steps of `batch` random sequences of `seq` tokens on `ranks` ranks, of every weight or
+/// (`lora`: its rank) of LoRA adapters on every linear map: one warm-up step, then `repeats` timed
+/// ones.
 fn training(
     subject: &Subject,
+    lora: Option<usize>,
     partition: &'static dyn strategies::Partition,
-    seq: usize,
-    batch: usize,
-    ranks: usize,
+    (seq, batch, ranks): (usize, usize, usize),
     repeats: usize,
 ) -> Result<(usize, BusyReading)> {
     let model = subject.load::<Autodiff<Flex>>()?;
+    let model = match lora {
+        Some(rank) => model.with_lora(
+            &LoraConfig {
+                rank,
+                alpha: 2.0 * rank as f64,
+                dropout: 0.0,
+                targets: LoraTarget::ALL.to_vec(),
+                rslora: false,
+                train_embeddings: false,
+                train_norms: false,
+                init: Default::default(),
+            },
+            0,
+        )?,
+        None => model,
+    };
     let vocab = model.vocab();
     let options = TrainOptions {
         ranks,

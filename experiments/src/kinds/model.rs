@@ -260,6 +260,7 @@ impl Plan for ModelPlan {
             decode_prompt: seq,
             train_seq: if work == "train" { seq } else { 0 },
             train_batch: self.measure.train_batch.max(1),
+            train_lora: 0,
             ranks: vec![ranks],
             strategy: strategy.clone(),
             repeats: self.measure.repeats.max(1),
