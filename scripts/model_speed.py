@@ -24,7 +24,9 @@ ringbench and PyTorch (the best of all rounds is kept per side):
 - decode: --decode tokens after a prompt of --decode-prompt tokens, each step one token through the
   KV cache; the steps after the prefill are timed;
 - train: one step of --train-batch sequences of --train-seq random tokens: forward, cross-entropy
-  over every next token, backward, AdamW (lr 1e-4, weight decay 0.1).
+  over every next token, backward, AdamW (lr 1e-4, weight decay 0.1);
+- train-lora (--train-lora R): the same step with LoRA adapters of rank R (alpha 2R) on every linear
+  map and the base frozen (PyTorch: peft's `get_peft_model` on the same model).
 ringbench's rows are its own (`bench model --out`); tokens/s = tokens / seconds on both sides.
 Writes model_speed.csv and model_speed.md into --out (the command, the CPU, both versions).
 """
@@ -62,6 +64,9 @@ def parse_args():
     p.add_argument("--decode-prompt", type=int, default=1024)
     p.add_argument("--train-seq", type=int, default=0, help="tokens a training sequence (0: none)")
     p.add_argument("--train-batch", type=int, default=1)
+    p.add_argument("--train-lora", type=int, default=0,
+                   help="also a LoRA fine-tuning row: adapters of this rank (alpha 2r) on every linear map, "
+                        "the base frozen (PyTorch: peft's LoraConfig on the same model; 0: none)")
     p.add_argument("--ranks", default="1", help="ringbench's rank counts, comma-separated")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--repeats", type=int, default=2)
@@ -91,6 +96,7 @@ def run_ringbench(args, model_args, out):
     cmd = [args.ringbench, "bench", "model", *model_args, "--prefill", args.prefill,
            "--decode", str(args.decode), "--decode-prompt", str(args.decode_prompt),
            "--train-seq", str(args.train_seq), "--train-batch", str(args.train_batch),
+           "--train-lora", str(args.train_lora),
            "--ranks", args.ranks, "--repeats", str(args.repeats), "--weights", args.weights, "--out", out]
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
     print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
@@ -171,7 +177,32 @@ def torch_rows(args, model, vocab):
 
         seconds = best(step, args.repeats)
         out.append(("train", args.train_seq, args.train_batch, args.train_seq * args.train_batch, seconds))
+        if args.train_lora > 0:
+            out.append(("train-lora", args.train_seq, args.train_batch, args.train_seq * args.train_batch,
+                        lora_seconds(args, model, inputs, targets)))
     return out
+
+
+def lora_seconds(args, model, inputs, targets):
+    """A LoRA step on `model` with peft (rank --train-lora, alpha 2r, every linear map, PEFT's init, the
+    base frozen, AdamW over the adapters): forward, cross-entropy, backward, step."""
+    from peft import LoraConfig, get_peft_model
+    r = args.train_lora
+    config = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    adapted = get_peft_model(copy.deepcopy(model), config)
+    adapted.train()
+    optimizer = torch.optim.AdamW([p for p in adapted.parameters() if p.requires_grad], lr=1e-4,
+                                  weight_decay=0.1)
+
+    def step():
+        logits = adapted(input_ids=inputs).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return best(step, args.repeats)
 
 
 def weights_said(args):
@@ -220,7 +251,7 @@ def main():
                "ringbench_cores_busy", "read_gb_per_s", "bandwidth_bound_tokens_per_s",
                "ringbench_of_bandwidth_bound", "threads", "cpu", "cpu_features", "torch", "transformers"]
     table = []
-    for (work, seq, batch, ranks), r in sorted(best_rb.items(), key=lambda kv: (["prefill", "decode", "train"].index(kv[0][0]), kv[0][1], kv[0][3])):
+    for (work, seq, batch, ranks), r in sorted(best_rb.items(), key=lambda kv: (["prefill", "decode", "train", "train-lora"].index(kv[0][0]), kv[0][1], kv[0][3])):
         tokens, pt = best_pt[(work, seq, batch)]
         rb_rate, pt_rate = float(r["tokens_per_s"]), tokens / pt
         table.append(dict(work=work, model=r["model"], params=r["params"], seq=seq, batch=batch, tokens=tokens,
