@@ -3,6 +3,7 @@
 use crate::backend::{BackendName, OnBackend, on_backend, parse_devices};
 use crate::nccl_rank::NcclRank;
 use crate::npy;
+use crate::timeline::TraceFile;
 use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
 use std::path::{Path, PathBuf};
@@ -108,6 +109,10 @@ pub struct AttnArgs {
     /// `kill` (its process dies by SIGKILL, as a crashed MPI rank: run it under mpirun).
     #[arg(long, default_value = "error", requires = "fail_rank")]
     pub fail_mode: FailMode,
+    /// Record every rank's timeline (tiles, sends, receives, waits) into this Chrome trace-event
+    /// JSON file (Perfetto, chrome://tracing); under mpirun rank 0 writes every process's ranks.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
 }
 
 /// `--fail-phase`: which exchanges `--fail-step` counts.
@@ -290,10 +295,17 @@ pub fn run_command(args: &AttnArgs) -> Result<()> {
         job: &job,
         timeout: Duration::from_secs_f64(args.timeout),
     };
+    let trace = TraceFile::start(args.trace.as_deref());
     let Some(result) = on_backend(args.backend, devices.as_deref().unwrap_or(&[]), work)? else {
+        // Another MPI rank: rank 0 wrote the outputs and the trace, its events gathered.
+        workbench::trace::uninstall();
         return Ok(());
     };
-    write_outputs(args, &result)
+    write_outputs(args, &result)?;
+    if let Some(trace) = trace {
+        trace.finish()?;
+    }
+    Ok(())
 }
 
 /// Writes out.npy, lse.npy and, with gradients, dq/dk/dv.npy into `--out`.

@@ -31,4 +31,5 @@ pub mod runner;
 pub mod simulator;
 pub mod spec;
 pub mod tile_model;
+pub mod timeline;
 pub mod units;

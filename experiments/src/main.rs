@@ -1,7 +1,7 @@
 //! `ringbench`: the workbench's command line.
 
 use clap::{Parser, Subcommand};
-use experiments::{alloc, attn, bench, exorl, hf, line_retrieval, reproduce, runner};
+use experiments::{alloc, attn, bench, exorl, hf, line_retrieval, reproduce, runner, timeline};
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
@@ -51,8 +51,12 @@ fn main() {
     let result = match &cli.command {
         Command::Attn(args) => attn::run_command(args),
         Command::Bench(command) => bench::run(command),
-        Command::Train(args) => line_retrieval::run_train(args),
-        Command::EvalLines(args) => line_retrieval::run_eval(args).map(|_| ()),
+        Command::Train(args) => {
+            timeline::traced(args.trace.as_deref(), || line_retrieval::run_train(args))
+        }
+        Command::EvalLines(args) => timeline::traced(args.trace.as_deref(), || {
+            line_retrieval::run_eval(args).map(|_| ())
+        }),
         Command::GenLines(args) => line_retrieval::run_gen(args),
         Command::Run(args) => runner::run_command(args),
         Command::Exorl(command) => exorl::run(command),

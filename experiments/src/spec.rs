@@ -71,8 +71,14 @@ impl SpecText {
         let mut table: toml::Table = toml::from_str(&self.text).unwrap_or_default();
         table.remove("sweep");
         table.remove("description");
-        // Where points run does not change what they compute.
+        // Where points run does not change what they compute, nor whether they are traced.
         table.remove(LAUNCHER);
+        if let Some(toml::Value::Table(measure)) = table.get_mut(MEASURE) {
+            measure.remove(TRACE);
+            if measure.is_empty() {
+                table.remove(MEASURE);
+            }
+        }
         let mut canonical = String::new();
         canonical_toml(&toml::Value::Table(table), &mut canonical);
         // FNV-1a (64 bits): stable across Rust versions and machines, unlike `DefaultHasher`.
@@ -86,7 +92,22 @@ impl SpecText {
     /// table (every kind's spec may have them; `T` declares only its own sections). A TOML error
     /// becomes one line: `path:line: section.key: message`.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T> {
-        self.parse_text(&blank_table(&self.without_header(), LAUNCHER))
+        let text = blank_table(&self.without_header(), LAUNCHER);
+        self.parse_text(&blank_trace(&text))
+    }
+
+    /// `[measure] trace = true`: the runner records each point's timeline (`traces/point-I.json`
+    /// beside the table). The runner's, not the kind's: it is taken out before the kind reads its
+    /// `[measure]`, and it changes no setting (not in [`SpecText::settings_hash`]).
+    pub fn traced(&self) -> Result<bool> {
+        let table: toml::Table = self.parse_text(&self.text)?;
+        match table.get(MEASURE).and_then(|m| m.get(TRACE)) {
+            None => Ok(false),
+            Some(toml::Value::Boolean(on)) => Ok(*on),
+            Some(other) => {
+                Err(self.error(MEASURE, TRACE, &format!("{other} is not true or false")))
+            }
+        }
     }
 
     /// The `[launcher]` table as `T` (the runner's: where points run), if the spec has one.
@@ -309,6 +330,49 @@ fn canonical_toml(value: &toml::Value, out: &mut String) {
 
 /// `text` with the `[name]` table's lines blanked (kept as empty lines, so that line numbers hold):
 /// from its header to the next header.
+/// The runner's trace switch: `[measure] trace`.
+const MEASURE: &str = "measure";
+const TRACE: &str = "trace";
+
+/// `text` without the `trace` key of its `[measure]` table, lines in place, and without the table's
+/// header too when nothing else is in it (a kind without a `[measure]` of its own refuses one).
+fn blank_trace(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out: Vec<&str> = lines.clone();
+    let mut header: Option<usize> = None;
+    let mut others = false;
+    let close = |header: Option<usize>, others: bool, out: &mut Vec<&str>| {
+        if let (Some(h), false) = (header, others) {
+            out[h] = "";
+        }
+    };
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            close(header, others, &mut out);
+            let name = trimmed
+                .trim_start_matches('[')
+                .split(']')
+                .next()
+                .map(str::trim);
+            header = (name == Some(MEASURE)).then_some(i);
+            others = false;
+            continue;
+        }
+        if header.is_none() || trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let key = trimmed.split('=').next().map(str::trim);
+        if key == Some(TRACE) {
+            out[i] = "";
+        } else {
+            others = true;
+        }
+    }
+    close(header, others, &mut out);
+    out.join("\n")
+}
+
 fn blank_table(text: &str, name: &str) -> String {
     let mut inside = false;
     text.lines()

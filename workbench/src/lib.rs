@@ -15,6 +15,7 @@
 //! | [`hf`] | Hugging Face checkpoints in and out (config, safetensors weights) |
 //! | [`gguf`] | GGUF files in (llama.cpp's format): metadata, dequantized tensors, a LLaMA model |
 //! | [`train`] | SPMD training and greedy decoding over in-process or MPI ranks |
+//! | [`trace`] | per-rank timelines in Chrome's trace-event format, recorded with the counters |
 
 #![warn(missing_docs)]
 
@@ -30,6 +31,7 @@ pub mod kernels;
 pub mod model;
 mod primitive;
 pub mod ring;
+pub mod trace;
 pub mod train;
 pub mod transport;
 

@@ -71,6 +71,10 @@ pub struct BenchAttnArgs {
     /// NVIDIA tensor cores; `kernel_impl` then says `generic-autotuned`).
     #[arg(long, default_value = "f32")]
     pub generic_matmul: GenericMatmulArg,
+    /// Record every rank's timeline (tiles, ring traffic, the model's layers) into this Chrome
+    /// trace-event JSON file (Perfetto, chrome://tracing).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
 }
 
 /// `--generic-matmul`'s values.

@@ -21,7 +21,9 @@ pub enum BenchCommand {
 /// `ringbench bench`.
 pub fn run(command: &BenchCommand) -> Result<()> {
     match command {
-        BenchCommand::Attn(args) => attn::run(args),
+        BenchCommand::Attn(args) => {
+            crate::timeline::traced(args.trace.as_deref(), || attn::run(args))
+        }
         BenchCommand::Model(args) => model::run(args),
     }
 }

@@ -74,6 +74,10 @@ pub struct GenerateArgs {
     /// printed either way.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Record every rank's timeline (tiles, ring traffic, the model's layers) into this Chrome
+    /// trace-event JSON file (Perfetto, chrome://tracing).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
 }
 
 pub(super) struct GenerateOn<'a>(pub(super) &'a GenerateArgs);

@@ -14,6 +14,7 @@ use crate::backend::{BackendName, OnBackend, on_backend};
 use crate::line_retrieval::load_checkpoint;
 use crate::npy;
 use crate::pretrained::{TOKENIZER_FILES, load_pretrained, pretrained_tokenizer};
+use crate::timeline::traced;
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -80,6 +81,10 @@ pub struct LogitsArgs {
     /// The logits, float32 [batch, seq, vocab].
     #[arg(long)]
     pub out: PathBuf,
+    /// Record every rank's timeline (tiles, ring traffic, the model's layers) into this Chrome
+    /// trace-event JSON file (Perfetto, chrome://tracing).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
 }
 
 /// `ringbench hf tokenize`'s arguments.
@@ -118,10 +123,16 @@ pub struct ExportArgs {
 /// Runs `ringbench hf …`.
 pub fn run(command: &HfCommand) -> Result<()> {
     match command {
-        HfCommand::Logits(args) => on_backend(args.ring.backend, &[], LogitsOn(args)),
-        HfCommand::Generate(args) => on_backend(args.ring.backend, &[], GenerateOn(args)),
+        HfCommand::Logits(args) => traced(args.trace.as_deref(), || {
+            on_backend(args.ring.backend, &[], LogitsOn(args))
+        }),
+        HfCommand::Generate(args) => traced(args.trace.as_deref(), || {
+            on_backend(args.ring.backend, &[], GenerateOn(args))
+        }),
         HfCommand::Tokenize(args) => tokenize(args),
-        HfCommand::Ppl(args) => on_backend(args.ring.backend, &[], PplOn(args)),
+        HfCommand::Ppl(args) => traced(args.trace.as_deref(), || {
+            on_backend(args.ring.backend, &[], PplOn(args))
+        }),
         HfCommand::Export(args) => export(args),
     }
 }

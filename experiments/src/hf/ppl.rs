@@ -52,6 +52,10 @@ pub struct PplArgs {
     /// window's sums: a rerun resumes from them).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Record every rank's timeline (tiles, ring traffic, the model's layers) into this Chrome
+    /// trace-event JSON file (Perfetto, chrome://tracing).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
 }
 
 pub(super) struct PplOn<'a>(pub(super) &'a PplArgs);

@@ -83,6 +83,10 @@ pub struct EvalArgs {
     /// correct.
     #[arg(long)]
     pub replies: Option<PathBuf>,
+    /// Record every rank's timeline (tiles, ring traffic, the model's layers) into this Chrome
+    /// trace-event JSON file (Perfetto, chrome://tracing).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
 }
 
 /// Accuracy at one number of lines.

@@ -69,6 +69,10 @@ pub struct TrainArgs {
     /// Write the run here instead of the spec's `train.out`.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Record every rank's timeline (tiles, ring traffic, the model's layers) into this Chrome
+    /// trace-event JSON file (Perfetto, chrome://tracing).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
 }
 
 /// `ringbench train`: trains, or resumes the run in the spec's `out` from its newest good

@@ -185,6 +185,15 @@ impl Launcher {
             .collect()
     }
 
+    /// Where a traced point's rank 0 writes its timeline beside the rows it writes to `rows`.
+    pub fn trace_of(job: &PointJob) -> PathBuf {
+        point_trace(
+            &job.dir
+                .join(".launch")
+                .join(format!("point-{}.csv", job.index)),
+        )
+    }
+
     /// Runs one point as a job of processes: its rows as rank 0 wrote them, or why it failed (the
     /// rank and its error line, a signal, or the deadline). The job's output goes to a log in
     /// `DIR/.launch/`, removed when the job succeeds and named in the reason when it fails.
@@ -195,6 +204,7 @@ impl Launcher {
         let log_path = scratch.join(format!("point-{}.log", job.index));
         let rows_path = scratch.join(format!("point-{}.csv", job.index));
         let _ = std::fs::remove_file(&rows_path);
+        let _ = std::fs::remove_file(point_trace(&rows_path));
         let exe = std::env::current_exe().context("finding the ringbench executable")?;
         let argv = self.command(job.ranks)?;
         let log = std::fs::File::create(&log_path)
@@ -373,4 +383,9 @@ mod tests {
             assert_eq!(failure_reason(log, failed, launcher), reason, "{log}");
         }
     }
+}
+
+/// The timeline file beside a launched point's rows file.
+pub fn point_trace(rows: &Path) -> PathBuf {
+    rows.with_extension("trace.json")
 }

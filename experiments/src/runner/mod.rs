@@ -291,6 +291,9 @@ pub fn run_with(path: &Path, results: &Path, options: &RunOptions) -> Result<Run
     );
     let mut failed = 0;
     let mut said_in_process = false;
+    // `[measure] trace = true`: each point computed here records its timeline.
+    let traced = spec.traced()?;
+    let (mut trace, mut launched_trace) = (None, None);
     for &i in &todo {
         bar.set_message(points[i].label.clone());
         let processes = plan.processes(i);
@@ -315,7 +318,13 @@ pub fn run_with(path: &Path, results: &Path, options: &RunOptions) -> Result<Run
                     spec_hash: &stamp.spec_hash,
                 };
                 match launcher.launch(&job)? {
-                    Ok(rows) => rows,
+                    Ok(rows) => {
+                        let written = Launcher::trace_of(&job);
+                        if traced && written.exists() {
+                            launched_trace = Some(written);
+                        }
+                        rows
+                    }
                     Err(reason) => {
                         failed += 1;
                         bar.suspend(|| eprintln!("{}: failed: {reason}", points[i].label));
@@ -323,14 +332,25 @@ pub fn run_with(path: &Path, results: &Path, options: &RunOptions) -> Result<Run
                     }
                 }
             }
-            _ => plan.compute(
-                i,
-                &PointContext {
-                    table: &table,
-                    dir: &dir,
-                    bar: &bar,
-                },
-            )?,
+            _ => {
+                let recorder = traced.then(workbench::trace::Recorder::new);
+                if let Some(recorder) = &recorder {
+                    workbench::trace::install(recorder.clone());
+                }
+                let computed = plan.compute(
+                    i,
+                    &PointContext {
+                        table: &table,
+                        dir: &dir,
+                        bar: &bar,
+                    },
+                );
+                if recorder.is_some() {
+                    workbench::trace::uninstall();
+                }
+                trace = recorder;
+                computed?
+            }
         };
         let transport = processes.map(|_| match launched {
             true => launcher.transport(),
@@ -342,6 +362,22 @@ pub fn run_with(path: &Path, results: &Path, options: &RunOptions) -> Result<Run
         table.replace(&points[i].key, rows);
         // Written whole after every point: a run that stops, even killed mid-write, resumes here.
         table.write_csv(&csv_path)?;
+        // A traced point's timeline, named by the point's first row in results.csv.
+        let row = table.rows.iter().position(|r| r.matches(&points[i].key));
+        let path = dir
+            .join(TRACES)
+            .join(format!("point-{}.json", row.unwrap_or(0)));
+        if let Some(recorder) = trace.take() {
+            std::fs::create_dir_all(dir.join(TRACES))?;
+            recorder
+                .write(&path)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        if let Some(written) = launched_trace.take() {
+            std::fs::create_dir_all(dir.join(TRACES))?;
+            std::fs::rename(&written, &path)
+                .with_context(|| format!("moving {} to {}", written.display(), path.display()))?;
+        }
         bar.inc(1);
         if bar.is_hidden() && !options.quiet {
             println!("[{}/{}] {}", bar.position(), todo.len(), points[i].label);
@@ -383,6 +419,9 @@ pub fn run_with(path: &Path, results: &Path, options: &RunOptions) -> Result<Run
         failed,
     })
 }
+
+/// The directory beside results.csv that a traced run's timelines go to, one per point.
+pub const TRACES: &str = "traces";
 
 /// Writes a run's results.md (its text returned), spec.toml copy and figure into `dir` (results.csv
 /// is written as points finish).

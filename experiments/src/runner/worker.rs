@@ -40,10 +40,24 @@ pub fn run_point(args: &PointArgs) -> Result<()> {
         crate::mpi_rank::set_rank_timeout(std::time::Duration::from_secs_f64(seconds));
     }
     let world = ProcessWorld::start()?;
+    // A traced spec: this job's timeline, written by rank 0 beside its rows (an attention job
+    // gathers every process's events there; another kind's holds rank 0's).
+    let traced = SpecText::load(&args.spec)
+        .and_then(|s| s.traced())
+        .unwrap_or(false);
+    let recorder = traced.then(workbench::trace::Recorder::new);
+    if let Some(recorder) = &recorder {
+        workbench::trace::install(recorder.clone());
+    }
     let rows = match compute(args, &world) {
         Ok(rows) => rows,
         Err(e) => world.abort(&format!("{e:#}")),
     };
+    if let (Some(recorder), 0) = (workbench::trace::uninstall().or(recorder), world.rank)
+        && let Err(e) = recorder.write(&super::launch::point_trace(&args.out))
+    {
+        world.abort(&format!("writing the point's trace: {e}"));
+    }
     if world.rank == 0
         && let Err(e) = Table::of(rows).write_csv(&args.out)
     {

@@ -74,6 +74,15 @@ pub enum Visibility {
 }
 
 impl Visibility {
+    /// Its name in traces: `skipped`, `full` or `masked`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Visibility::None => "skipped",
+            Visibility::Full => "full",
+            Visibility::Partial { .. } => "masked",
+        }
+    }
+
     /// The tile's visibility: queries with windows `win_q` against keys at `pos_k`.
     pub fn of(win_q: &[Window], pos_k: &[usize]) -> Self {
         if win_q.is_empty() || pos_k.is_empty() {

@@ -28,6 +28,7 @@ use crate::ring::context::{Attend, RingConfig, RingContext};
 use crate::ring::decode::{DecodeMerge, attend_cached};
 use crate::ring::engine::{self, Saved};
 use crate::ring::op::{RingBackend, RingInputs};
+use crate::trace;
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
@@ -153,7 +154,10 @@ fn forward_with<B: FfnBackend + RopeBackend + Bf16Backend + ProjectBackend, S>(
         }
         _ => w,
     };
+    let norm = trace::span(|| "norm".into());
     let (h1, r1) = rms_norm(x.clone(), &w.attn_norm, w.epsilons[0]);
+    drop(norm);
+    let attending = trace::span(|| "attention".into());
     let [bq, bk, bv] = w
         .qkv_bias
         .clone()
@@ -168,7 +172,11 @@ fn forward_with<B: FfnBackend + RopeBackend + Bf16Backend + ProjectBackend, S>(
     let (out, saved) = attention(q, k, v)?;
     let a = heads_last(out.clone());
     let x2 = x + biased(&a, map(LoraTarget::O), None);
+    drop(attending);
+    let norm = trace::span(|| "norm".into());
     let (h2, r2) = rms_norm(x2.clone(), &w.ffn_norm, w.epsilons[1]);
+    drop(norm);
+    let _ffn = trace::span(|| "ffn".into());
     let chunk = trunk.ffn_chunk.max(1);
     let ffn = match (packed, trunk.checkpoint) {
         (None, Checkpoint::Ffn | Checkpoint::Block) => {
@@ -394,6 +402,7 @@ impl<B: LayerBackend, const N: usize> Backward<B, N> for LayerBackward<N> {
         let w = Weights::from_primitives(weights, epsilons);
         let x = wrap::<B, 3>(x);
         let layer = (trunk, attend);
+        let _span = trace::span(|| "layer backward (recomputed)".into());
         let (dx, dw) = backward(&w, x.clone(), &rope, layer, &ctx, dy).unwrap_or_else(|error| {
             ctx.set_backward_error(error);
             (x.zeros_like(), w.zeros_like())
@@ -501,6 +510,7 @@ pub(crate) fn run_layers<B: LayerBackend>(
 ) -> Result<Tensor<B, 3>, RingError> {
     let rope = rope_of(positions, trunk, rope_len, &x.device());
     for (i, layer) in layers.iter().enumerate() {
+        let _layer = trace::span(|| format!("layer {i}"));
         let w = Weights::of(layer);
         let attend = trunk.attend(i, &ctx.config);
         x = match trunk.checkpoint {

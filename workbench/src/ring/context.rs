@@ -9,11 +9,13 @@ use crate::kernels::mask::{Mask, Window, windows};
 use crate::ring::ledger::Ledger;
 pub use crate::ring::options::{Attend, BackwardScheme, Direction, RingConfig};
 pub use crate::ring::sequence::{Sequence, gather_rows};
+use crate::trace::{Recorder, Track};
 use crate::transport::{Comm, Group, Traffic, run_ranks_with};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use serde_json::json;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use strategies::{Layout, Partition};
 
 /// Work done by one rank in one ring step, for measurement and simulation.
@@ -59,6 +61,8 @@ pub struct RingContext {
     poisoned_step: Option<usize>,
     /// Head × context parallelism: this rank's Ulysses group and the ring its attention runs on.
     heads: Option<HeadParallel>,
+    /// Where its tiles' events go while a trace records (`crate::trace`), and its world rank.
+    trace: Option<(Arc<Recorder>, usize)>,
 }
 
 /// A rank's place in a grid of head × context parallelism ([`RingContext::grid`]): its Ulysses group
@@ -105,7 +109,10 @@ impl Shared {
             ledger: self.ledger.clone(),
             poisoned_step,
             heads,
+            trace: crate::trace::current().map(|r| (r, self.rank)),
         };
+        // The model's spans on this thread name its rank (a rank's context is made on its thread).
+        crate::trace::set_thread_rank(self.rank);
         let needs_equal_shards = lock(&self.comm).needs_equal_shards();
         if let Some(transport) = needs_equal_shards {
             let lens: Vec<usize> = (0..ring_layout.ranks())
@@ -323,8 +330,37 @@ impl RingContext {
         self.comm().take_traffic()
     }
 
-    pub(crate) fn record(&self, event: StepEvent) {
+    /// Records a step's event, its tile having begun at `start` with its mask `mask` (`skipped`,
+    /// `full`, `masked`: its trace event, when a trace records, spans the same `compute_seconds`).
+    pub(crate) fn record(&self, event: StepEvent, (start, mask): (Instant, &'static str)) {
+        if let Some((recorder, pid)) = &self.trace {
+            let name = match event.phase {
+                crate::transport::Phase::Forward => "tile fwd",
+                crate::transport::Phase::Backward => "tile bwd",
+                _ => "tile decode",
+            };
+            let args = json!({"step": event.step, "peer_block": event.peer_block, "mask": mask,
+                "pairs": event.pairs, "flops": event.flops});
+            let seconds = event.compute_seconds;
+            recorder.complete(
+                (*pid, Track::Compute),
+                (name.into(), "compute"),
+                start,
+                seconds,
+                args,
+            );
+        }
         lock(&self.events).push(event);
+    }
+
+    /// Records a span of this rank's compute track that began at `start` (a merge, a finish),
+    /// when a trace records.
+    pub(crate) fn traced(&self, name: &str, start: Instant) {
+        if let Some((recorder, pid)) = &self.trace {
+            let seconds = start.elapsed().as_secs_f64();
+            let at = (*pid, Track::Compute);
+            recorder.complete(at, (name.into(), "compute"), start, seconds, json!({}));
+        }
     }
 
     /// This rank's step events, handing them over.

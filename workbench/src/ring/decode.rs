@@ -120,6 +120,7 @@ pub fn attend_cached<B: HostRead>(
             attend,
         },
     )?;
+    let merging = Instant::now();
     let mut merged = {
         let mut world = ctx.comm();
         let mut comm = world.in_group(ctx.group());
@@ -128,6 +129,8 @@ pub fn attend_cached<B: HostRead>(
             DecodeMerge::Ring => merge_round_the_ring(&mut comm, mine, ctx.config.forward)?,
         }
     };
+    // The ranks' partials exchanged (the ring track shows the messages) and merged.
+    ctx.traced("merge decode", merging);
     if let Some(sinks) = sinks {
         let sinks = host::read(sinks);
         let per_row: Vec<f32> = (0..active).flat_map(|_| sinks.iter().copied()).collect();
@@ -259,14 +262,17 @@ impl<B: HostRead> WithKernel<B> for LocalParts<'_, B> {
             };
             parts.set_rows(i * heads, &part);
         }
-        ctx.record(StepEvent {
-            phase: Phase::Decode,
-            step: layer,
-            peer_block: ctx.rank(),
-            pairs,
-            flops: FORWARD_PER_PAIR_DIM * pairs * head_dim as u64,
-            compute_seconds: start.elapsed().as_secs_f64(),
-        });
+        ctx.record(
+            StepEvent {
+                phase: Phase::Decode,
+                step: layer,
+                peer_block: ctx.rank(),
+                pairs,
+                flops: FORWARD_PER_PAIR_DIM * pairs * head_dim as u64,
+                compute_seconds: start.elapsed().as_secs_f64(),
+            },
+            (start, "cached"),
+        );
         Ok(parts)
     }
 }

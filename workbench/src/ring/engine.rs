@@ -426,21 +426,27 @@ impl<B: HostRead> WithKernel<B> for Forward<'_, B> {
                     };
                     kernel.forward_tile(&mut state, tile);
                 }
-                ctx.record(StepEvent {
-                    phase: Phase::Forward,
-                    step,
-                    peer_block: owner,
-                    pairs: visibility.pairs(t, pos_k.len()) * (b * h) as u64,
-                    flops: FORWARD_PER_PAIR_DIM
-                        * visibility.pairs(t, pos_k.len())
-                        * (b * h * d) as u64,
-                    compute_seconds: start.elapsed().as_secs_f64(),
-                });
+                ctx.record(
+                    StepEvent {
+                        phase: Phase::Forward,
+                        step,
+                        peer_block: owner,
+                        pairs: visibility.pairs(t, pos_k.len()) * (b * h) as u64,
+                        flops: FORWARD_PER_PAIR_DIM
+                            * visibility.pairs(t, pos_k.len())
+                            * (b * h * d) as u64,
+                        compute_seconds: start.elapsed().as_secs_f64(),
+                    },
+                    (start, visibility.name()),
+                );
                 Ok(None)
             },
         )?;
         let sinks = sinks.map(|s| Arc::new(kernel.operand(BlockKind::Sinks, s)));
+        let finishing = Instant::now();
         let (out, lse) = kernel.forward_finish(state, sinks.as_deref(), &device);
+        // The merged partials normalized: the forward's last merge.
+        ctx.traced("merge finish", finishing);
         // The output in the operands' type, as a bf16 kernel writes it; lse stays f32.
         let out = rounded(out, precision.dtype);
         let saved = Saved {
@@ -659,14 +665,17 @@ impl<B: HostRead> WithKernel<B> for Backward<'_, B> {
                     }
                     travelling_part
                 });
-                ctx.record(StepEvent {
-                    phase: Phase::Backward,
-                    step,
-                    peer_block: owner,
-                    pairs,
-                    flops: BACKWARD_PER_PAIR_DIM * pairs * d as u64,
-                    compute_seconds: start.elapsed().as_secs_f64(),
-                });
+                ctx.record(
+                    StepEvent {
+                        phase: Phase::Backward,
+                        step,
+                        peer_block: owner,
+                        pairs,
+                        flops: BACKWARD_PER_PAIR_DIM * pairs * d as u64,
+                        compute_seconds: start.elapsed().as_secs_f64(),
+                    },
+                    (start, visibility.name()),
+                );
                 Ok(contribution)
             },
         )?

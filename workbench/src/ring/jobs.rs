@@ -424,6 +424,14 @@ where
     }
     let plan = plan_job(job)?;
     let rank = comm.rank();
+    // While a trace records, the processes share one time axis: each marks its zero right after
+    // the same barrier.
+    let mut comm = comm;
+    let recorder = crate::trace::current();
+    if let Some(recorder) = &recorder {
+        comm.barrier()?;
+        recorder.align_here();
+    }
     let (mine, ctx) = attend_rank::<B>(comm, job, &plan, device)?;
     // Every output is gathered by a sum over rank-indexed slots (adding zeros is exact).
     let gather = |part: &[f32]| -> Result<Vec<Vec<f32>>, RingError> {
@@ -453,6 +461,18 @@ where
         host_device_bytes: mine.host_device_bytes,
     };
     let gathered = ctx.with_comm(|c| c.all_gather_words(&accounts.to_words()))?;
+    // Every process's events to rank 0's trace, which writes the file.
+    if let Some(recorder) = &recorder {
+        let words = crate::trace::to_words(&recorder.events());
+        let all = ctx.with_comm(|c| c.all_gather_words(&words))?;
+        if rank == 0 {
+            for (r, theirs) in all.iter().enumerate().filter(|(r, _)| *r != rank) {
+                let events =
+                    crate::trace::from_words(theirs).ok_or(RingError::Accounts { rank: r })?;
+                recorder.absorb(events);
+            }
+        }
+    }
     let outputs = (0..job.ranks)
         .map(|r| {
             let theirs = match r == rank {

@@ -332,7 +332,9 @@ fn decode_batch<B: LayerBackend>(
         // Every prompt of the batch is rotated for the batch's longest (dynamic NTK); only the rank
         // that holds the prompt's last token computes logits, of that token alone.
         let holder = positions.iter().position(|&p| p == len - 1);
+        let prefilling = crate::trace::span(|| format!("prefill {len} tokens"));
         let (local, kept) = model.prefill(tokens, positions, &ctx, longest, holder)?;
+        drop(prefilling);
         let row = cache.add_row(&layout, sequence)?;
         for (layer, [k, v]) in kept.into_iter().enumerate() {
             cache.insert_prefill(row, layer, k, v);
@@ -398,7 +400,9 @@ fn decode_batch<B: LayerBackend>(
         }
         // This step's forward: the batch's longest prompt with `step + 1` reply tokens.
         let batch_len = longest + step + 1;
+        let stepping = crate::trace::span(|| format!("decode step {step}"));
         let stepped = model.decode_step(&feed, &rows, &mut cache, batch_len, (&ctx, merge))?;
+        drop(stepping);
         let vocab = stepped.dims()[1];
         let values = host::read(stepped);
         for (i, &row) in rows.iter().enumerate() {

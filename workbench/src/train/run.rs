@@ -415,7 +415,9 @@ where
         }
         let grads = unflatten_gradient::<B, _>(&model, flat);
         let lr = learning_rate(options, step);
+        let stepping = crate::trace::span(|| "optimizer step".into());
         model = optim.step(lr, model, grads);
+        drop(stepping);
         losses.push(step_loss);
         if options.checksum_every > 0 && (step + 1) % options.checksum_every == 0 {
             let mine = checksum::<B, _>(&model);

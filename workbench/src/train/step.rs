@@ -53,9 +53,13 @@ where
     O: Objective<B>,
 {
     let rank = ctx.rank();
+    let forward = crate::trace::span(|| "forward".into());
     let loss = objective.local_loss(model, batch, ctx)?;
+    drop(forward);
     let local_loss = loss.clone().into_scalar().elem::<f32>();
+    let backward = crate::trace::span(|| "backward".into());
     let grads = loss.backward();
+    drop(backward);
     if let Some(error) = ctx.take_backward_error() {
         return Err(error.into());
     }

@@ -3,6 +3,10 @@
 use super::{Payload, Pending, Transport};
 use crate::block::Block;
 use crate::error::TransportError;
+use crate::trace::{Recorder, Track};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Instant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 /// Which part of the work a message belongs to.
@@ -154,6 +158,9 @@ pub struct Comm {
     /// Exchanges since the communicator was made (what an injected fault counts).
     exchanges: Exchanges,
     fail_at: Option<(Phase, usize, Strike)>,
+    /// Where the traffic's events go while a trace records (`crate::trace`), and each posted
+    /// receive's (tag, phase, step) until it is waited for.
+    trace: Option<(Arc<Recorder>, Vec<(u64, Phase, usize)>)>,
 }
 
 impl Comm {
@@ -165,6 +172,15 @@ impl Comm {
             traffic: Traffic::default(),
             exchanges: Exchanges::default(),
             fail_at: None,
+            trace: crate::trace::current().map(|r| (r, Vec::new())),
+        }
+    }
+
+    /// Records a ring-track event of this rank, when a trace records.
+    fn traced(&self, name: String, start: Instant, seconds: f64, args: serde_json::Value) {
+        if let Some((recorder, _)) = &self.trace {
+            let at = (self.rank(), Track::Ring);
+            recorder.complete(at, (name, "comm"), start, seconds, args);
         }
     }
 
@@ -230,6 +246,7 @@ impl Comm {
         self.exchanges.bump(phase);
         self.traffic.exchanges.bump(phase);
         let tag = self.tag();
+        let sent = self.traffic.sends.len();
         self.traffic
             .sends
             .extend(payload.iter().map(|block| SendRecord {
@@ -238,10 +255,24 @@ impl Comm {
                 kind: block.kind,
                 bytes: block.bytes(),
             }));
+        let start = Instant::now();
         let posted = self.transport.send_recv(to, from, tag, payload);
         let pending = self.failed(posted)?;
         let committed = self.transport.commit();
         self.failed(committed)?;
+        if self.trace.is_some() {
+            // One event a message, its bytes the records just made.
+            let records = &self.traffic.sends[sent..];
+            let bytes: u64 = records.iter().map(|r| r.bytes).sum();
+            let kinds: Vec<String> = records.iter().map(|r| format!("{:?}", r.kind)).collect();
+            let args = json!({"to": to, "phase": phase.name(), "step": step, "bytes": bytes,
+                "messages": records.len(), "blocks": kinds});
+            let seconds = start.elapsed().as_secs_f64();
+            self.traced(format!("send {}", phase.name()), start, seconds, args);
+            if let Some((_, posted)) = &mut self.trace {
+                posted.push((tag, phase, step));
+            }
+        }
         Ok(pending)
     }
 
@@ -262,9 +293,26 @@ impl Comm {
 
     /// Waits for a posted receive; the time blocked counts as waiting.
     pub fn wait(&mut self, pending: Pending) -> Result<Payload, TransportError> {
-        let start = std::time::Instant::now();
+        let (from, tag) = (pending.from, pending.tag);
+        let start = Instant::now();
         let received = self.transport.wait(pending);
-        self.traffic.wait_seconds += start.elapsed().as_secs_f64();
+        let waited = start.elapsed().as_secs_f64();
+        self.traffic.wait_seconds += waited;
+        if let (Some((_, posted)), Ok(payload)) = (&mut self.trace, &received) {
+            let (phase, step) = match posted.iter().position(|p| p.0 == tag) {
+                Some(i) => {
+                    let (_, phase, step) = posted.remove(i);
+                    (phase.name(), step)
+                }
+                None => ("?", 0),
+            };
+            let bytes: u64 = payload.iter().map(|b| b.bytes()).sum();
+            let args = json!({"from": from, "phase": phase, "step": step});
+            self.traced(format!("wait {phase}"), start, waited, args);
+            let arrived = start + std::time::Duration::from_secs_f64(waited);
+            let args = json!({"from": from, "phase": phase, "step": step, "bytes": bytes});
+            self.traced(format!("recv {phase}"), arrived, 0.0, args);
+        }
         self.failed(received)
     }
 
@@ -278,8 +326,19 @@ impl Comm {
             kind: crate::block::BlockKind::Reduce,
             bytes: (world.saturating_sub(1)) * (data.len() * 4) as u64,
         });
+        let start = Instant::now();
         let reduced = self.transport.all_reduce_sum(tag, data);
+        self.traced_collective("all-reduce", start);
         self.failed(reduced)
+    }
+
+    /// Records the collective that began at `start` and the bytes its record says it sent.
+    fn traced_collective(&self, name: &str, start: Instant) {
+        if self.trace.is_some() {
+            let bytes = self.traffic.sends.last().map_or(0, |r| r.bytes);
+            let seconds = start.elapsed().as_secs_f64();
+            self.traced(name.to_owned(), start, seconds, json!({"bytes": bytes}));
+        }
     }
 
     /// Elementwise sum over ranks of an f32 block (a training step's flat gradient), identical bits
@@ -294,14 +353,19 @@ impl Comm {
             kind: block.kind,
             bytes: world.saturating_sub(1) * block.bytes(),
         });
+        let start = Instant::now();
         let reduced = self.transport.all_reduce_block(tag, block);
+        self.traced_collective("all-reduce", start);
         self.failed(reduced)
     }
 
     /// Returns once every rank has called it.
     pub fn barrier(&mut self) -> Result<(), TransportError> {
         let tag = self.tag();
+        let start = Instant::now();
         let done = self.transport.barrier(tag);
+        let seconds = start.elapsed().as_secs_f64();
+        self.traced("barrier".into(), start, seconds, json!({}));
         self.failed(done)
     }
 }
