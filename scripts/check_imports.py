@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = {
     "workbench": [
         ["error", "primitive", "backends", "dtype"],
+        # Per-rank timelines: recorded by the transports, the ring and the model, knowing none.
+        ["trace"],
         # The fused device kernels' CubeCL source and the trait a backend offers them through.
         ["cube"],
         ["host"],
@@ -45,12 +47,13 @@ LAYERS = {
         # A process's MPI: one command's rank, or a launched sweep point's world.
         ["mpi_rank"],
         ["units", "markdown", "alloc", "hardware", "npy", "spec", "simulator", "memory_model",
-         "dir_lock", "backend", "pretrained"],
+         "dir_lock", "backend", "pretrained", "timeline"],
         # A process's rank over NCCL: its devices on the chosen backend.
         ["nccl_rank"],
         # Cost models on the simulator and the hardware profiles.
         ["results", "measure", "grid_model", "tile_model"],
-        ["plot"],
+        # Line charts; ring passes drawn as per-rank timelines.
+        ["plot", "timeline_chart"],
         # Commands whose specs, datasets and measurements the experiment kinds reuse.
         ["exorl", "line_retrieval", "bench", "perplexity"],
         ["kinds"],

@@ -32,4 +32,5 @@ pub mod simulator;
 pub mod spec;
 pub mod tile_model;
 pub mod timeline;
+pub mod timeline_chart;
 pub mod units;

@@ -120,8 +120,9 @@ fn assert_valid(trace: &Value) -> Vec<Value> {
             assert!(!e[field].is_null(), "{field} missing: {e}");
         }
     }
-    let mut tracks: std::collections::BTreeMap<(u64, u64), Vec<(f64, f64, String)>> =
-        Default::default();
+    // (pid, tid) -> (start, end, name) of its events.
+    type Spans = Vec<(f64, f64, String)>;
+    let mut tracks: std::collections::BTreeMap<(u64, u64), Spans> = Default::default();
     for e in &complete {
         let dur = e["dur"].as_f64().expect("dur");
         assert!(dur >= 0.0, "{e}");

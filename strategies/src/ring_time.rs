@@ -41,23 +41,41 @@ fn larger(a: f64, b: f64) -> f64 {
     }
 }
 
-/// Simulates `compute[r][s]` seconds of work on rank r at step s, with `link_seconds` per hop. A NaN
-/// compute time makes a NaN makespan, never a finite one that leaves it out.
-pub fn simulate(compute: &[Vec<f64>], link_seconds: f64) -> Simulation {
+/// When each rank starts each step of the pass `simulate` models: `starts[r][s]` seconds after the
+/// pass began (rank r starts step s + 1 once its step s is computed and the block that left rank
+/// r − 1 at its step s has crossed the link). The timeline the overlap figure draws.
+pub fn step_starts(compute: &[Vec<f64>], link_seconds: f64) -> Vec<Vec<f64>> {
     let n = compute.len();
     let steps = compute.first().map_or(0, Vec::len);
+    let mut starts = vec![Vec::with_capacity(steps); n];
     let mut start = vec![0.0f64; n];
-    let mut end = vec![0.0f64; n];
+    // `s` is a column of every rank's row, not an index into one slice.
+    #[allow(clippy::needless_range_loop)]
     for s in 0..steps {
-        for ((end, start), work) in end.iter_mut().zip(&start).zip(compute) {
-            *end = start + work[s];
+        for (mine, at) in starts.iter_mut().zip(&start) {
+            mine.push(*at);
         }
         if s + 1 < steps {
             start = (0..n)
-                .map(|r| larger(end[r], start[(r + n - 1) % n] + link_seconds))
+                .map(|r| {
+                    let end = start[r] + compute[r][s];
+                    larger(end, start[(r + n - 1) % n] + link_seconds)
+                })
                 .collect();
         }
     }
+    starts
+}
+
+/// Simulates `compute[r][s]` seconds of work on rank r at step s, with `link_seconds` per hop. A NaN
+/// compute time makes a NaN makespan, never a finite one that leaves it out.
+pub fn simulate(compute: &[Vec<f64>], link_seconds: f64) -> Simulation {
+    let starts = step_starts(compute, link_seconds);
+    let end: Vec<f64> = starts
+        .iter()
+        .zip(compute)
+        .map(|(at, work)| at.last().map_or(0.0, |last| last + work[at.len() - 1]))
+        .collect();
     let makespan = end.iter().copied().fold(0.0, larger);
     let totals: Vec<f64> = compute.iter().map(|c| c.iter().sum()).collect();
     let busiest = totals.iter().copied().fold(0.0, larger);
@@ -172,6 +190,27 @@ mod tests {
         let slow_link = simulate(&even, 2.0);
         assert_eq!(slow_link.makespan, 1.0 + 3.0 * 2.0);
         assert!((slow_link.overlap_efficiency - 4.0 / 7.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn each_step_starts_when_its_block_has_arrived_and_the_last_is_computed() {
+        let mut work = vec![vec![1.0; 3]; 3];
+        work[0][0] = 5.0;
+        // Rank 1's step 1 waits for the block rank 0 sent at 0 over a 2 s link (it arrives at 2),
+        // rank 0's for its own slow step 0 (done at 5); rank 1's step 2 for the block rank 0 sent
+        // when it started its step 1, at 5 (it arrives at 7).
+        let starts = step_starts(&work, 2.0);
+        assert_eq!(
+            starts,
+            vec![
+                vec![0.0, 5.0, 6.0],
+                vec![0.0, 2.0, 7.0],
+                vec![0.0, 2.0, 4.0]
+            ]
+        );
+        let sim = simulate(&work, 2.0);
+        assert_eq!(sim.makespan, 8.0);
+        assert_eq!(step_starts(&[], 1.0), Vec::<Vec<f64>>::new());
     }
 
     #[test]

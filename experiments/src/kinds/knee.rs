@@ -3,14 +3,19 @@
 //! per rank (F/B set there); exposed communication is measured against block size, and the knee is
 //! found from the measurements alone (the paper's Table 2 claim, tested).
 //!
+//! Beside the table, `timeline.svg` draws one traced pass per rank count at the smallest block size
+//! (below the knee: the ranks wait for blocks) and the largest (above it: the waits vanish), from
+//! the events in `timeline.csv`.
+//!
 //! A rank count is one sweep point: its rows share one link rate and one fitted knee, so they are
 //! computed (and recomputed, when the block sizes change) together.
 
 use super::experiment::{Card, Column, Experiment, Plan, Point, PointContext};
-use crate::measure::ring::{RingTiming, time_ring};
+use crate::measure::ring::{RingTiming, time_ring, trace_ring};
 use crate::plot::{Axis, Chart, Scale, Series, line_chart};
 use crate::results::{Record, Table};
 use crate::spec::SpecText;
+use crate::timeline_chart::{self, Lanes};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -137,9 +142,25 @@ impl Experiment for Knee {
             x: Axis::new("block size c (tokens per rank)", Scale::Discrete),
             y: Axis::new("exposed / ring time", Scale::Linear),
         };
-        line_chart(&dir.join("knee.svg"), &chart, Series::sorted(series))
+        line_chart(&dir.join("knee.svg"), &chart, Series::sorted(series))?;
+        let timelines = Lanes::from_table(&Table::read(&dir.join(TIMELINE))?)?;
+        if timelines.is_empty() {
+            return Ok(());
+        }
+        timeline_chart::draw(
+            &dir.join("timeline.svg"),
+            "Rate-limited thread ring: one pass below the knee and one above it",
+            &timelines,
+        )
+    }
+
+    fn side_files(&self) -> &'static [&'static str] {
+        &[TIMELINE, "timeline.svg"]
     }
 }
+
+/// The traced passes' bars, keyed by rank count.
+const TIMELINE: &str = "timeline.csv";
 
 impl Plan for KneePlan {
     fn points(&self) -> Vec<Point> {
@@ -167,6 +188,8 @@ impl Plan for KneePlan {
         loop {
             let sweep = self.measure(ranks, bar)?;
             if sweep.knee.is_some() || attempt == ATTEMPTS {
+                bar.set_message(format!("knee N={ranks}: tracing a pass below and above"));
+                self.save_timelines(ranks, &sweep, context.dir)?;
                 return self.rows(ranks, &sweep);
             }
             bar.println(format!(
@@ -234,6 +257,36 @@ impl KneePlan {
             limited,
             knee,
         })
+    }
+
+    /// Traces one limited-link pass at the sweep's smallest block size and one at its largest, and
+    /// keeps their bars in the side table under this rank count.
+    fn save_timelines(&self, ranks: usize, sweep: &KneeSweep, dir: &Path) -> Result<()> {
+        let link = Link {
+            bytes_per_s: sweep.bytes_per_s,
+            latency: Duration::ZERO,
+        };
+        let knee = sweep.knee.map(|k| k.tokens);
+        let ends = [self.blocks.first(), self.blocks.last()];
+        let mut rows = Vec::new();
+        for block in ends.into_iter().flatten() {
+            let events = trace_ring(ranks, *block, self.heads, self.head_dim, Some(link))?;
+            let side = match knee {
+                Some(k) if (*block as f64) < k => format!("below the knee ({k:.0} tokens)"),
+                Some(k) => format!("above the knee ({k:.0} tokens)"),
+                None => "no knee measured".to_owned(),
+            };
+            let mut lanes = Lanes::of_trace(String::new(), ranks, &events);
+            lanes.name = format!(
+                "N = {ranks}, c = {block}: {side}; {:.0}% of compute + wait is waiting",
+                100.0 * lanes.wait_share()
+            );
+            rows.extend(lanes.records(&Record::new([("ranks", ranks), ("block_size", *block)])));
+        }
+        let path = dir.join(TIMELINE);
+        let mut table = Table::read(&path)?;
+        table.replace(&Record::new([("ranks", ranks)]), rows);
+        table.write_csv(&path)
     }
 
     /// The rows of one rank count's sweep.

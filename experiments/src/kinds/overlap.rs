@@ -1,5 +1,7 @@
 //! Kind `overlap`: the minimal block size for overlap (c_min = F/B, the paper's Table 2) per hardware
 //! profile, and the exposed communication of a simulated balanced ring pass against block size.
+//! `timeline.svg` draws the simulated pass of the sweep's first profile at a block size below c_min
+//! and one above it (their bars in `timeline.csv`).
 
 use super::experiment::{Card, Column, Experiment, Plan, Point, PointContext};
 use super::shape::ModelShape;
@@ -8,10 +10,12 @@ use crate::plot::{Axis, Chart, Scale, Series, line_chart};
 use crate::results::{Record, Table};
 use crate::simulator::simulate;
 use crate::spec::SpecText;
+use crate::timeline_chart::{self, Lanes};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
+use strategies::ring_time::step_starts;
 use workbench::kernels::flops::FORWARD_PER_PAIR_DIM;
 
 /// The kind.
@@ -105,8 +109,39 @@ impl Experiment for Overlap {
             &dir.join("exposed_comm.svg"),
             &chart,
             Series::sorted(series),
+        )?;
+        let timelines = Lanes::from_table(&Table::read(&dir.join(TIMELINE))?)?;
+        if timelines.is_empty() {
+            return Ok(());
+        }
+        timeline_chart::draw(
+            &dir.join("timeline.svg"),
+            "Simulated 8-rank pass: a block size below c_min and one above it",
+            &timelines,
         )
     }
+
+    fn side_files(&self) -> &'static [&'static str] {
+        &[TIMELINE, "timeline.svg"]
+    }
+}
+
+/// The drawn passes' bars, keyed by profile and block size.
+const TIMELINE: &str = "timeline.csv";
+
+/// The block sizes drawn for `profile` among `blocks`: the largest at most half its c_min (else the
+/// smallest) and the smallest at least twice it (else the largest).
+fn drawn_blocks(profile: &Profile, blocks: &[usize]) -> [Option<usize>; 2] {
+    let c_min = profile.c_min();
+    let below = (blocks.iter().copied())
+        .filter(|&c| (c as f64) <= c_min / 2.0)
+        .max()
+        .or_else(|| blocks.iter().copied().min());
+    let above = (blocks.iter().copied())
+        .filter(|&c| (c as f64) >= 2.0 * c_min)
+        .min()
+        .or_else(|| blocks.iter().copied().max());
+    [below, above]
 }
 
 impl Plan for OverlapPlan {
@@ -122,14 +157,44 @@ impl Plan for OverlapPlan {
             .collect()
     }
 
-    fn compute(&mut self, index: usize, _: &PointContext) -> Result<Vec<Record>> {
+    fn compute(&mut self, index: usize, context: &PointContext) -> Result<Vec<Record>> {
         let (p, block) = self.points[index];
         let m = &self.model;
         // Balanced full tiles (non-causal) on 8 ranks isolate the overlap question.
         let ranks = 8;
         let tile =
             (FORWARD_PER_PAIR_DIM * (block * block * m.head_dim * m.heads) as u64) as f64 / p.flops;
-        let sim = simulate(&vec![vec![tile; ranks]; ranks], m.link_seconds(block, p));
+        let work = vec![vec![tile; ranks]; ranks];
+        let link = m.link_seconds(block, p);
+        let sim = simulate(&work, link);
+        let first = self.points[0].0;
+        let blocks: Vec<usize> = (self.points.iter())
+            .filter(|(q, _)| std::ptr::eq(*q, first))
+            .map(|(_, c)| *c)
+            .collect();
+        if std::ptr::eq(p, first) && drawn_blocks(p, &blocks).contains(&Some(block)) {
+            let side = if (block as f64) < p.c_min() {
+                "below"
+            } else {
+                "above"
+            };
+            let mut lanes =
+                Lanes::of_schedule(String::new(), &work, &step_starts(&work, link), link);
+            lanes.name = format!(
+                "{}, c = {block}: {side} c_min = {:.0}; {:.0}% of compute + wait is waiting",
+                p.name,
+                p.c_min(),
+                100.0 * lanes.wait_share()
+            );
+            let key = Record::new([
+                ("profile", p.name.to_string()),
+                ("block_size", block.to_string()),
+            ]);
+            let path = context.dir.join(TIMELINE);
+            let mut table = Table::read(&path)?;
+            table.replace(&key, lanes.records(&key));
+            table.write_csv(&path)?;
+        }
         Ok(vec![Record::of(&Row {
             profile: p.name,
             block_size: block,

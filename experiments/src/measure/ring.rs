@@ -7,6 +7,7 @@ use anyhow::Result;
 use burn::backend::{Autodiff, Flex};
 use std::time::Duration;
 use workbench::ring::jobs::{AttentionJob, HostTensor, run_attention};
+use workbench::trace::{self, Event, Recorder};
 use workbench::transport::Link;
 use workbench::{Kernel, RingConfig};
 
@@ -90,6 +91,37 @@ pub fn time_ring(
         },
         |t| ranks as f64 * t.compute_per_step + t.wait_per_pass,
     )
+}
+
+/// The events of one pass `time_ring` times (after an untraced warm-up pass), recorded into a
+/// recorder of its own: the knee figure's timelines. Another ring that runs in this process at the
+/// same time records into it too (the recorder is the process's); the caller keeps its ranks.
+pub fn trace_ring(
+    ranks: usize,
+    block: usize,
+    heads: usize,
+    head_dim: usize,
+    link: Option<Link>,
+) -> Result<Vec<Event>> {
+    let qkv = random_qkv(ranks, block, heads, head_dim);
+    let config = RingConfig {
+        causal: false,
+        kernel: Kernel::Fused,
+        ..Default::default()
+    };
+    let job = forward_job(&qkv, ranks, &strategies::Contiguous, config, link);
+    run_attention::<Train>(&job, &Default::default())?;
+    // A trace the command records (`[measure] trace`) resumes afterwards, without this pass.
+    let outer = trace::uninstall();
+    let recorder = Recorder::new();
+    trace::install(recorder.clone());
+    let traced = run_attention::<Train>(&job, &Default::default());
+    trace::uninstall();
+    if let Some(outer) = outer {
+        trace::install(outer);
+    }
+    traced?;
+    Ok(recorder.events())
 }
 
 /// Tile compute seconds `[rank][step]` of a causal forward ring pass, measured in lockstep (one rank

@@ -347,6 +347,11 @@ pub fn fault_here(variable: &str, index: usize) -> Option<usize> {
         .flatten()
 }
 
+/// The timeline file beside a launched point's rows file.
+pub fn point_trace(rows: &Path) -> PathBuf {
+    rows.with_extension("trace.json")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,9 +388,4 @@ mod tests {
             assert_eq!(failure_reason(log, failed, launcher), reason, "{log}");
         }
     }
-}
-
-/// The timeline file beside a launched point's rows file.
-pub fn point_trace(rows: &Path) -> PathBuf {
-    rows.with_extension("trace.json")
 }

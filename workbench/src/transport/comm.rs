@@ -160,8 +160,11 @@ pub struct Comm {
     fail_at: Option<(Phase, usize, Strike)>,
     /// Where the traffic's events go while a trace records (`crate::trace`), and each posted
     /// receive's (tag, phase, step) until it is waited for.
-    trace: Option<(Arc<Recorder>, Vec<(u64, Phase, usize)>)>,
+    trace: Option<(Arc<Recorder>, Posted)>,
 }
+
+/// Posted receives' (tag, phase, step), in posting order.
+type Posted = Vec<(u64, Phase, usize)>;
 
 impl Comm {
     /// A communicator over `transport`, with tags from 1 and no traffic yet.
