@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Each crate's top-level modules in layers, lowest first: a module imports only from earlier layers.
 LAYERS = {
     "workbench": [
-        ["error", "primitive", "backends", "dtype"],
+        ["error", "primitive", "backends", "dtype", "simd"],
         # Per-rank timelines: recorded by the transports, the ring and the model, knowing none.
         ["trace"],
         # The fused device kernels' CubeCL source and the trait a backend offers them through.

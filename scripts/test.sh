@@ -81,6 +81,24 @@ mkdir -p target && : >"$RINGBENCH_SKIPPED"
 cargo test --locked --workspace --no-fail-fast --features "$test_features" \
   -- --skip wgpu_wide_heads_forward_and_backward 2>&1 | tee target/test.log || status=$?
 
+step "the exactness tests and the kernels' unit tests again with each SIMD path forced (RINGBENCH_SIMD=avx512, avx2,
+portable: a path this CPU lacks is refused by name, and counted as skipped)"
+for level in avx512 avx2 portable; do
+  if refused=$(RINGBENCH_SIMD=$level target/debug/ringbench run --kinds 2>&1 >/dev/null); then
+    # The same packages and features as the run above, so nothing is built again. The sub-tile
+    # crossing test (~1 minute, S up to 1,024 at opt-level 0) runs once, above: the tables run the
+    # same row loops.
+    RINGBENCH_SIMD=$level cargo test --locked --workspace --no-fail-fast --features "$test_features" \
+      --test exactness --test precision -- --skip fused_kernel_across_sub_tiles 2>&1 \
+      | tee -a target/test.log || status=1
+    RINGBENCH_SIMD=$level cargo test --locked --workspace --no-fail-fast --features "$test_features" \
+      --lib -- kernels:: model::elementwise simd:: 2>&1 | tee -a target/test.log || status=1
+  else
+    echo "$refused"
+    echo "exactness with RINGBENCH_SIMD=$level: $refused" >>"$RINGBENCH_SKIPPED"
+  fi
+done
+
 step "sweeps on a real one-node SLURM cluster: the srun launcher, and sbatch --array=1-3 merged (scripts/cluster-check.sh)"
 bash scripts/cluster-check.sh target/debug/ringbench 2>&1 | tee target/cluster-check.log || status=1
 

@@ -48,6 +48,11 @@ enum Command {
 fn main() {
     alloc::keep_freed_memory();
     let cli = Cli::parse();
+    // A forced SIMD level the CPU lacks (or misspelt) stops every command before it computes.
+    if let Err(error) = workbench::simd::check() {
+        eprintln!("error: {error}");
+        std::process::exit(1);
+    }
     let result = match &cli.command {
         Command::Attn(args) => attn::run_command(args),
         Command::Bench(command) => bench::run(command),

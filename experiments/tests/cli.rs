@@ -1338,3 +1338,58 @@ fn bench_says_which_matmul_the_generic_kernel_ran() {
         );
     }
 }
+
+/// Every SIMD path this CPU has (`RINGBENCH_SIMD` forced, a process each) gives the same bits, the
+/// backward's included; a path the CPU lacks and a misspelt one are refused in one line naming them.
+#[test]
+fn every_simd_path_gives_the_same_bits_and_a_missing_one_is_refused() {
+    use workbench::simd::Level;
+    let run = |level: &str, out: &Path| {
+        let o = out.to_string_lossy();
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringbench"))
+            .env("RINGBENCH_SIMD", level)
+            .args(attn_on_fixture(
+                true,
+                &["--ranks", "2", "--causal", "--out", &o],
+            ))
+            .output()
+            .expect("running ringbench")
+    };
+    let mut outputs: Vec<(Level, Vec<Vec<u8>>)> = Vec::new();
+    for level in Level::ALL {
+        let out = temp_dir(&format!("simd-{level}"));
+        let result = run(level.name(), &out);
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        if level.available() {
+            assert!(result.status.success(), "{level}: {stderr}");
+            let files = ["out", "lse", "dq", "dk", "dv"]
+                .map(|n| std::fs::read(out.join(format!("{n}.npy"))).unwrap());
+            outputs.push((level, files.to_vec()));
+        } else {
+            assert!(!result.status.success(), "{level} ran on a CPU without it");
+            assert!(
+                stderr.contains(&format!("RINGBENCH_SIMD={level} needs"))
+                    && stderr.lines().count() == 1,
+                "{stderr}"
+            );
+        }
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+    assert!(outputs.iter().any(|(l, _)| *l == Level::Portable));
+    for pair in outputs.windows(2) {
+        assert!(
+            pair[0].1 == pair[1].1,
+            "{} and {} differ",
+            pair[0].0,
+            pair[1].0
+        );
+    }
+    let out = temp_dir("simd-unknown");
+    let result = run("avx1024", &out);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(
+        !result.status.success() && stderr.contains("\"avx1024\""),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&out).unwrap();
+}

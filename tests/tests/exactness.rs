@@ -535,3 +535,22 @@ fn fused_kernel_across_sub_tiles() {
         }
     }
 }
+
+/// The tables above ran at the SIMD level `RINGBENCH_SIMD` forces (scripts/test.sh runs this file
+/// once per level the CPU has), or at the best one detected when it is unset.
+#[test]
+fn the_tables_run_at_the_forced_simd_level() {
+    use workbench::simd::{self, ENV, Level};
+    let running = simd::level();
+    match std::env::var(ENV) {
+        Ok(value) if !value.trim().is_empty() => {
+            assert_eq!(simd::parse(&value), Ok(running), "{ENV}={value}");
+            assert_eq!(simd::check(), Ok(running));
+        }
+        _ => assert_eq!(running, Level::detected()),
+    }
+    // The bf16 dot product's AVX512-BF16 tile runs only at the AVX-512 level.
+    if running != Level::Avx512 {
+        assert!(!workbench::kernels::bf16_matmul::has_bf16_dot());
+    }
+}

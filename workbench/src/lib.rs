@@ -31,6 +31,7 @@ pub mod kernels;
 pub mod model;
 mod primitive;
 pub mod ring;
+pub mod simd;
 pub mod trace;
 pub mod train;
 pub mod transport;

@@ -140,6 +140,10 @@ pub struct AttnBenchRow {
     /// Every byte fwd+bwd moved between host and device, all ranks: inputs placed, outputs and
     /// gradients read, and the ring steps' (on flex, copies between host arrays and tensors).
     pub host_device_bytes_per_call: u64,
+    /// The CPU's model name.
+    pub cpu: String,
+    /// The SIMD path that ran (`workbench::simd::describe`: ours, and the `gemm` crate's).
+    pub simd: String,
 }
 
 struct Measured {
@@ -313,6 +317,8 @@ fn bench_attn<I: RingBackend>(args: &BenchAttnArgs, devices: &[I::Device]) -> Re
             host_device_bytes_per_step,
             kernel_impl,
             host_device_bytes_per_call,
+            cpu: crate::measure::machine::cpu_model(),
+            simd: workbench::simd::describe(),
         };
         if bar.is_hidden() {
             println!("{}", format_row(&row));
@@ -367,7 +373,9 @@ fn about(rows: &[AttnBenchRow], args: &BenchAttnArgs) -> String {
          beside every row (first row: {:.1} GFLOP/s) and `fwd_bwd_over_matmul` is against that row's value. FLOPs: \
          4·d (forward) + 10·d (backward) per visible (q, k) pair and head. `host_device_bytes_per_step`: the most \
          any rank's ring step copied between host and device; `host_device_bytes_per_call`: every byte fwd+bwd copied \
-         between host and device, inputs and outputs included; `kernel_impl`: what computed the tiles.",
+         between host and device, inputs and outputs included; `kernel_impl`: what computed the tiles; `simd`: the \
+         SIMD path our loops ran at (`RINGBENCH_SIMD`, else the best this CPU has) and the one the `gemm` crate's \
+         products chose.",
         args.batch,
         args.heads,
         args.head_dim,

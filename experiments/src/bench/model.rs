@@ -146,6 +146,12 @@ pub struct ModelBenchRow {
     pub cpu: String,
     /// Its vector and matrix features, detected at run time.
     pub cpu_features: String,
+    /// The SIMD path that ran: ours (`RINGBENCH_SIMD` or the best detected) and the `gemm`
+    /// crate's microkernels (`workbench::simd::describe`).
+    pub simd: String,
+    /// Seconds to load the model once before the rows (read its files or draw its weights, and
+    /// build it): not part of any row's `seconds`.
+    pub load_seconds: f64,
     /// Decode: the bytes of f32 weights one batch-1 step reads (every layer's, the final norm's and
     /// the output head's; one embedding row, not counted).
     pub weight_bytes_per_token: Option<usize>,
@@ -245,7 +251,11 @@ pub fn measure(args: &BenchModelArgs) -> Result<(Vec<ModelBenchRow>, String)> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed_precise} {msg}")
             .context("progress template")?,
     );
+    let loading = std::time::Instant::now();
     let inference = subject.load::<Flex>()?;
+    let load_seconds = loading.elapsed().as_secs_f64();
+    let simd = workbench::simd::describe();
+    println!("loaded in {load_seconds:.3} s; SIMD {simd}");
     // With bf16 weights: how far the first prefill's last-token logits move from the f32 model's.
     let (inference, bf16_moved) = match args.weights {
         WeightType::F32 => (inference, None),
@@ -313,6 +323,8 @@ pub fn measure(args: &BenchModelArgs) -> Result<(Vec<ModelBenchRow>, String)> {
                 threads,
                 cpu: cpu.clone(),
                 cpu_features: features.clone(),
+                simd: simd.clone(),
+                load_seconds,
                 weight_bytes_per_token: None,
                 read_gb_per_s: None,
                 bandwidth_bound_tokens_per_s: None,
@@ -351,7 +363,7 @@ pub fn measure(args: &BenchModelArgs) -> Result<(Vec<ModelBenchRow>, String)> {
          is the fastest of {} repetitions after one warm-up. prefill: one prompt, its logits after the \
          last token; decode: tokens generated over the KV cache after a prompt of `seq` tokens (the \
          steps after the prefill); train: one step of `batch` sequences of `seq` tokens (forward, \
-         backward, all-reduce, AdamW; `train-lora`: LoRA adapters on every linear map, the base frozen). `cores_busy`: (user + system) CPU time over wall time. Decode \
+         backward, all-reduce, AdamW; `train-lora`: LoRA adapters on every linear map, the base frozen). `cores_busy`: (user + system) CPU time over wall time; `load_seconds`: loading the model once before the rows (not in any row's seconds); `simd`: the kernels' SIMD path. Decode \
          rows also say how close they come to the memory's read rate: `read_gb_per_s` is measured \
          here (the best of three parallel sums over {} MiB), `bandwidth_bound_tokens_per_s` is that \
          rate over `weight_bytes_per_token`.{}",

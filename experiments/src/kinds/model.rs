@@ -129,6 +129,8 @@ const CARD: Card = Card {
         Column::shown("threads"),
         Column::shown("cpu"),
         Column::shown("cpu_features"),
+        Column::shown("simd"),
+        Column::measured("load_seconds"),
     ],
 };
 

@@ -8,7 +8,6 @@
 //! `B[2p + 1][j]` (high half); an odd k's last pair holds a zero.
 
 use crate::dtype::Dtype;
-use multiversion::multiversion;
 use rayon::prelude::*;
 
 /// The largest error of a product of inner dimension `k` computed here, as a fraction of
@@ -153,30 +152,32 @@ fn bf16_bits(x: f32) -> u32 {
     }
 }
 
-/// `words[p] = (row[2p], row[2p + 1])` as bf16 (an odd length's last pair holds a zero).
-#[multiversion(targets("x86_64+avx512f+avx512vl+avx512bw", "x86_64+avx2+fma", "aarch64+neon"))]
-fn pack_adjacent(row: &[f32], words: &mut [u32]) {
-    let mut pairs = row.chunks_exact(2);
-    for (w, pair) in words.iter_mut().zip(&mut pairs) {
-        *w = bf16_bits(pair[0]) | (bf16_bits(pair[1]) << 16);
-    }
-    if let [last] = pairs.remainder() {
-        words[row.len() / 2] = bf16_bits(*last);
+crate::simd_fn! {
+    /// `words[p] = (row[2p], row[2p + 1])` as bf16 (an odd length's last pair holds a zero).
+    fn pack_adjacent(row: &[f32], words: &mut [u32]) {
+        let mut pairs = row.chunks_exact(2);
+        for (w, pair) in words.iter_mut().zip(&mut pairs) {
+            *w = bf16_bits(pair[0]) | (bf16_bits(pair[1]) << 16);
+        }
+        if let [last] = pairs.remainder() {
+            words[row.len() / 2] = bf16_bits(*last);
+        }
     }
 }
 
-/// `words[j] = (even[j], odd[j])` as bf16; without `odd`, its halves hold zeros.
-#[multiversion(targets("x86_64+avx512f+avx512vl+avx512bw", "x86_64+avx2+fma", "aarch64+neon"))]
-fn pack_interleaved(even: &[f32], odd: Option<&[f32]>, words: &mut [u32]) {
-    match odd {
-        Some(odd) => {
-            for ((w, &lo), &hi) in words.iter_mut().zip(even).zip(odd) {
-                *w = bf16_bits(lo) | (bf16_bits(hi) << 16);
+crate::simd_fn! {
+    /// `words[j] = (even[j], odd[j])` as bf16; without `odd`, its halves hold zeros.
+    fn pack_interleaved(even: &[f32], odd: Option<&[f32]>, words: &mut [u32]) {
+        match odd {
+            Some(odd) => {
+                for ((w, &lo), &hi) in words.iter_mut().zip(even).zip(odd) {
+                    *w = bf16_bits(lo) | (bf16_bits(hi) << 16);
+                }
             }
-        }
-        None => {
-            for (w, &lo) in words.iter_mut().zip(even) {
-                *w = bf16_bits(lo);
+            None => {
+                for (w, &lo) in words.iter_mut().zip(even) {
+                    *w = bf16_bits(lo);
+                }
             }
         }
     }
@@ -392,11 +393,14 @@ unsafe impl Send for SendPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SendPtr {}
 
-/// Whether this CPU has `vdpbf16ps` (AVX512-BF16), detected once.
+/// Whether the kernels use `vdpbf16ps` (AVX512-BF16): the CPU has it and the SIMD level is
+/// AVX-512 (`RINGBENCH_SIMD=avx2` or `portable` takes the portable tile, with the same bits).
 pub fn has_bf16_dot() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::is_x86_feature_detected!("avx512bf16") && std::is_x86_feature_detected!("avx512f")
+        crate::simd::level() == crate::simd::Level::Avx512
+            && std::is_x86_feature_detected!("avx512bf16")
+            && std::is_x86_feature_detected!("avx512f")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false

@@ -20,7 +20,6 @@ use crate::dtype::{Dtype, Precision};
 use crate::error::RingError;
 use crate::host::HostRead;
 use burn::tensor::{Tensor, TensorData};
-use multiversion::multiversion;
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -135,60 +134,65 @@ fn matmul(
 /// Independent accumulators per lane, so that reductions vectorize without reassociating a chain.
 const LANES: usize = 16;
 
-/// `row[j] = exp(row[j] − shift)`, returning the row's sum.
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
-    for x in row.iter_mut() {
-        *x = fast_exp(*x - shift);
+crate::simd_fn! {
+    /// `row[j] = exp(row[j] − shift)`, returning the row's sum.
+    fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
+        for x in row.iter_mut() {
+            *x = fast_exp(*x - shift);
+        }
+        let mut lanes = [0.0f32; LANES];
+        let mut chunks = row.chunks_exact(LANES);
+        for chunk in &mut chunks {
+            for (acc, x) in lanes.iter_mut().zip(chunk) {
+                *acc += x;
+            }
+        }
+        lanes.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
     }
-    let mut lanes = [0.0f32; LANES];
-    let mut chunks = row.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (acc, x) in lanes.iter_mut().zip(chunk) {
-            *acc += x;
+}
+
+crate::simd_fn! {
+    /// Largest element (−∞ for an empty or fully masked row).
+    fn row_max(row: &[f32]) -> f32 {
+        let mut lanes = [f32::NEG_INFINITY; LANES];
+        let mut chunks = row.chunks_exact(LANES);
+        for chunk in &mut chunks {
+            for (acc, &x) in lanes.iter_mut().zip(chunk) {
+                *acc = if x > *acc { x } else { *acc };
+            }
+        }
+        chunks
+            .remainder()
+            .iter()
+            .chain(&lanes)
+            .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+    }
+}
+
+crate::simd_fn! {
+    /// `row[j] = exp(row[j] − shift)`.
+    fn exp_shift(row: &mut [f32], shift: f32) {
+        for x in row.iter_mut() {
+            *x = fast_exp(*x - shift);
         }
     }
-    lanes.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
 }
 
-/// Largest element (−∞ for an empty or fully masked row).
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn row_max(row: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut chunks = row.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (acc, &x) in lanes.iter_mut().zip(chunk) {
-            *acc = if x > *acc { x } else { *acc };
+crate::simd_fn! {
+    /// `row[j] *= factor`.
+    fn scale_row(row: &mut [f32], factor: f32) {
+        for x in row.iter_mut() {
+            *x *= factor;
         }
     }
-    chunks
-        .remainder()
-        .iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
 }
 
-/// `row[j] = exp(row[j] − shift)`.
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn exp_shift(row: &mut [f32], shift: f32) {
-    for x in row.iter_mut() {
-        *x = fast_exp(*x - shift);
-    }
-}
-
-/// `row[j] *= factor`.
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn scale_row(row: &mut [f32], factor: f32) {
-    for x in row.iter_mut() {
-        *x *= factor;
-    }
-}
-
-/// `ds[j] = p[j] · (dp[j] − delta)`, in place in `dp`.
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn softmax_grad(dp: &mut [f32], p: &[f32], delta: f32) {
-    for (d, &p) in dp.iter_mut().zip(p) {
-        *d = p * (*d - delta);
+crate::simd_fn! {
+    /// `ds[j] = p[j] · (dp[j] − delta)`, in place in `dp`.
+    fn softmax_grad(dp: &mut [f32], p: &[f32], delta: f32) {
+        for (d, &p) in dp.iter_mut().zip(p) {
+            *d = p * (*d - delta);
+        }
     }
 }
 

@@ -6,98 +6,105 @@ use super::ElementwiseBackend;
 use crate::host::{CPU_TASK_ELEMENTS, cpu_tensor, cpu_values};
 use crate::kernels::exp::fast_exp;
 use burn::backend::flex::FlexTensor;
-use multiversion::multiversion;
 use rayon::prelude::*;
 
 /// Independent accumulators of a row's sums, so that the loop vectorizes without reassociating one
 /// chain.
 const LANES: usize = 16;
 
-/// `Σ x²` of a row.
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn sum_of_squares(x: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; LANES];
-    let mut chunks = x.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (acc, x) in lanes.iter_mut().zip(chunk) {
-            *acc += x * x;
+crate::simd_fn! {
+    /// `Σ x²` of a row.
+    fn sum_of_squares(x: &[f32]) -> f32 {
+        let mut lanes = [0.0f32; LANES];
+        let mut chunks = x.chunks_exact(LANES);
+        for chunk in &mut chunks {
+            for (acc, x) in lanes.iter_mut().zip(chunk) {
+                *acc += x * x;
+            }
+        }
+        lanes.iter().sum::<f32>() + chunks.remainder().iter().map(|x| x * x).sum::<f32>()
+    }
+}
+
+crate::simd_fn! {
+    /// `Σ a ∘ b` of two rows.
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let mut lanes = [0.0f32; LANES];
+        let (mut ca, mut cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+        for (x, y) in (&mut ca).zip(&mut cb) {
+            for ((acc, x), y) in lanes.iter_mut().zip(x).zip(y) {
+                *acc += x * y;
+            }
+        }
+        let tail: f32 = ca
+            .remainder()
+            .iter()
+            .zip(cb.remainder())
+            .map(|(x, y)| x * y)
+            .sum();
+        lanes.iter().sum::<f32>() + tail
+    }
+}
+
+crate::simd_fn! {
+    /// One row of RMSNorm: `y = x·r ∘ γ`, returning r.
+    fn norm_row(x: &[f32], gamma: &[f32], eps: f32, y: &mut [f32]) -> f32 {
+        let r = 1.0 / (sum_of_squares(x) / x.len() as f32 + eps).sqrt();
+        for ((y, &x), &g) in y.iter_mut().zip(x).zip(gamma) {
+            *y = x * r * g;
+        }
+        r
+    }
+}
+
+crate::simd_fn! {
+    /// One row of RMSNorm's backward: `dx = r·g − r³·x·mean(g ∘ x)` with `g = dy ∘ γ`; `dγ += dy ∘ x·r`.
+    fn norm_backward_row(
+        inputs: (&[f32], &[f32], &[f32]),
+        r: f32,
+        dx: &mut [f32],
+        d_gamma: &mut [f32],
+    ) {
+        let (x, dy, gamma) = inputs;
+        for ((dx, &dy), &g) in dx.iter_mut().zip(dy).zip(gamma) {
+            *dx = dy * g;
+        }
+        let mean_gx = dot(dx, x) / x.len() as f32;
+        let r3 = r * r * r;
+        for (dx, &x) in dx.iter_mut().zip(x) {
+            *dx = *dx * r - x * r3 * mean_gx;
+        }
+        for ((acc, &dy), &x) in d_gamma.iter_mut().zip(dy).zip(x) {
+            *acc += dy * x * r;
         }
     }
-    lanes.iter().sum::<f32>() + chunks.remainder().iter().map(|x| x * x).sum::<f32>()
 }
 
-/// `Σ a ∘ b` of two rows.
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; LANES];
-    let (mut ca, mut cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for ((acc, x), y) in lanes.iter_mut().zip(x).zip(y) {
-            *acc += x * y;
+crate::simd_fn! {
+    /// `m = silu(a) ∘ g` elementwise.
+    fn swiglu_span(a: &[f32], g: &[f32], m: &mut [f32]) {
+        for ((m, &a), &g) in m.iter_mut().zip(a).zip(g) {
+            *m = a / (1.0 + fast_exp(-a)) * g;
         }
     }
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    lanes.iter().sum::<f32>() + tail
 }
 
-/// One row of RMSNorm: `y = x·r ∘ γ`, returning r.
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn norm_row(x: &[f32], gamma: &[f32], eps: f32, y: &mut [f32]) -> f32 {
-    let r = 1.0 / (sum_of_squares(x) / x.len() as f32 + eps).sqrt();
-    for ((y, &x), &g) in y.iter_mut().zip(x).zip(gamma) {
-        *y = x * r * g;
-    }
-    r
-}
-
-/// One row of RMSNorm's backward: `dx = r·g − r³·x·mean(g ∘ x)` with `g = dy ∘ γ`; `dγ += dy ∘ x·r`.
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn norm_backward_row(
-    (x, dy, gamma): (&[f32], &[f32], &[f32]),
-    r: f32,
-    dx: &mut [f32],
-    d_gamma: &mut [f32],
-) {
-    for ((dx, &dy), &g) in dx.iter_mut().zip(dy).zip(gamma) {
-        *dx = dy * g;
-    }
-    let mean_gx = dot(dx, x) / x.len() as f32;
-    let r3 = r * r * r;
-    for (dx, &x) in dx.iter_mut().zip(x) {
-        *dx = *dx * r - x * r3 * mean_gx;
-    }
-    for ((acc, &dy), &x) in d_gamma.iter_mut().zip(dy).zip(x) {
-        *acc += dy * x * r;
-    }
-}
-
-/// `m = silu(a) ∘ g` elementwise.
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn swiglu_span(a: &[f32], g: &[f32], m: &mut [f32]) {
-    for ((m, &a), &g) in m.iter_mut().zip(a).zip(g) {
-        *m = a / (1.0 + fast_exp(-a)) * g;
-    }
-}
-
-/// The gate's backward elementwise: `da`, `dg` and `m` of `dm` at `a`, `g`.
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn swiglu_backward_span(
-    (a, g, dm): (&[f32], &[f32], &[f32]),
-    da: &mut [f32],
-    dg: &mut [f32],
-    m: &mut [f32],
-) {
-    for i in 0..a.len() {
-        let sig = 1.0 / (1.0 + fast_exp(-a[i]));
-        let act = a[i] * sig;
-        m[i] = act * g[i];
-        da[i] = dm[i] * g[i] * (sig * (a[i] * (1.0 - sig) + 1.0));
-        dg[i] = dm[i] * act;
+crate::simd_fn! {
+    /// The gate's backward elementwise: `da`, `dg` and `m` of `dm` at `a`, `g`.
+    fn swiglu_backward_span(
+        inputs: (&[f32], &[f32], &[f32]),
+        da: &mut [f32],
+        dg: &mut [f32],
+        m: &mut [f32],
+    ) {
+        let (a, g, dm) = inputs;
+        for i in 0..a.len() {
+            let sig = 1.0 / (1.0 + fast_exp(-a[i]));
+            let act = a[i] * sig;
+            m[i] = act * g[i];
+            da[i] = dm[i] * g[i] * (sig * (a[i] * (1.0 - sig) + 1.0));
+            dg[i] = dm[i] * act;
+        }
     }
 }
 
