@@ -27,6 +27,11 @@ ringbench and PyTorch (the best of all rounds is kept per side):
   over every next token, backward, AdamW (lr 1e-4, weight decay 0.1);
 - train-lora (--train-lora R): the same step with LoRA adapters of rank R (alpha 2R) on every linear
   map and the base frozen (PyTorch: peft's `get_peft_model` on the same model).
+- load (--with-load, a model directory): reading the directory into a model, ringbench's `load_seconds`
+  (bench model) against transformers' `from_pretrained`;
+- prefill+load (--with-load): the whole of a user's first answer, load counted on both sides: ringbench's
+  whole command `hf generate --model DIR --tokens IDS --max-new 1` (process start to exit) against
+  `from_pretrained` + the prefill + the argmax in a fresh Python process (its imports not counted).
 ringbench's rows are its own (`bench model --out`); tokens/s = tokens / seconds on both sides.
 Writes model_speed.csv and model_speed.md into --out (the command, the CPU, both versions).
 """
@@ -67,6 +72,8 @@ def parse_args():
     p.add_argument("--train-lora", type=int, default=0,
                    help="also a LoRA fine-tuning row: adapters of this rank (alpha 2r) on every linear map, "
                         "the base frozen (PyTorch: peft's LoraConfig on the same model; 0: none)")
+    p.add_argument("--with-load", action="store_true",
+                   help="also the load and prefill+load rows (a model directory: --preset smollm2 or --model)")
     p.add_argument("--ranks", default="1", help="ringbench's rank counts, comma-separated")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--repeats", type=int, default=2)
@@ -205,6 +212,51 @@ def lora_seconds(args, model, inputs, targets):
     return best(step, args.repeats)
 
 
+PT_WHOLE = """
+import sys, time
+import numpy as np
+import torch
+from transformers import LlamaForCausalLM
+torch.set_num_threads(int(sys.argv[3]))
+ids = torch.from_numpy(np.load(sys.argv[2]))
+t0 = time.perf_counter()
+model = LlamaForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32, attn_implementation="sdpa").eval()
+t1 = time.perf_counter()
+with torch.no_grad():
+    model(ids, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1)
+t2 = time.perf_counter()
+print(t1 - t0, t2 - t0)
+"""
+
+
+def whole_rows(args, directory, vocab, tmp):
+    """(ringbench, pytorch) seconds of load and of each prefill+load, the best of --repeats each,
+    alternating sides; ringbench's load is bench model's `load_seconds` (filled in by the caller)."""
+    rng = np.random.default_rng(1)
+    env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
+    out, loads = {}, []
+    for n in [int(x) for x in args.prefill.split(",")]:
+        path = os.path.join(tmp, f"ids-{n}.npy")
+        np.save(path, rng.integers(0, vocab, size=(1, n), dtype=np.int64))
+        rb, pt_load, pt_whole = [], [], []
+        cmd = [args.ringbench, "hf", "generate", "--model", directory, "--tokens", path, "--max-new", "1"]
+        print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+        for _ in range(args.repeats + 1):
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+            rb.append(time.perf_counter() - t0)
+            done = subprocess.run([sys.executable, "-c", PT_WHOLE, directory, path, str(args.threads)],
+                                  check=True, capture_output=True, text=True)
+            load, whole = (float(x) for x in done.stdout.split())
+            pt_load.append(load)
+            pt_whole.append(whole)
+        # The first of each side warms the page cache.
+        out[("prefill+load", n)] = (min(rb[1:]), min(pt_whole[1:]))
+        loads += pt_load[1:]
+    out[("load", 0)] = (None, min(loads))
+    return out
+
+
 def weights_said(args):
     """What the rows multiplied by, in words."""
     if args.weights == "f32":
@@ -230,10 +282,19 @@ def main():
     directory = smollm2_dir(args.cache) if args.preset == "smollm2" else args.model
     model_args = ["--model", directory] if directory else []
     best_rb, best_pt, rows = {}, {}, None
+    best_whole = {}
     model = None
+    if args.with_load and not directory:
+        sys.exit("--with-load needs a model directory (--preset smollm2 or --model)")
     for round_ in range(args.rounds):
         with tempfile.TemporaryDirectory() as tmp:
             rows = run_ringbench(args, model_args, tmp)
+            if args.with_load:
+                for key, (rb, pt) in whole_rows(args, directory, int(rows[0]["vocab"]), tmp).items():
+                    if key == ("load", 0):
+                        rb = min(float(r["load_seconds"]) for r in rows)
+                    old = best_whole.get(key, (float("inf"), float("inf")))
+                    best_whole[key] = (min(old[0], rb), min(old[1], pt))
         for r in rows:
             key = (r["work"], int(r["seq"]), int(r["batch"]), int(r["ranks"]))
             if key not in best_rb or float(r["seconds"]) < float(best_rb[key]["seconds"]):
@@ -249,7 +310,7 @@ def main():
     columns = ["work", "model", "params", "seq", "batch", "tokens", "ranks", "ringbench_seconds",
                "pytorch_seconds", "ringbench_tokens_per_s", "pytorch_tokens_per_s", "ringbench_over_pytorch",
                "ringbench_cores_busy", "read_gb_per_s", "bandwidth_bound_tokens_per_s",
-               "ringbench_of_bandwidth_bound", "threads", "cpu", "cpu_features", "torch", "transformers"]
+               "ringbench_of_bandwidth_bound", "threads", "cpu", "cpu_features", "simd", "torch", "transformers"]
     table = []
     for (work, seq, batch, ranks), r in sorted(best_rb.items(), key=lambda kv: (["prefill", "decode", "train", "train-lora"].index(kv[0][0]), kv[0][1], kv[0][3])):
         tokens, pt = best_pt[(work, seq, batch)]
@@ -263,23 +324,37 @@ def main():
                           read_gb_per_s=fmt(r.get("read_gb_per_s")),
                           bandwidth_bound_tokens_per_s=fmt(r.get("bandwidth_bound_tokens_per_s")),
                           ringbench_of_bandwidth_bound=fmt(r.get("of_bandwidth_bound")), threads=args.threads,
-                          cpu=first["cpu"], cpu_features=first["cpu_features"], torch=torch.__version__,
+                          cpu=first["cpu"], cpu_features=first["cpu_features"], simd=first.get("simd", "-"),
+                          torch=torch.__version__, transformers=transformers.__version__))
+    for (work, n), (rb, pt) in sorted(best_whole.items(), key=lambda kv: kv[0][1]):
+        rate = lambda s: f"{n / s:.4g}" if n else "-"
+        table.append(dict(work=work, model=first["model"], params=first["params"], seq=n, batch=1, tokens=n,
+                          ranks=1, ringbench_seconds=f"{rb:.4g}", pytorch_seconds=f"{pt:.4g}",
+                          ringbench_tokens_per_s=rate(rb), pytorch_tokens_per_s=rate(pt),
+                          ringbench_over_pytorch=f"{pt / rb:.3f}", ringbench_cores_busy="-",
+                          read_gb_per_s="-", bandwidth_bound_tokens_per_s="-", ringbench_of_bandwidth_bound="-",
+                          threads=args.threads, cpu=first["cpu"], cpu_features=first["cpu_features"],
+                          simd=first.get("simd", "-"), torch=torch.__version__,
                           transformers=transformers.__version__))
     with open(os.path.join(args.out, "model_speed.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(table)
     command = "/work/pyenv/bin/python scripts/model_speed.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    shown = ["work", "seq", "batch", "ranks", "ringbench_tokens_per_s", "pytorch_tokens_per_s",
+    shown = ["work", "seq", "batch", "ranks", "ringbench_seconds", "pytorch_seconds", "ringbench_tokens_per_s",
+             "pytorch_tokens_per_s",
              "ringbench_over_pytorch", "ringbench_cores_busy", "bandwidth_bound_tokens_per_s",
              "ringbench_of_bandwidth_bound"]
     md = [f"# The whole model: ringbench against PyTorch on the same CPU", "",
           f"Regenerate: `{command}`", "",
           f"{first['model']} ({first['params']} parameters), {weights_said(args)}, {args.threads} threads on "
           f"both sides; CPU: "
-          f"{first['cpu']} ({first['cpu_features']}); torch {torch.__version__}, transformers "
+          f"{first['cpu']} ({first['cpu_features']}), SIMD path {first.get('simd', '-')} "
+          f"(`RINGBENCH_SIMD`: {os.environ.get('RINGBENCH_SIMD') or 'unset, the best detected'}); "
+          f"torch {torch.__version__}, transformers "
           f"{transformers.__version__} (sdpa attention). Best of {args.repeats} after a warm-up, over "
-          f"{args.rounds} alternating rounds. `ringbench_over_pytorch` > 1: ringbench is faster."
+          f"{args.rounds} alternating rounds. `ringbench_over_pytorch` > 1: ringbench is faster (load rows: "
+          f"PyTorch's seconds over ringbench's)."
           + (f" Decode rows: `bandwidth_bound_tokens_per_s` is the memory read rate ringbench measured in "
              f"the same run ({decode_rate(best_rb)} GB/s) over the bytes of the weights a step reads (f32, or "
              f"bf16 with --weights bf16); "

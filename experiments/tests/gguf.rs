@@ -384,7 +384,7 @@ fn what_the_reader_does_not_compute_is_refused_by_name() {
         replaced(b, &key, &to)
     });
     assert!(
-        text.contains("tensor blk.1.") && text.contains("refused rather than left unread"),
+        text.contains("tensor blk.1.") && text.contains("would be left unread"),
         "{text}"
     );
 }

@@ -1,7 +1,8 @@
 //! A Hugging Face model directory read into a [`Llama`]: `config.json`, then the weights of
 //! `model.safetensors` or of the shards a `model.safetensors.index.json` names, each file
 //! memory-mapped and each tensor checked (shape, element type, finite values) and converted to f32
-//! one at a time, so that only the model's own copy of the weights is ever held.
+//! in our layout in one pass (tensors in parallel), its vector becoming the model's tensor: only
+//! the model's own copy of the weights is ever held.
 
 use crate::hf::config::HfConfig;
 use crate::hf::error::HfError;
@@ -124,7 +125,9 @@ fn files_of(
 }
 
 /// Reads `names` from one safetensors `file` (memory-mapped) into `loaded`, each checked against
-/// its wanted shape and converted to f32 in our layout (a projection transposed to `[in, out]`).
+/// its wanted shape and converted to f32 in our layout (a projection transposed to `[in, out]`) in
+/// one pass over the file's bytes; the tensors are converted in parallel on rayon's pool, and each
+/// conversion's vector becomes the model's tensor without a copy.
 fn read_file<B: Backend>(
     file: &Path,
     names: &[String],
@@ -132,6 +135,7 @@ fn read_file<B: Backend>(
     device: &B::Device,
     loaded: &mut HashMap<String, Tensor<B, 1>>,
 ) -> Result<(), HfError> {
+    use rayon::prelude::*;
     let handle = std::fs::File::open(file).map_err(|e| HfError::io(file, e))?;
     // SAFETY: the map is only read, and only while this function runs; a file changed under it
     // by another process gives wrong values, not unsoundness the checks below could not see.
@@ -140,76 +144,117 @@ fn read_file<B: Backend>(
         path: file.to_path_buf(),
         what: format!("not a whole safetensors file ({e})"),
     })?;
-    for name in names {
-        let view = tensors.tensor(name).map_err(|_| HfError::MissingTensor {
-            dir: file.parent().unwrap_or(file).to_path_buf(),
-            name: name.clone(),
-        })?;
-        let expected = &wanted[name];
-        if view.shape() != expected.as_slice() {
-            return Err(HfError::Shape {
+    let converted: Vec<(String, Vec<f32>)> = names
+        .par_iter()
+        .map(|name| {
+            let view = tensors.tensor(name).map_err(|_| HfError::MissingTensor {
+                dir: file.parent().unwrap_or(file).to_path_buf(),
+                name: name.clone(),
+            })?;
+            let expected = &wanted[name];
+            if view.shape() != expected.as_slice() {
+                return Err(HfError::Shape {
+                    path: file.to_path_buf(),
+                    name: name.clone(),
+                    expected: expected.clone(),
+                    got: view.shape().to_vec(),
+                });
+            }
+            // Hugging Face's projections are [out, in]; Burn's Linear holds [in, out].
+            let transposed = match expected.as_slice() {
+                [rows, cols] if LayerNames::is_projection(name) => Some((*rows, *cols)),
+                _ => None,
+            };
+            let dtype_error = || HfError::Dtype {
                 path: file.to_path_buf(),
                 name: name.clone(),
-                expected: expected.clone(),
-                got: view.shape().to_vec(),
-            });
-        }
-        let values = to_f32(view.dtype(), view.data()).ok_or_else(|| HfError::Dtype {
-            path: file.to_path_buf(),
-            name: name.clone(),
-            dtype: format!("{:?}", view.dtype()),
-        })?;
-        if let Some(index) = values.iter().position(|x| !x.is_finite()) {
-            return Err(HfError::NonFinite {
-                path: file.to_path_buf(),
-                name: name.clone(),
-                index,
-                value: values[index],
-            });
-        }
-        // Hugging Face's projections are [out, in]; Burn's Linear holds [in, out].
-        let values = match expected.as_slice() {
-            [rows, cols] if LayerNames::is_projection(name) => transpose(&values, *rows, *cols),
-            _ => values,
-        };
+                dtype: format!("{:?}", view.dtype()),
+            };
+            let values = convert(view.dtype(), view.data(), transposed).ok_or_else(dtype_error)?;
+            if values.iter().any(|x| !x.is_finite()) {
+                // Named by its index in the file's order, as the file's reader would count.
+                let in_order = to_f32(view.dtype(), view.data()).ok_or_else(dtype_error)?;
+                let index = in_order.iter().position(|x| !x.is_finite()).unwrap_or(0);
+                return Err(HfError::NonFinite {
+                    path: file.to_path_buf(),
+                    name: name.clone(),
+                    index,
+                    value: in_order[index],
+                });
+            }
+            Ok((name.clone(), values))
+        })
+        .collect::<Result<_, HfError>>()?;
+    for (name, values) in converted {
         let len = values.len();
-        let tensor = Tensor::from_data(TensorData::new(values, [len]), device);
-        loaded.insert(name.clone(), tensor);
+        loaded.insert(
+            name,
+            Tensor::from_data(TensorData::new(values, [len]), device),
+        );
     }
     Ok(())
 }
 
-/// Little-endian elements of `dtype` as f32 (F64 rounded); `None` for a type that is not a float.
+/// Little-endian elements of `dtype` as f32 (F64 rounded), in the file's order; `None` for a type
+/// that is not a float.
 pub(crate) fn to_f32(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
+    convert(dtype, bytes, None)
+}
+
+/// Little-endian elements of `dtype` as f32 (F64 rounded) in one pass: in the file's order, or, for
+/// `Some((rows, cols))`, the `[rows, cols]` matrix they hold transposed to `[cols, rows]`. `None`
+/// for a type that is not a float.
+fn convert(dtype: Dtype, bytes: &[u8], transposed: Option<(usize, usize)>) -> Option<Vec<f32>> {
     Some(match dtype {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        Dtype::F64 => bytes
-            .chunks_exact(8)
-            .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32)
-            .collect(),
+        Dtype::F32 => convert_with(bytes, transposed, f32::from_le_bytes),
+        Dtype::F16 => convert_with(bytes, transposed, |b| half::f16::from_le_bytes(b).to_f32()),
+        Dtype::BF16 => convert_with(bytes, transposed, |b| half::bf16::from_le_bytes(b).to_f32()),
+        Dtype::F64 => convert_with(bytes, transposed, |b| f64::from_le_bytes(b) as f32),
         _ => return None,
     })
+}
+
+/// [`convert`] for elements of `W` bytes each, read by `decode`.
+fn convert_with<const W: usize>(
+    bytes: &[u8],
+    transposed: Option<(usize, usize)>,
+    decode: impl Fn([u8; W]) -> f32,
+) -> Vec<f32> {
+    let element = |b: &[u8]| decode(b.try_into().expect("a chunk of W bytes"));
+    match transposed {
+        None => bytes.chunks_exact(W).map(element).collect(),
+        Some((rows, cols)) => {
+            let mut out = vec![0.0f32; rows * cols];
+            for_each_tile(rows, cols, |r, c| {
+                let at = (r * cols + c) * W;
+                out[c * rows + r] = element(&bytes[at..at + W]);
+            });
+            out
+        }
+    }
+}
+
+/// Side of the square tiles a transpose walks, so that the rows it reads and the rows it writes
+/// both stay in the L1 cache (32 × 32 f32 is 4 KiB each way).
+const TRANSPOSE_TILE: usize = 32;
+
+/// Calls `visit(r, c)` for every element of a `[rows, cols]` matrix, tile by tile.
+fn for_each_tile(rows: usize, cols: usize, mut visit: impl FnMut(usize, usize)) {
+    for r0 in (0..rows).step_by(TRANSPOSE_TILE) {
+        for c0 in (0..cols).step_by(TRANSPOSE_TILE) {
+            for r in r0..(r0 + TRANSPOSE_TILE).min(rows) {
+                for c in c0..(c0 + TRANSPOSE_TILE).min(cols) {
+                    visit(r, c);
+                }
+            }
+        }
+    }
 }
 
 /// `[rows, cols]` row-major as `[cols, rows]` row-major.
 pub(crate) fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let mut out = vec![0.0; values.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = values[r * cols + c];
-        }
-    }
+    for_each_tile(rows, cols, |r, c| out[c * rows + r] = values[r * cols + c]);
     out
 }
 
@@ -266,4 +311,41 @@ pub(crate) fn assemble<B: Backend>(
         bias: None,
     });
     Llama::from_parts(embed, blocks, final_norm, head, m.trunk())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transposing_conversion_puts_every_element_where_the_plain_transpose_does() {
+        // Sizes that are no multiple of the tile, in every float type the files hold.
+        let (rows, cols) = (37, 70);
+        let values: Vec<f32> = (0..rows * cols).map(|i| i as f32 * 0.25 - 300.0).collect();
+        let f32_bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let f64_bytes: Vec<u8> = values
+            .iter()
+            .flat_map(|&x| f64::from(x).to_le_bytes())
+            .collect();
+        let bf16_bytes: Vec<u8> = (values.iter())
+            .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+            .collect();
+        let f16_bytes: Vec<u8> = (values.iter())
+            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+            .collect();
+        for (dtype, bytes) in [
+            (Dtype::F32, &f32_bytes),
+            (Dtype::F64, &f64_bytes),
+            (Dtype::BF16, &bf16_bytes),
+            (Dtype::F16, &f16_bytes),
+        ] {
+            let in_order = to_f32(dtype, bytes).unwrap();
+            let expected: Vec<f32> = (0..cols * rows)
+                .map(|i| in_order[(i % rows) * cols + i / rows])
+                .collect();
+            assert_eq!(convert(dtype, bytes, Some((rows, cols))).unwrap(), expected);
+            assert_eq!(transpose(&in_order, rows, cols), expected);
+        }
+        assert_eq!(to_f32(Dtype::I32, &f32_bytes), None);
+    }
 }
