@@ -210,6 +210,23 @@ impl Lanes {
     }
 }
 
+/// Draws the panels a kind keeps in its side table `dir/table` as `dir/svg`; nothing when the
+/// table is absent or empty (a table computed before timelines were drawn).
+pub fn draw_side_table(dir: &Path, table: &str, svg: &str, title: &str) -> Result<()> {
+    let panels = Lanes::from_table(&Table::read(&dir.join(table))?)?;
+    if panels.is_empty() {
+        return Ok(());
+    }
+    draw(&dir.join(svg), title, &panels)
+}
+
+/// Keeps `lanes` in the side table `path` under `key` (replacing that key's earlier bars).
+pub fn save(path: &Path, key: &Record, lanes: &[Lanes]) -> Result<()> {
+    let mut table = Table::read(path)?;
+    table.replace(key, lanes.iter().flat_map(|l| l.records(key)).collect());
+    table.write_csv(path)
+}
+
 /// Pixels of one rank's row, of a panel's caption and axis, and of the figure's width.
 const ROW: u32 = 30;
 const PANEL_EXTRA: u32 = 86;

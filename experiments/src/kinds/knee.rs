@@ -143,14 +143,11 @@ impl Experiment for Knee {
             y: Axis::new("exposed / ring time", Scale::Linear),
         };
         line_chart(&dir.join("knee.svg"), &chart, Series::sorted(series))?;
-        let timelines = Lanes::from_table(&Table::read(&dir.join(TIMELINE))?)?;
-        if timelines.is_empty() {
-            return Ok(());
-        }
-        timeline_chart::draw(
-            &dir.join("timeline.svg"),
+        timeline_chart::draw_side_table(
+            dir,
+            TIMELINE,
+            "timeline.svg",
             "Rate-limited thread ring: one pass below the knee and one above it",
-            &timelines,
         )
     }
 
@@ -268,7 +265,7 @@ impl KneePlan {
         };
         let knee = sweep.knee.map(|k| k.tokens);
         let ends = [self.blocks.first(), self.blocks.last()];
-        let mut rows = Vec::new();
+        let mut panels = Vec::new();
         for block in ends.into_iter().flatten() {
             let events = trace_ring(ranks, *block, self.heads, self.head_dim, Some(link))?;
             let side = match knee {
@@ -281,12 +278,13 @@ impl KneePlan {
                 "N = {ranks}, c = {block}: {side}; {:.0}% of compute + wait is waiting",
                 100.0 * lanes.wait_share()
             );
-            rows.extend(lanes.records(&Record::new([("ranks", ranks), ("block_size", *block)])));
+            panels.push(lanes);
         }
-        let path = dir.join(TIMELINE);
-        let mut table = Table::read(&path)?;
-        table.replace(&Record::new([("ranks", ranks)]), rows);
-        table.write_csv(&path)
+        timeline_chart::save(
+            &dir.join(TIMELINE),
+            &Record::new([("ranks", ranks)]),
+            &panels,
+        )
     }
 
     /// The rows of one rank count's sweep.

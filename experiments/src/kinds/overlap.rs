@@ -110,14 +110,11 @@ impl Experiment for Overlap {
             &chart,
             Series::sorted(series),
         )?;
-        let timelines = Lanes::from_table(&Table::read(&dir.join(TIMELINE))?)?;
-        if timelines.is_empty() {
-            return Ok(());
-        }
-        timeline_chart::draw(
-            &dir.join("timeline.svg"),
+        timeline_chart::draw_side_table(
+            dir,
+            TIMELINE,
+            "timeline.svg",
             "Simulated 8-rank pass: a block size below c_min and one above it",
-            &timelines,
         )
     }
 

@@ -54,6 +54,15 @@ pub struct RingTiming {
     pub wait_per_pass: f64,
 }
 
+/// The pass the knee times and draws: non-causal, forward only, the fused kernel.
+fn knee_pass() -> RingConfig {
+    RingConfig {
+        causal: false,
+        kernel: Kernel::Fused,
+        ..Default::default()
+    }
+}
+
 /// Times a non-causal forward ring pass with `block` tokens per rank.
 pub fn time_ring(
     ranks: usize,
@@ -64,12 +73,7 @@ pub fn time_ring(
     repeats: usize,
 ) -> Result<RingTiming> {
     let qkv = random_qkv(ranks, block, heads, head_dim);
-    let config = RingConfig {
-        causal: false,
-        kernel: Kernel::Fused,
-        ..Default::default()
-    };
-    let job = forward_job(&qkv, ranks, &strategies::Contiguous, config, link);
+    let job = forward_job(&qkv, ranks, &strategies::Contiguous, knee_pass(), link);
     // Jitter only ever adds time: keep the repeat whose pass (compute plus waiting) was fastest,
     // its compute and wait together (they trade off against each other within a pass).
     fastest_after_warm_up(
@@ -104,12 +108,7 @@ pub fn trace_ring(
     link: Option<Link>,
 ) -> Result<Vec<Event>> {
     let qkv = random_qkv(ranks, block, heads, head_dim);
-    let config = RingConfig {
-        causal: false,
-        kernel: Kernel::Fused,
-        ..Default::default()
-    };
-    let job = forward_job(&qkv, ranks, &strategies::Contiguous, config, link);
+    let job = forward_job(&qkv, ranks, &strategies::Contiguous, knee_pass(), link);
     run_attention::<Train>(&job, &Default::default())?;
     // A trace the command records (`[measure] trace`) resumes afterwards, without this pass.
     let outer = trace::uninstall();
