@@ -264,9 +264,10 @@ impl KneePlan {
             latency: Duration::ZERO,
         };
         let knee = sweep.knee.map(|k| k.tokens);
-        let ends = [self.blocks.first(), self.blocks.last()];
+        let mut ends: Vec<&usize> = self.blocks.first().into_iter().collect();
+        ends.extend(self.blocks.last().filter(|last| Some(*last) != ends.first().copied()));
         let mut panels = Vec::new();
-        for block in ends.into_iter().flatten() {
+        for block in ends {
             let events = trace_ring(ranks, *block, self.heads, self.head_dim, Some(link))?;
             let side = match knee {
                 Some(k) if (*block as f64) < k => format!("below the knee ({k:.0} tokens)"),
