@@ -90,6 +90,22 @@ pub enum WordSplit {
 }
 
 impl WordSplit {
+    /// Every split, with the name `gen-lines --split` and a spec's `split` give it.
+    pub const NAMED: [(&'static str, WordSplit); 4] = [
+        ("eval", WordSplit::Eval),
+        ("fresh", WordSplit::Fresh),
+        ("train", WordSplit::Train),
+        ("all", WordSplit::All),
+    ];
+
+    /// The split named `name`, if there is one.
+    pub fn by_name(name: &str) -> Option<WordSplit> {
+        Self::NAMED
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, s)| *s)
+    }
+
     fn words(self, list: &'static [&'static str]) -> &'static [&'static str] {
         let cut = list.len() * 4 / 5;
         match self {

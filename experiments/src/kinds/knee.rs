@@ -265,7 +265,11 @@ impl KneePlan {
         };
         let knee = sweep.knee.map(|k| k.tokens);
         let mut ends: Vec<&usize> = self.blocks.first().into_iter().collect();
-        ends.extend(self.blocks.last().filter(|last| Some(*last) != ends.first().copied()));
+        ends.extend(
+            self.blocks
+                .last()
+                .filter(|last| Some(*last) != ends.first().copied()),
+        );
         let mut panels = Vec::new();
         for block in ends {
             let events = trace_ring(ranks, *block, self.heads, self.head_dim, Some(link))?;

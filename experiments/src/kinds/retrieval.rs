@@ -57,6 +57,15 @@ struct Cases {
     per_count: usize,
     /// Seeds the generator (one stream over the line counts in the sweep's order).
     seed: u64,
+    /// The word lists the records' names come from: `eval` (the held-out fifth of the training
+    /// lists, 441 names), `fresh` (lists of their own, 1,600 names, for longer records), `train`
+    /// or `all`.
+    #[serde(default = "eval_split")]
+    split: String,
+}
+
+fn eval_split() -> String {
+    "eval".into()
 }
 
 #[derive(Debug, Deserialize)]
@@ -211,12 +220,22 @@ impl Experiment for Retrieval {
             "strategy",
             std::slice::from_ref(&parsed.decode.strategy),
         )?[0];
+        let split = WordSplit::by_name(&parsed.cases.split).ok_or_else(|| {
+            spec.error(
+                "cases",
+                "split",
+                &format!(
+                    "unknown split '{}': eval, fresh, train or all",
+                    parsed.cases.split
+                ),
+            )
+        })?;
         let mut rng = SplitMix64::new(parsed.cases.seed);
         let cases = num_lines
             .iter()
             .map(|&n| {
                 (0..parsed.cases.per_count)
-                    .map(|_| generate(&mut rng, n, WordSplit::Eval))
+                    .map(|_| generate(&mut rng, n, split))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| spec.error("sweep", "num_lines", &e.to_string()))
             })
@@ -515,5 +534,15 @@ mod tests {
         );
         let none = plan("").unwrap();
         assert!(none.contains("model"), "{none}");
+        let one = format!(
+            "[[model]]\nname = \"a\"\ncheckpoint = \"{}\"\n",
+            dir.display()
+        );
+        let split = plan(&format!("split = \"heldout\"\n{one}")).unwrap();
+        assert!(
+            split.contains("unknown split 'heldout'") && split.contains("fresh"),
+            "{split}"
+        );
+        assert_eq!(plan(&format!("split = \"fresh\"\n{one}")), None);
     }
 }

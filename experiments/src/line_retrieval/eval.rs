@@ -410,12 +410,11 @@ pub struct GenArgs {
 
 /// `ringbench gen-lines`.
 pub fn run_gen(args: &GenArgs) -> Result<()> {
-    let split = match args.split.as_str() {
-        "eval" => WordSplit::Eval,
-        "train" => WordSplit::Train,
-        "all" => WordSplit::All,
-        "fresh" => WordSplit::Fresh,
-        other => bail!("unknown --split '{other}'; expected eval, fresh, train or all"),
+    let Some(split) = WordSplit::by_name(&args.split) else {
+        bail!(
+            "unknown --split '{}'; expected eval, fresh, train or all",
+            args.split
+        );
     };
     let mut rng = SplitMix64::new(args.seed);
     let mut out = String::new();
