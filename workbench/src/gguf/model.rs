@@ -14,6 +14,7 @@ use crate::model::llama::LlamaConfig;
 use crate::model::rope_scaling::{FrequencyFactors, RopeScaling};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
@@ -161,21 +162,31 @@ pub fn load_gguf_model<B: Backend>(
     let file = GgufFile::open(path)?;
     let info = model_of(&file)?;
     let hd = info.config.head_dim();
-    let mut loaded: HashMap<String, Tensor<B, 1>> = HashMap::new();
-    for w in wanted(&info) {
-        let values = tensor_values(&file, &w.gguf, &w.shape)?;
-        let values = match w.unpermute {
-            Some(heads) => rotary_rows_back(&values, heads, hd, w.shape[1]),
-            None => values,
-        };
-        // Stored [out, in] as Hugging Face's; Burn's Linear holds [in, out].
-        let values = match w.shape.as_slice() {
-            [rows, cols] if LayerNames::is_projection(&w.hf) => transpose(&values, *rows, *cols),
-            _ => values,
-        };
+    // Each tensor dequantized (and a projection transposed) on rayon's pool, in parallel; each
+    // vector becomes the model's tensor without a copy.
+    let converted: Vec<(String, Vec<f32>)> = wanted(&info)
+        .into_par_iter()
+        .map(|w| {
+            let values = tensor_values(&file, &w.gguf, &w.shape)?;
+            let values = match w.unpermute {
+                Some(heads) => rotary_rows_back(&values, heads, hd, w.shape[1]),
+                None => values,
+            };
+            // Stored [out, in] as Hugging Face's; Burn's Linear holds [in, out].
+            let values = match w.shape.as_slice() {
+                [rows, cols] if LayerNames::is_projection(&w.hf) => {
+                    transpose(&values, *rows, *cols)
+                }
+                _ => values,
+            };
+            Ok((w.hf, values))
+        })
+        .collect::<Result<_, GgufError>>()?;
+    let mut loaded: HashMap<String, Tensor<B, 1>> = HashMap::with_capacity(converted.len());
+    for (name, values) in converted {
         let len = values.len();
         loaded.insert(
-            w.hf,
+            name,
             Tensor::from_data(TensorData::new(values, [len]), device),
         );
     }
