@@ -238,6 +238,22 @@ pub fn draw(path: &Path, title: &str, panels: &[Lanes]) -> Result<()> {
     if panels.iter().all(|p| p.bars.is_empty()) {
         return Err(anyhow!("{}: no timeline to draw", path.display()));
     }
+    // A bar with no place on the axis is an error, not a bar the axis's range leaves out.
+    for panel in panels {
+        if let Some(b) =
+            (panel.bars.iter()).find(|b| !(b.start_ms.is_finite() && b.dur_ms.is_finite()))
+        {
+            return Err(anyhow!(
+                "{}: panel {:?}: rank {}'s {} bar starts at {} ms and lasts {} ms",
+                path.display(),
+                panel.name,
+                b.rank,
+                b.kind.name(),
+                b.start_ms,
+                b.dur_ms
+            ));
+        }
+    }
     let heights: Vec<u32> = panels
         .iter()
         .map(|p| PANEL_EXTRA + ROW * p.ranks.max(1) as u32)
@@ -356,9 +372,13 @@ mod tests {
         );
         assert_eq!(fast.wait_share(), 0.0);
         let path = std::env::temp_dir().join(format!("ringbench-lanes-{}.svg", std::process::id()));
-        draw(&path, "two passes", &[lanes, fast]).unwrap();
+        draw(&path, "two passes", &[lanes, fast.clone()]).unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();
         assert!(svg.contains("slow link") && svg.contains("rank 1"), "{svg}");
-        std::fs::remove_file(path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut broken = fast.clone();
+        broken.bars[3].dur_ms = f64::NAN;
+        let err = draw(&path, "NaN", &[broken]).unwrap_err().to_string();
+        assert!(err.contains("lasts NaN ms"), "{err}");
     }
 }
