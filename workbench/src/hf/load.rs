@@ -14,6 +14,7 @@ use burn::module::Param;
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -135,7 +136,6 @@ fn read_file<B: Backend>(
     device: &B::Device,
     loaded: &mut HashMap<String, Tensor<B, 1>>,
 ) -> Result<(), HfError> {
-    use rayon::prelude::*;
     let handle = std::fs::File::open(file).map_err(|e| HfError::io(file, e))?;
     // SAFETY: the map is only read, and only while this function runs; a file changed under it
     // by another process gives wrong values, not unsoundness the checks below could not see.
