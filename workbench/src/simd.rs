@@ -3,7 +3,7 @@
 //!
 //! Every vectorized loop of ours (the fused attention tile's softmax rows and its backward's, the
 //! model's RMSNorm and SwiGLU forward and backward, bf16 packing and the AVX512-BF16 product) is
-//! written once and compiled three times by [`simd_fn!`]: for AVX-512 (F, VL, and FMA), for AVX2 with
+//! written once and compiled three times by [`simd_fn!`](crate::simd_fn): for AVX-512 (F, VL, and FMA), for AVX2 with
 //! FMA, and for the target's baseline (x86-64's SSE2; aarch64's NEON). They compute the same bits:
 //! each loop's reductions run in a fixed order over [`LANES`]-wide accumulators and every fused
 //! multiply-add is written as one (`mul_add`), so the compiler cannot reassociate or contract

@@ -266,7 +266,7 @@ impl<B: Backend> LayerLora<B> {
         }
     }
 
-    /// Adapters from their pairs (indexed by [`LoraTarget::index`]) and scale.
+    /// Adapters from their pairs (one slot per target, in the order of [`LoraTarget::ALL`]) and scale.
     pub fn from_pairs(pairs: Vec<Option<LoraPair<B>>>, scale: f64) -> Self {
         assert_eq!(pairs.len(), LoraTarget::ALL.len(), "one slot per target");
         LayerLora { pairs, scale }
