@@ -196,33 +196,39 @@ impl Strike {
 }
 
 /// One writer per directory, for a command that writes into `dir` (its `run()` makes a fresh
-/// command each call, and `written` is a file it writes): while a live process (a `sleep` this test
-/// owns) holds `dir`'s lock, the command is refused in one line naming that process and writes
-/// nothing; once the holder is gone, the command takes its stale lock over, says so, runs, and
-/// removes its lock when it ends.
+/// command each call, and `written` is a file it writes): while this test process holds `dir`'s lock
+/// (the `flock` a run takes, with its pid in the file), the command is refused in one line naming
+/// this process and writes nothing; once the lock is released, the command takes the file over
+/// although the pid in it is still a live process (the lock is the truth, not the pid), says so,
+/// runs, and removes its lock when it ends.
 pub fn holds_one_writer(dir: &Path, run: impl Fn() -> Command, written: &Path) {
-    let mut holder = Command::new("sleep").arg("600").spawn().expect("sleep");
+    use std::io::Write;
     std::fs::create_dir_all(dir).unwrap();
     let lock = dir.join(experiments::dir_lock::LOCK_FILE);
-    std::fs::write(&lock, holder.id().to_string()).unwrap();
+    let mut holder = std::fs::File::create(&lock).unwrap();
+    holder.lock().unwrap();
+    write!(holder, "{}", std::process::id()).unwrap();
+    holder.flush().unwrap();
     let refused = run().output().unwrap();
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(
-        stderr.contains(&format!("another ringbench run (pid {})", holder.id())),
+        stderr.contains(&format!(
+            "another ringbench run (pid {})",
+            std::process::id()
+        )),
         "{stderr}"
     );
     assert!(!written.exists(), "nothing written");
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    drop(holder);
     let taken = run().output().unwrap();
     let stderr = String::from_utf8_lossy(&taken.stderr);
     assert!(taken.status.success(), "{stderr}");
     assert!(
         stderr.contains(&format!(
-            "taking over the lock of pid {}, which is no longer running",
-            holder.id()
+            "taking over the lock file of pid {}, whose run no longer holds it",
+            std::process::id()
         )),
         "{stderr}"
     );
