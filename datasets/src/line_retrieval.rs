@@ -98,6 +98,11 @@ impl WordSplit {
         ("all", WordSplit::All),
     ];
 
+    /// The splits' names, for a refusal: `eval, fresh, train, all`.
+    pub fn names() -> String {
+        Self::NAMED.map(|(n, _)| n).join(", ")
+    }
+
     /// The split named `name`, if there is one.
     pub fn by_name(name: &str) -> Option<WordSplit> {
         Self::NAMED

@@ -225,8 +225,9 @@ impl Experiment for Retrieval {
                 "cases",
                 "split",
                 &format!(
-                    "unknown split '{}': eval, fresh, train or all",
-                    parsed.cases.split
+                    "unknown split '{}': {}",
+                    parsed.cases.split,
+                    WordSplit::names()
                 ),
             )
         })?;

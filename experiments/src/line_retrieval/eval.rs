@@ -412,8 +412,9 @@ pub struct GenArgs {
 pub fn run_gen(args: &GenArgs) -> Result<()> {
     let Some(split) = WordSplit::by_name(&args.split) else {
         bail!(
-            "unknown --split '{}'; expected eval, fresh, train or all",
-            args.split
+            "unknown --split '{}'; expected one of {}",
+            args.split,
+            WordSplit::names()
         );
     };
     let mut rng = SplitMix64::new(args.seed);
