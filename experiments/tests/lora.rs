@@ -509,14 +509,14 @@ fn conversations_train_through_the_chat_template() {
 }
 
 /// A spec of two stages trains each in its own directory, the second from the first's adapter with
-/// its own lines and RoPE base; run again, both are found finished.
+/// its own lines, RoPE base and data seed; run again, both are found finished.
 #[test]
 fn stages_run_in_turn_each_from_the_one_before() {
     let root = temp_dir("lora-stages");
     let out = root.join("out");
     let spec = lora_spec(&out, |t| {
         t + "\n[[stages]]\nname = \"short\"\nsteps = 2\n\n[[stages]]\nname = \"long\"\nsteps = 2\n\
-             min_lines = 2\nnum_lines = 3\nrope_theta = 20000.0\n"
+             min_lines = 2\nnum_lines = 3\nrope_theta = 20000.0\nseed = 99\n"
     });
     let said = train(&spec);
     assert!(
@@ -536,6 +536,10 @@ fn stages_run_in_turn_each_from_the_one_before() {
         Some(out.join("short").to_str().unwrap())
     );
     assert_eq!(second["train"]["num_lines"].as_integer(), Some(3));
+    assert_eq!(second["train"]["seed"].as_integer(), Some(99));
+    let first: toml::Table =
+        toml::from_str(&std::fs::read_to_string(out.join("short/train.toml")).unwrap()).unwrap();
+    assert_ne!(first["train"]["seed"].as_integer(), Some(99));
     assert!(out.join("long/adapter_rope.json").exists());
     assert!(!out.join("short/adapter_rope.json").exists());
     let again = train(&spec);

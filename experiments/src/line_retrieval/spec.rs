@@ -60,6 +60,10 @@ pub struct StageSpec {
     /// Its prompts per step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<usize>,
+    /// Its data seed (a stage that continues at the same lengths draws records the last one did
+    /// not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
     /// Its RoPE base.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_theta: Option<f64>,
@@ -100,6 +104,7 @@ impl TrainSpec {
             t.min_lines = stage.min_lines.unwrap_or(t.min_lines);
             t.num_lines = stage.num_lines.unwrap_or(t.num_lines);
             t.batch = stage.batch.unwrap_or(t.batch);
+            t.seed = stage.seed.unwrap_or(t.seed);
             t.out = self.train.out.join(&stage.name);
             if stage.rope_theta.is_some() {
                 run.model.rope_theta = stage.rope_theta;
