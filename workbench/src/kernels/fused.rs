@@ -3,9 +3,8 @@
 //!
 //! The generic Burn-tensor kernel (`generic.rs`) is this module's reference twin; the exactness
 //! table runs on both. The forward splits work over blocks of query rows of each (batch, kv head)
-//! unit, the backward over groups of such blocks (a split fixed by the shapes, not the pool), with
-//! rayon; matmuls inside a task are single-threaded so that N rank threads do not oversubscribe the
-//! cores.
+//! unit, the backward over units, with rayon; matmuls inside a task are
+//! single-threaded so that N rank threads do not oversubscribe the cores.
 //!
 //! # Shapes
 //! q, o, dO, dq: `[b, h, tq, d]`; k, v, dk, dv: `[b, hk, tk, d]`; m, l, lse, delta: `[b, h, tq]`.
@@ -41,45 +40,8 @@ const COLS: usize = 256;
 /// panels `gemm` packs its operands into, and the backward's transposes of a chunk of K and of V
 /// (`COLS · d` values each a running task), the size of a chunk whatever the shard.
 pub fn scratch_bytes(dims: &TileDims, backward: bool) -> u64 {
-    let per_task = ROWS.min(dims.rows()) * COLS.min(dims.tk) * if backward { 2 } else { 1 };
-    let values = if backward {
-        // Each group of rows its sub-tile buffers, and every group past a unit's first its own dK
-        // and dV partial sums.
-        let groups = BackwardGroups::of(dims).groups;
-        dims.units() * (groups * per_task + (groups - 1) * 2 * dims.tk * dims.head_dim)
-    } else {
-        dims.units() * per_task
-    };
-    (values * std::mem::size_of::<f32>()) as u64
-}
-
-/// Tasks the backward aims to make of a tile, so that a unit or two (GQA's few KV heads, one rank's
-/// shard) still keep every core busy. A constant, not the pool's size: the split, and so the bits
-/// of dK and dV, depend on the shapes alone.
-const BACKWARD_TASKS: usize = 8;
-
-/// How the backward cuts each unit's rows: into `groups` runs of `rows` rows (a multiple of
-/// [`ROWS`], so that every group meets the same sub-tiles as one task over the whole unit would, and
-/// dQ's bits do not depend on the split). Each group sums its dK and dV contributions on its own;
-/// the unit's are then added in group order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct BackwardGroups {
-    /// Groups per unit.
-    groups: usize,
-    /// Rows per group (the last may hold fewer).
-    rows: usize,
-}
-
-impl BackwardGroups {
-    fn of(dims: &TileDims) -> Self {
-        let blocks = dims.rows().div_ceil(ROWS).max(1);
-        let wanted = BACKWARD_TASKS
-            .div_ceil(dims.units().max(1))
-            .clamp(1, blocks);
-        let rows = ROWS * blocks.div_ceil(wanted);
-        let groups = dims.rows().div_ceil(rows).max(1);
-        BackwardGroups { groups, rows }
-    }
+    let per_unit = ROWS.min(dims.rows()) * COLS.min(dims.tk) * if backward { 2 } else { 1 };
+    (dims.units() * per_unit * std::mem::size_of::<f32>()) as u64
 }
 
 /// How a product's terms are multiplied: f32 FMAs (`gemm`), or AVX512-BF16's `vdpbf16ps` when the
@@ -579,172 +541,128 @@ pub fn backward<'a>(t: &BackwardTile<'a>, dq: &mut [f32], dk: &mut [f32], dv: &m
     let dims = t.dims;
     let (d, rows, tk) = (dims.head_dim, dims.rows(), dims.tk);
     debug_assert_eq!(dq.len(), dims.units() * rows * d);
-    if rows == 0 || tk == 0 || d == 0 {
-        return;
-    }
     let dot = Dot::of(t.how);
-    let split = BackwardGroups::of(&dims);
-    // Every group past a unit's first sums into partials of its own, added to the unit's after.
-    let partial_len = dims.units() * (split.groups - 1) * tk * d;
-    let (mut partial_k, mut partial_v) = (vec![0.0f32; partial_len], vec![0.0f32; partial_len]);
-    let mut tasks = Vec::with_capacity(dims.units() * split.groups);
-    {
-        let mut partials = partial_k
-            .chunks_mut(tk * d)
-            .zip(partial_v.chunks_mut(tk * d));
-        let units = dq
-            .chunks_mut(rows * d)
-            .zip(dk.chunks_mut(tk * d))
-            .zip(dv.chunks_mut(tk * d))
-            .enumerate();
-        for (unit, ((dq, dk), dv)) in units {
-            let mut own = Some((dk, dv));
-            for (group, dq) in dq.chunks_mut(split.rows * d).enumerate() {
-                let (dk, dv) = match own.take() {
-                    Some(unit_sums) => unit_sums,
-                    None => partials.next().expect("a partial for every later group"),
-                };
-                tasks.push((unit, group * split.rows, dq, dk, dv));
-            }
-        }
-    }
-    for_each_unit(
-        t.parallel,
-        tasks.into_iter(),
-        |(unit, first, dq, dk, dv)| {
-            let rows_of = |x: &'a [f32], width: usize| -> &'a [f32] {
-                &x[unit * rows * width..(unit + 1) * rows * width]
-            };
-            let (q, d_out) = (rows_of(t.q, d), rows_of(t.d_out, d));
-            let (lse, delta) = (rows_of(t.lse, 1), rows_of(t.delta, 1));
-            let k = &t.k[unit * tk * d..(unit + 1) * tk * d];
-            let v = &t.v[unit * tk * d..(unit + 1) * tk * d];
-            // The group's rows of the unit: `first..last`; dq holds them from its start.
-            let last = first + dq.len() / d;
-            let scratch = ROWS.min(rows) * COLS.min(tk);
-            let (mut p, mut ds) = (vec![0.0f32; scratch], vec![0.0f32; scratch]);
-            // Kᵀ and Vᵀ of the chunk, for Q·Kᵀ and dO·Vᵀ, laid out once it has a visible piece.
-            let (mut k_t, mut v_t) = (
-                vec![0.0f32; COLS.min(tk) * d],
-                vec![0.0f32; COLS.min(tk) * d],
-            );
-            // With a cap, each score's tanh, for the cap's derivative 1 − tanh².
-            let mut tanh = vec![0.0f32; if t.how.softcap.is_some() { scratch } else { 0 }];
-            for c0 in (0..tk).step_by(COLS) {
-                let width = COLS.min(tk - c0);
-                let pos_kc = &t.pos_k[c0..c0 + width];
-                let k_span = span(pos_kc);
-                let mut transposed = false;
-                for r0 in (first..last).step_by(ROWS) {
-                    let nr = ROWS.min(last - r0);
-                    let cover_all = row_bounds(t.win_q, r0, r0 + nr).cover(k_span);
-                    for (r0, nr, nc, cover) in
-                        pieces(BACKWARD_STRIP, cover_all, t.win_q, (r0, nr), pos_kc)
-                    {
-                        let pos_kc = &pos_kc[..nc];
-                        if !transposed {
-                            transpose_chunk(&k[c0 * d..(c0 + width) * d], d, &mut k_t);
-                            transpose_chunk(&v[c0 * d..(c0 + width) * d], d, &mut v_t);
-                            transposed = true;
-                        }
-                        let (p, ds) = (&mut p[..nr * nc], &mut ds[..nr * nc]);
-                        let mut tanh = (!tanh.is_empty()).then(|| &mut tanh[..nr * nc]);
-                        scores(
-                            p,
-                            q,
-                            (&k_t, (width, 1)),
-                            d,
-                            (r0, nr),
-                            nc,
-                            t.how,
-                            tanh.as_deref_mut(),
-                            cover,
-                            t.win_q,
-                            pos_kc,
-                        );
-                        for (i, row) in p.chunks_mut(nc).enumerate() {
-                            exp_shift(row, lse[r0 + i]);
-                        }
-                        // dP = dO Vᵀ, then dS = P ∘ (dP − δ) from P as computed
-                        matmul(
-                            ds,
-                            &d_out[r0 * d..],
-                            (d, 1),
-                            &v_t,
-                            (width, 1),
-                            (nr, nc, d),
-                            1.0,
-                            false,
-                            dot,
-                        );
-                        for (i, (ds_row, p_row)) in ds.chunks_mut(nc).zip(p.chunks(nc)).enumerate()
-                        {
-                            softmax_grad(ds_row, p_row, delta[r0 + i]);
-                        }
-                        // Through the cap: d(raw score) = dS · (1 − tanh²).
-                        if let Some(tanh) = tanh {
-                            for (g, t) in ds.iter_mut().zip(tanh.iter()) {
-                                *g *= 1.0 - t * t;
-                            }
-                        }
-                        // P and dS enter their products in the operands' type.
-                        let dtype = t.how.precision.dtype;
-                        dtype.round(p);
-                        dtype.round(ds);
-                        // dV += Pᵀ dO
-                        matmul(
-                            &mut dv[c0 * d..],
-                            p,
-                            (1, nc),
-                            &d_out[r0 * d..],
-                            (d, 1),
-                            (nc, d, nr),
-                            1.0,
-                            true,
-                            dot,
-                        );
-                        // dQ += scale · dS K;  dK += scale · dSᵀ Q
-                        matmul(
-                            &mut dq[(r0 - first) * d..],
-                            ds,
-                            (nc, 1),
-                            &k[c0 * d..],
-                            (d, 1),
-                            (nr, d, nc),
-                            t.how.scale,
-                            true,
-                            dot,
-                        );
-                        matmul(
-                            &mut dk[c0 * d..],
-                            ds,
-                            (1, nc),
-                            &q[r0 * d..],
-                            (d, 1),
-                            (nc, d, nr),
-                            t.how.scale,
-                            true,
-                            dot,
-                        );
+    let units = dq
+        .chunks_mut(rows * d)
+        .zip(dk.chunks_mut(tk * d))
+        .zip(dv.chunks_mut(tk * d))
+        .enumerate();
+    for_each_unit(t.parallel, units, |(unit, ((dq, dk), dv))| {
+        let rows_of = |x: &'a [f32], width: usize| -> &'a [f32] {
+            &x[unit * rows * width..(unit + 1) * rows * width]
+        };
+        let (q, d_out) = (rows_of(t.q, d), rows_of(t.d_out, d));
+        let (lse, delta) = (rows_of(t.lse, 1), rows_of(t.delta, 1));
+        let k = &t.k[unit * tk * d..(unit + 1) * tk * d];
+        let v = &t.v[unit * tk * d..(unit + 1) * tk * d];
+        let scratch = ROWS.min(rows) * COLS.min(tk);
+        let (mut p, mut ds) = (vec![0.0f32; scratch], vec![0.0f32; scratch]);
+        // Kᵀ and Vᵀ of the chunk, for Q·Kᵀ and dO·Vᵀ, laid out once it has a visible piece.
+        let (mut k_t, mut v_t) = (
+            vec![0.0f32; COLS.min(tk) * d],
+            vec![0.0f32; COLS.min(tk) * d],
+        );
+        // With a cap, each score's tanh, for the cap's derivative 1 − tanh².
+        let mut tanh = vec![0.0f32; if t.how.softcap.is_some() { scratch } else { 0 }];
+        for c0 in (0..tk).step_by(COLS) {
+            let width = COLS.min(tk - c0);
+            let pos_kc = &t.pos_k[c0..c0 + width];
+            let k_span = span(pos_kc);
+            let mut transposed = false;
+            for r0 in (0..rows).step_by(ROWS) {
+                let nr = ROWS.min(rows - r0);
+                let cover_all = row_bounds(t.win_q, r0, r0 + nr).cover(k_span);
+                for (r0, nr, nc, cover) in
+                    pieces(BACKWARD_STRIP, cover_all, t.win_q, (r0, nr), pos_kc)
+                {
+                    let pos_kc = &pos_kc[..nc];
+                    if !transposed {
+                        transpose_chunk(&k[c0 * d..(c0 + width) * d], d, &mut k_t);
+                        transpose_chunk(&v[c0 * d..(c0 + width) * d], d, &mut v_t);
+                        transposed = true;
                     }
+                    let (p, ds) = (&mut p[..nr * nc], &mut ds[..nr * nc]);
+                    let mut tanh = (!tanh.is_empty()).then(|| &mut tanh[..nr * nc]);
+                    scores(
+                        p,
+                        q,
+                        (&k_t, (width, 1)),
+                        d,
+                        (r0, nr),
+                        nc,
+                        t.how,
+                        tanh.as_deref_mut(),
+                        cover,
+                        t.win_q,
+                        pos_kc,
+                    );
+                    for (i, row) in p.chunks_mut(nc).enumerate() {
+                        exp_shift(row, lse[r0 + i]);
+                    }
+                    // dP = dO Vᵀ, then dS = P ∘ (dP − δ) from P as computed
+                    matmul(
+                        ds,
+                        &d_out[r0 * d..],
+                        (d, 1),
+                        &v_t,
+                        (width, 1),
+                        (nr, nc, d),
+                        1.0,
+                        false,
+                        dot,
+                    );
+                    for (i, (ds_row, p_row)) in ds.chunks_mut(nc).zip(p.chunks(nc)).enumerate() {
+                        softmax_grad(ds_row, p_row, delta[r0 + i]);
+                    }
+                    // Through the cap: d(raw score) = dS · (1 − tanh²).
+                    if let Some(tanh) = tanh {
+                        for (g, t) in ds.iter_mut().zip(tanh.iter()) {
+                            *g *= 1.0 - t * t;
+                        }
+                    }
+                    // P and dS enter their products in the operands' type.
+                    let dtype = t.how.precision.dtype;
+                    dtype.round(p);
+                    dtype.round(ds);
+                    // dV += Pᵀ dO
+                    matmul(
+                        &mut dv[c0 * d..],
+                        p,
+                        (1, nc),
+                        &d_out[r0 * d..],
+                        (d, 1),
+                        (nc, d, nr),
+                        1.0,
+                        true,
+                        dot,
+                    );
+                    // dQ += scale · dS K;  dK += scale · dSᵀ Q
+                    matmul(
+                        &mut dq[r0 * d..],
+                        ds,
+                        (nc, 1),
+                        &k[c0 * d..],
+                        (d, 1),
+                        (nr, d, nc),
+                        t.how.scale,
+                        true,
+                        dot,
+                    );
+                    matmul(
+                        &mut dk[c0 * d..],
+                        ds,
+                        (1, nc),
+                        &q[r0 * d..],
+                        (d, 1),
+                        (nc, d, nr),
+                        t.how.scale,
+                        true,
+                        dot,
+                    );
                 }
             }
-        },
-    );
-    if split.groups > 1 {
-        // Each unit's later groups' sums, added in group order (the same bits on any pool).
-        let per_unit = (split.groups - 1) * tk * d;
-        let sums = dk
-            .chunks_mut(tk * d)
-            .zip(dv.chunks_mut(tk * d))
-            .zip(partial_k.chunks(per_unit).zip(partial_v.chunks(per_unit)));
-        for_each_unit(t.parallel, sums, |((dk, dv), (pk, pv))| {
-            for (pk, pv) in pk.chunks(tk * d).zip(pv.chunks(tk * d)) {
-                dk.iter_mut().zip(pk).for_each(|(a, b)| *a += b);
-                dv.iter_mut().zip(pv).for_each(|(a, b)| *a += b);
-            }
-        });
-    }
+        }
+    });
 }
 
 /// The fused CPU kernel as a [`TileKernel`]: every operand a host block (on the CPU backend the copy
@@ -992,99 +910,6 @@ mod tests {
             out[width * d..].iter().all(|x| x.is_nan()),
             "wrote past the transpose"
         );
-    }
-
-    /// The backward's split: whole sub-tiles per group, every row in exactly one group, several
-    /// groups when the units are fewer than the tasks wanted, one when a unit is a single sub-tile.
-    #[test]
-    fn backward_groups_cut_units_into_whole_sub_tiles() {
-        let dims = |heads, kv_heads, tq| TileDims {
-            batch: 1,
-            heads,
-            kv_heads,
-            tq,
-            tk: tq,
-            head_dim: 64,
-        };
-        // SmolLM2 on one rank at 2K: 3 units of 3 heads × 2,048 rows, 3 groups each.
-        let smol = dims(9, 3, 2048);
-        assert_eq!(
-            BackwardGroups::of(&smol),
-            BackwardGroups {
-                groups: 3,
-                rows: 2048
-            }
-        );
-        assert_eq!(BackwardGroups::of(&dims(4, 4, 200)).groups, 1);
-        for (heads, kv_heads, tq) in [(4, 4, 8192), (4, 2, 640), (8, 1, 300), (1, 1, 257)] {
-            let d = dims(heads, kv_heads, tq);
-            let split = BackwardGroups::of(&d);
-            assert_eq!(split.rows % ROWS, 0, "{d:?}");
-            assert!(split.groups * split.rows >= d.rows(), "{d:?}");
-            assert!((split.groups - 1) * split.rows < d.rows(), "{d:?}");
-            let blocks = d.rows().div_ceil(ROWS);
-            assert_eq!(
-                split.groups > 1,
-                d.units() < BACKWARD_TASKS && blocks > 1,
-                "{d:?}"
-            );
-        }
-    }
-
-    /// The backward's bits do not depend on the pool: several groups per unit on rayon's pool
-    /// give exactly what one thread computing them in order gives.
-    #[test]
-    fn the_grouped_backward_gives_the_same_bits_on_the_pool_and_on_one_thread() {
-        let dims = TileDims {
-            batch: 1,
-            heads: 3,
-            kv_heads: 1,
-            tq: 300,
-            tk: 520,
-            head_dim: 8,
-        };
-        assert!(BackwardGroups::of(&dims).groups > 1);
-        let value =
-            |i: usize, salt: usize| ((i * 7919 + salt * 104_729) % 1000) as f32 / 500.0 - 1.0;
-        let fill = |n: usize, salt: usize| (0..n).map(|i| value(i, salt)).collect::<Vec<f32>>();
-        let d = dims.head_dim;
-        let (q, d_out) = (
-            fill(dims.heads * dims.tq * d, 1),
-            fill(dims.heads * dims.tq * d, 2),
-        );
-        let (k, v) = (fill(dims.tk * d, 3), fill(dims.tk * d, 4));
-        let (lse, delta) = (fill(dims.heads * dims.tq, 5), fill(dims.heads * dims.tq, 6));
-        // Causal: queries at positions 220.., keys at 0..520.
-        let win_q: Vec<Window> = (0..dims.tq)
-            .map(|i| Window { lo: 0, hi: 220 + i })
-            .collect();
-        let pos_k: Vec<usize> = (0..dims.tk).collect();
-        let tile = |parallel| BackwardTile {
-            dims,
-            q: &q,
-            k: &k,
-            v: &v,
-            d_out: &d_out,
-            lse: &lse,
-            delta: &delta,
-            win_q: &win_q,
-            pos_k: &pos_k,
-            how: Scores {
-                scale: 0.35,
-                softcap: None,
-                precision: Default::default(),
-            },
-            parallel,
-        };
-        let grads = |parallel| {
-            let (mut dq, mut dk, mut dv) = (fill(q.len(), 7), fill(k.len(), 8), fill(v.len(), 9));
-            backward(&tile(parallel), &mut dq, &mut dk, &mut dv);
-            [dq, dk, dv].map(|g| g.iter().map(|x| x.to_bits()).collect::<Vec<u32>>())
-        };
-        let (pool, serial) = (grads(true), grads(false));
-        for (name, (a, b)) in ["dq", "dk", "dv"].iter().zip(pool.iter().zip(&serial)) {
-            assert_eq!(a, b, "{name}");
-        }
     }
 
     #[test]
